@@ -1,0 +1,284 @@
+//! One function per command. Each returns what goes to stdout; errors carry their class.
+
+use std::path::Path;
+
+use chrono::{SecondsFormat, TimeZone, Utc};
+use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+
+use crate::cli::{
+    Command, DemoArgs, GenerateArgs, HistoryArgs, OutputFormat, RestoreArgs, RunArgs,
+};
+use crate::clock::Clock;
+use crate::config::pipeline::resolve_pipeline_path;
+use crate::config::{ConfigError, Pipeline, Vars};
+use crate::error::{classify_delta, Classify, ErrorClass};
+use crate::generate::{self, GenerateError, GenerateMode, GenerateOptions, GenerateReport};
+use crate::lake::{self, LakeError};
+use crate::run::{self, Engine, RunError, RunOptions};
+
+/// Any failure of a command.
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+    #[error(transparent)]
+    Run(#[from] RunError),
+    #[error(transparent)]
+    Generate(#[from] GenerateError),
+    /// The command line asks for something impossible.
+    #[error("{0}")]
+    Usage(String),
+    #[error("{action} {uri}: {source}")]
+    Delta {
+        action: &'static str,
+        uri: String,
+        #[source]
+        source: deltalake::DeltaTableError,
+    },
+}
+
+impl Classify for AppError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            AppError::Config(e) => e.class(),
+            AppError::Lake(e) => e.class(),
+            AppError::Run(e) => e.class(),
+            AppError::Generate(e) => match e {
+                GenerateError::TableExists { .. } | GenerateError::InvalidOptions(_) => {
+                    ErrorClass::Usage
+                }
+                GenerateError::NotATable { .. }
+                | GenerateError::NoGeneratorMetadata { .. }
+                | GenerateError::BadMetadata { .. } => ErrorClass::Unavailable,
+                GenerateError::Delta { source, .. } => classify_delta(source),
+                GenerateError::Arrow(_) => ErrorClass::Internal,
+            },
+            AppError::Usage(_) => ErrorClass::Usage,
+            AppError::Delta { source, .. } => classify_delta(source),
+        }
+    }
+}
+
+/// Runs one command; returns its stdout.
+pub async fn dispatch(command: Command, clock: &dyn Clock) -> Result<String, AppError> {
+    match command {
+        Command::Run(args) => run_command(args, clock).await,
+        Command::History(args) => history(args).await,
+        Command::Restore(args) => restore(args).await,
+        Command::Generate(args) => generate_command(args).await,
+        Command::Demo(args) => demo(args, clock).await,
+    }
+}
+
+fn load_pipeline(name: &str, dir: &Path, vars: &[String]) -> Result<Pipeline, AppError> {
+    let vars = Vars::from_args(vars).map_err(ConfigError::BadVarArg)?;
+    let path = resolve_pipeline_path(name, dir)?;
+    Ok(Pipeline::load(&path, &vars)?)
+}
+
+/// `tidemark run`.
+pub async fn run_command(args: RunArgs, clock: &dyn Clock) -> Result<String, AppError> {
+    let pipeline = load_pipeline(&args.pipeline, &args.pipelines_dir, &args.vars)?;
+    let opts = RunOptions {
+        full_reload: args.full_reload,
+        dry_run: args.dry_run,
+    };
+    let summary = run::run(&pipeline, &opts, clock, &Engine::default()).await?;
+    Ok(match args.output {
+        OutputFormat::Json => summary.to_json() + "\n",
+        OutputFormat::Text => summary.to_text(),
+    })
+}
+
+/// `tidemark history`.
+pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
+    let table = lake::open_required(&args.table, "history").await?;
+    let entries = lake::read_commits(&table, args.limit.max(1))
+        .await
+        .map_err(|source| AppError::Delta {
+            action: "cannot read the log of",
+            uri: args.table.clone(),
+            source,
+        })?;
+    if args.output == OutputFormat::Json {
+        return Ok(serde_json::to_string(&entries).unwrap_or_default() + "\n");
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "version",
+        "time (UTC)",
+        "operation",
+        "run",
+        "mode",
+        "rows in/upd/del",
+        "files +/-",
+    ]);
+    for e in &entries {
+        let time = e
+            .timestamp_ms
+            .and_then(|ms| Utc.timestamp_millis_opt(ms).single())
+            .map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true))
+            .unwrap_or_default();
+        let field = |k: &str| {
+            e.run
+                .as_ref()
+                .and_then(|r| r.get(k))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string())
+                })
+                .unwrap_or_default()
+        };
+        let rows = if e.run.is_some() {
+            format!(
+                "{}/{}/{}",
+                field("num_inserted"),
+                field("num_updated"),
+                field("num_deleted")
+            )
+        } else {
+            String::new()
+        };
+        let run_id = field("run_id");
+        t.add_row(vec![
+            e.version.to_string(),
+            time,
+            e.operation.clone().unwrap_or_default(),
+            run_id.get(..13).unwrap_or(&run_id).to_string(),
+            field("mode"),
+            rows,
+            format!("{}/{}", e.files_added, e.files_removed),
+        ]);
+    }
+    Ok(format!("{t}\n"))
+}
+
+/// `tidemark restore`.
+pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
+    let table = lake::open_required(&args.table, "restore").await?;
+    let latest = table.version().unwrap_or(0);
+    if args.version >= latest {
+        return Err(AppError::Usage(format!(
+            "cannot restore {} to version {}: choose a version from 0 to {} (the current version is {latest}; see `tidemark history {}`)",
+            args.table,
+            args.version,
+            latest.saturating_sub(1),
+            args.table
+        )));
+    }
+    let (table, metrics) = table
+        .restore()
+        .with_version_to_restore(args.version)
+        .await
+        .map_err(|source| AppError::Delta {
+            action: "cannot restore",
+            uri: args.table.clone(),
+            source,
+        })?;
+    let new_version = table.version().unwrap_or(latest + 1);
+    let undo = format!(
+        "tidemark restore {} --version {}",
+        args.table,
+        new_version - 1
+    );
+    Ok(match args.output {
+        OutputFormat::Json => {
+            serde_json::json!({
+                "table": args.table,
+                "restored_version": args.version,
+                "new_version": new_version,
+                "files_removed": metrics.num_removed_file,
+                "files_restored": metrics.num_restored_file,
+                "undo": undo,
+            })
+            .to_string()
+                + "\n"
+        }
+        OutputFormat::Text => format!(
+            "restored {} to version {} as new version {new_version} ({} files restored, {} removed)\nto undo: {undo}\n",
+            args.table, args.version, metrics.num_restored_file, metrics.num_removed_file
+        ),
+    })
+}
+
+fn render_generate(report: &GenerateReport, output: OutputFormat) -> String {
+    match output {
+        OutputFormat::Json => serde_json::to_string(report).unwrap_or_default() + "\n",
+        OutputFormat::Text => format!(
+            "{} {}: {} rows ({} payments, {} deletes), table version {}, arrivals up to {}\n",
+            report.mode,
+            report.table,
+            report.rows,
+            report.distinct_payments,
+            report.deletes,
+            report.version,
+            report.frontier.to_rfc3339_opts(SecondsFormat::Secs, true)
+        ),
+    }
+}
+
+/// `tidemark generate`.
+pub async fn generate_command(args: GenerateArgs) -> Result<String, AppError> {
+    let report = if args.next_hour {
+        generate::next_hours(&args.out, args.hours).await?
+    } else {
+        generate::generate(&GenerateOptions {
+            out: args.out.clone(),
+            payments: args.payments,
+            days: args.days,
+            seed: args.seed,
+            start: args.start,
+            mode: GenerateMode::Full,
+        })
+        .await?
+    };
+    Ok(render_generate(&report, args.output))
+}
+
+/// Sample size of the demo: large enough to show late rows and deletes, small enough for a
+/// debug build to generate in seconds.
+const DEMO_PAYMENTS: u64 = 20_000;
+const DEMO_DAYS: u32 = 30;
+
+/// `tidemark demo`: generate sample data when absent, else append the next hour; then run.
+pub async fn demo(args: DemoArgs, clock: &dyn Clock) -> Result<String, AppError> {
+    let lake_dir = std::path::absolute(&args.lake)
+        .map_err(|e| AppError::Usage(format!("--lake {}: {e}", args.lake.display())))?;
+    let bronze = lake_dir.join("bronze/payments_raw");
+    let bronze_uri = bronze.to_string_lossy().to_string();
+    let mut out = String::new();
+    let report = if lake::open_if_exists(&bronze_uri).await?.is_some() {
+        generate::next_hours(&bronze_uri, 1).await?
+    } else {
+        generate::generate(&GenerateOptions {
+            out: bronze_uri.clone(),
+            payments: DEMO_PAYMENTS,
+            days: DEMO_DAYS,
+            seed: 42,
+            start: chrono::NaiveDate::from_ymd_opt(2024, 1, 1).unwrap_or_default(),
+            mode: GenerateMode::Full,
+        })
+        .await?
+    };
+    if args.output == OutputFormat::Text {
+        out.push_str(&render_generate(&report, args.output));
+    }
+    let mut vars = Vars::new();
+    vars.set("lake", &lake_dir.to_string_lossy());
+    let pipeline = Pipeline::load(&args.pipeline, &vars)?;
+    let summary = run::run(&pipeline, &RunOptions::default(), clock, &Engine::default()).await?;
+    match args.output {
+        OutputFormat::Json => out.push_str(&(summary.to_json() + "\n")),
+        OutputFormat::Text => {
+            out.push_str(&summary.to_text());
+            out.push_str(
+                "\nRun `tidemark demo` again to land the next hour and merge it incrementally.\n",
+            );
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,127 @@
+//! Command-line types only; behaviour lives in [`crate::app`].
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// tidemark: keeps Delta Lake payments tables current every hour.
+#[derive(Debug, Parser)]
+#[command(name = "tidemark", version, about, long_about = None)]
+pub struct Cli {
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+    /// Log filter (tracing syntax, e.g. `info`, `tidemark=debug`); RUST_LOG wins when set.
+    #[arg(long, global = true, default_value = "tidemark=info,warn")]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// How logs are written to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+/// How results are written to stdout.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
+pub enum OutputFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a pipeline once: incremental merge, or a full reload.
+    Run(RunArgs),
+    /// Show a table's commits, with tidemark's run facts.
+    History(HistoryArgs),
+    /// Restore a table to an earlier version (a new commit; undo with another restore).
+    Restore(RestoreArgs),
+    /// Write a synthetic bronze payments change table, or append its next hour.
+    Generate(GenerateArgs),
+    /// The first command to try: sample data under ./lake, then one run per call.
+    Demo(DemoArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    /// Pipeline YAML path, or the name of a file in the pipelines directory.
+    pub pipeline: String,
+    /// Set a variable used as ${var.NAME} (repeatable).
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub vars: Vec<String>,
+    /// Rebuild the target from the whole source in one overwrite commit.
+    #[arg(long)]
+    pub full_reload: bool,
+    /// Plan and count everything; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// Where pipeline names are looked up.
+    #[arg(long, default_value = "pipelines")]
+    pub pipelines_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct HistoryArgs {
+    /// Table path or URI.
+    pub table: String,
+    /// How many commits, newest first.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct RestoreArgs {
+    /// Table path or URI.
+    pub table: String,
+    /// The version to restore.
+    #[arg(long)]
+    pub version: u64,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// Bronze table path or URI.
+    #[arg(long)]
+    pub out: String,
+    /// Payments created over --days (the rate continues for --next-hour).
+    #[arg(long, default_value_t = 20_000)]
+    pub payments: u64,
+    #[arg(long, default_value_t = 30)]
+    pub days: u32,
+    #[arg(long, default_value_t = 42)]
+    pub seed: u64,
+    /// UTC date of day 0 (YYYY-MM-DD).
+    #[arg(long, default_value = "2024-01-01")]
+    pub start: chrono::NaiveDate,
+    /// Append the next hour(s) of arrivals to an existing generated table.
+    #[arg(long)]
+    pub next_hour: bool,
+    /// With --next-hour: how many hours to append.
+    #[arg(long, default_value_t = 1, requires = "next_hour")]
+    pub hours: u32,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Folder for the demo's tables.
+    #[arg(long, default_value = "lake")]
+    pub lake: PathBuf,
+    /// The pipeline the demo runs.
+    #[arg(long, default_value = "pipelines/payments.yml")]
+    pub pipeline: PathBuf,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}

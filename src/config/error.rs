@@ -1,0 +1,49 @@
+use std::path::PathBuf;
+
+use crate::error::{Classify, ErrorClass};
+
+/// A configuration problem, located in its file.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read at all.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// No pipeline file matches the name given on the command line.
+    #[error("no pipeline named {name:?}: looked for {tried}; pass a path to a YAML file or one of: {available}")]
+    PipelineNotFound {
+        name: String,
+        tried: String,
+        available: String,
+    },
+    /// Invalid YAML or a key that does not belong there.
+    #[error("{path}:{line}: {message}")]
+    Invalid {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    /// `${var.X}` or `${env.X}` has no value.
+    #[error("{path}:{line}: {reference} in `{key}` has no value; {how}")]
+    Unresolved {
+        path: PathBuf,
+        line: usize,
+        key: String,
+        reference: String,
+        how: String,
+    },
+    /// A `--var` argument that is not `NAME=VALUE`.
+    #[error("--var {0:?} is not NAME=VALUE (example: --var lake=./lake)")]
+    BadVarArg(String),
+}
+
+impl Classify for ConfigError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            ConfigError::BadVarArg(_) => ErrorClass::Usage,
+            _ => ErrorClass::Config,
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! Finding where a key or a text sits in a YAML file, for error messages.
+//!
+//! serde_yaml reports positions only for syntax and shape errors; semantic errors found after
+//! parsing (a column missing from the source, a bad duration) are located by searching the text.
+
+/// 1-based line of the first non-comment line that defines `key:` (at any indentation, also
+/// inside a flow mapping like `source: { uri: ... }`). Falls back to line 1.
+pub fn line_of_key(text: &str, key: &str) -> usize {
+    let needle = format!("{key}:");
+    for (i, line) in text.lines().enumerate() {
+        let code = strip_comment(line);
+        let trimmed = code.trim_start();
+        if trimmed.starts_with(&needle)
+            || trimmed.starts_with(&format!("- {needle}"))
+            || code.contains(&format!("{{ {needle}"))
+            || code.contains(&format!(", {needle}"))
+            || code.contains(&format!("{{{needle}"))
+        {
+            return i + 1;
+        }
+    }
+    1
+}
+
+/// 1-based line of the first non-comment occurrence of `fragment`. Falls back to line 1.
+pub fn line_of_text(text: &str, fragment: &str) -> usize {
+    text.lines()
+        .position(|l| strip_comment(l).contains(fragment))
+        .map(|i| i + 1)
+        .unwrap_or(1)
+}
+
+fn strip_comment(line: &str) -> &str {
+    // A '#' starts a comment when it begins the line or follows whitespace (YAML's rule).
+    let bytes = line.as_bytes();
+    for (i, b) in bytes.iter().enumerate() {
+        if *b == b'#' && (i == 0 || bytes[i - 1].is_ascii_whitespace()) {
+            return &line[..i];
+        }
+    }
+    line
+}
+
+/// The valid key closest to `unknown`, if any is close enough to be a plausible typo.
+pub fn nearest<'a>(unknown: &str, valid: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    valid
+        .into_iter()
+        .map(|v| (strsim::jaro_winkler(unknown, v), v))
+        .filter(|(score, _)| *score >= 0.75)
+        .max_by(|a, b| a.0.total_cmp(&b.0))
+        .map(|(_, v)| v)
+}
+
+/// Rewrites serde's "unknown field `x`, expected one of `a`, `b`" into a message with a hint,
+/// and drops serde_yaml's trailing "at line N column M" (the caller prints the line itself).
+pub fn explain_serde_message(message: &str) -> String {
+    let message = match message.rfind(" at line ") {
+        Some(i) => &message[..i],
+        None => message,
+    };
+    let Some(start) = message.find("unknown field `") else {
+        return message.to_string();
+    };
+    let (prefix, rest) = message.split_at(start);
+    let rest = &rest["unknown field `".len()..];
+    let Some((field, tail)) = rest.split_once('`') else {
+        return message.to_string();
+    };
+    let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+    let mut out = format!("{prefix}unknown key `{field}`");
+    match nearest(field, expected.iter().copied()) {
+        Some(hint) => out.push_str(&format!(" (did you mean `{hint}`?)")),
+        None if !expected.is_empty() => {
+            out.push_str(&format!("; valid keys here: {}", expected.join(", ")))
+        }
+        None => {}
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_keys_in_block_and_flow_style() {
+        let text = "# keys: not this\nname: x\nsource: { uri: a }\n  keys: [id]\n";
+        assert_eq!(line_of_key(text, "keys"), 4);
+        assert_eq!(line_of_key(text, "uri"), 3);
+        assert_eq!(line_of_key(text, "name"), 2);
+    }
+
+    #[test]
+    fn suggests_the_nearest_key() {
+        let msg = "unknown field `overlaps`, expected one of `name`, `overlap`, `keys`";
+        assert_eq!(
+            explain_serde_message(msg),
+            "unknown key `overlaps` (did you mean `overlap`?)"
+        );
+        let msg = "unknown field `zzz`, expected `uri`";
+        assert_eq!(
+            explain_serde_message(msg),
+            "unknown key `zzz`; valid keys here: uri"
+        );
+    }
+}

@@ -1,0 +1,14 @@
+//! Configuration: YAML files → validated types.
+//!
+//! Raw serde structs mirror the files exactly (`deny_unknown_fields`, so a typo is an error and
+//! never a silent default); validation turns them into the types the run uses. Every error names
+//! the file, the line and the key, because the person reading it has the file open.
+
+mod error;
+mod location;
+pub mod pipeline;
+pub mod vars;
+
+pub use error::ConfigError;
+pub use pipeline::{DeleteMode, Deletes, Pipeline, Quarantine};
+pub use vars::Vars;

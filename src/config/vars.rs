@@ -1,0 +1,145 @@
+//! `${var.NAME}` and `${env.NAME}` substitution.
+//!
+//! Variables come from the command line (`--var NAME=VALUE`) and, for bundles, from the selected
+//! target and the defaults; the caller merges those layers into one [`Vars`]. `${env.NAME}` reads
+//! the process environment and is meant for secrets: resolved values are never logged.
+
+use std::collections::BTreeMap;
+
+/// Variable values, already merged by precedence.
+#[derive(Debug, Clone, Default)]
+pub struct Vars {
+    values: BTreeMap<String, String>,
+}
+
+/// Why a reference could not be resolved: the reference as written and how to supply it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Unresolved {
+    pub reference: String,
+    pub how: String,
+}
+
+impl Vars {
+    /// An empty set of variables.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Parses repeated `NAME=VALUE` arguments; later ones win, as on most command lines.
+    pub fn from_args<S: AsRef<str>>(args: &[S]) -> Result<Self, String> {
+        let mut vars = Vars::new();
+        for arg in args {
+            let arg = arg.as_ref();
+            match arg.split_once('=') {
+                Some((name, value)) if is_name(name.trim()) => {
+                    vars.set(name.trim(), value);
+                }
+                _ => return Err(arg.to_string()),
+            }
+        }
+        Ok(vars)
+    }
+
+    /// Sets (or replaces) one variable.
+    pub fn set(&mut self, name: &str, value: &str) {
+        self.values.insert(name.to_string(), value.to_string());
+    }
+
+    /// Sets a variable only when it has no value yet (used for lower-precedence layers).
+    pub fn set_default(&mut self, name: &str, value: &str) {
+        self.values
+            .entry(name.to_string())
+            .or_insert_with(|| value.to_string());
+    }
+
+    /// The value of one variable.
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.values.get(name).map(String::as_str)
+    }
+
+    /// Replaces every `${var.X}` and `${env.X}` in `text`.
+    pub fn substitute(&self, text: &str) -> Result<String, Unresolved> {
+        let mut out = String::with_capacity(text.len());
+        let mut rest = text;
+        while let Some(start) = rest.find("${") {
+            out.push_str(&rest[..start]);
+            let after = &rest[start + 2..];
+            let Some(end) = after.find('}') else {
+                return Err(Unresolved {
+                    reference: rest[start..].to_string(),
+                    how: "close the reference with `}`".to_string(),
+                });
+            };
+            let inner = &after[..end];
+            let reference = format!("${{{inner}}}");
+            let value = match inner.split_once('.') {
+                Some(("var", name)) if is_name(name) => {
+                    self.get(name).map(str::to_string).ok_or_else(|| Unresolved {
+                        reference: reference.clone(),
+                        how: format!("pass --var {name}=VALUE (or set it in the bundle target or BUNDLE_VAR_{name})"),
+                    })?
+                }
+                Some(("env", name)) if is_name(name) => {
+                    std::env::var(name).map_err(|_| Unresolved {
+                        reference: reference.clone(),
+                        how: format!("export the environment variable {name}"),
+                    })?
+                }
+                _ => {
+                    return Err(Unresolved {
+                        reference,
+                        how: "only ${var.NAME} and ${env.NAME} are supported".to_string(),
+                    })
+                }
+            };
+            out.push_str(&value);
+            rest = &after[end + 1..];
+        }
+        out.push_str(rest);
+        Ok(out)
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn substitutes_vars_and_env() {
+        let vars = Vars::from_args(&["lake=/data/lake", "x=1", "x=2"]).unwrap();
+        assert_eq!(
+            vars.substitute("${var.lake}/bronze").unwrap(),
+            "/data/lake/bronze"
+        );
+        assert_eq!(vars.get("x"), Some("2"));
+        std::env::set_var("TIDEMARK_TEST_SECRET_VAR", "s3cr3t");
+        assert_eq!(
+            vars.substitute("k=${env.TIDEMARK_TEST_SECRET_VAR}")
+                .unwrap(),
+            "k=s3cr3t"
+        );
+    }
+
+    #[test]
+    fn reports_missing_values_with_a_remedy() {
+        let err = Vars::new().substitute("${var.lake}/x").unwrap_err();
+        assert_eq!(err.reference, "${var.lake}");
+        assert!(err.how.contains("--var lake=VALUE"), "{}", err.how);
+        let err = Vars::new().substitute("${oops}").unwrap_err();
+        assert!(err.how.contains("only ${var.NAME}"));
+        assert!(Vars::new().substitute("${var.lake").is_err());
+    }
+
+    #[test]
+    fn rejects_malformed_args() {
+        assert_eq!(Vars::from_args(&["novalue"]).unwrap_err(), "novalue");
+        assert!(Vars::from_args(&["=x"]).is_err());
+        assert_eq!(Vars::from_args(&["a=b=c"]).unwrap().get("a"), Some("b=c"));
+    }
+}

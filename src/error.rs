@@ -1,0 +1,88 @@
+//! Error classes and the exit codes they map to.
+//!
+//! Every module returns its own `thiserror` enum; at the edge each error is reduced to an
+//! [`ErrorClass`], which decides the process exit code. The codes follow BSD `sysexits.h` so
+//! schedulers and shell scripts can tell "fix your config" from "try again later".
+
+use std::fmt;
+
+/// What kind of failure an error is, from the point of view of whoever has to react to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorClass {
+    /// The command line itself is wrong (unknown flag, malformed `--var`).
+    Usage,
+    /// A pipeline or bundle file is invalid: nothing was read or written.
+    Config,
+    /// The data broke a rule the pipeline enforces (quarantine limit exceeded, corrupt target).
+    BadData,
+    /// A table or file could not be reached: missing, unreadable, or not a Delta table.
+    Unavailable,
+    /// Local I/O failed (disk full, permission denied on a spill or output path).
+    Io,
+    /// Another writer got there first, or a transient failure: rerunning is safe.
+    Retryable,
+    /// A bug in tidemark: please report it with the log.
+    Internal,
+}
+
+impl ErrorClass {
+    /// The process exit code for this class; documented in the README and stable.
+    pub fn exit_code(self) -> i32 {
+        match self {
+            ErrorClass::Usage => 64,
+            ErrorClass::BadData => 65,
+            ErrorClass::Unavailable => 66,
+            ErrorClass::Internal => 70,
+            ErrorClass::Io => 74,
+            ErrorClass::Retryable => 75,
+            ErrorClass::Config => 78,
+        }
+    }
+
+    /// Whether a scheduler may retry the same command unchanged.
+    pub fn is_retryable(self) -> bool {
+        matches!(self, ErrorClass::Retryable)
+    }
+}
+
+impl fmt::Display for ErrorClass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = match self {
+            ErrorClass::Usage => "usage",
+            ErrorClass::Config => "config",
+            ErrorClass::BadData => "bad_data",
+            ErrorClass::Unavailable => "unavailable",
+            ErrorClass::Io => "io",
+            ErrorClass::Retryable => "retryable",
+            ErrorClass::Internal => "internal",
+        };
+        f.write_str(s)
+    }
+}
+
+/// Implemented by every module error so the binary can pick an exit code without knowing
+/// the module's internals.
+pub trait Classify {
+    /// The class that decides the exit code.
+    fn class(&self) -> ErrorClass;
+}
+
+/// Classifies a delta-rs error: a missing table or object-store failure is "unavailable",
+/// a lost commit race is "retryable", anything else is internal unless the caller knows better.
+pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
+    use deltalake::DeltaTableError as E;
+    match err {
+        E::NotATable(_) | E::InvalidTableLocation(_) => ErrorClass::Unavailable,
+        E::ObjectStore { source } => match source {
+            deltalake::ObjectStoreError::NotFound { .. } => ErrorClass::Unavailable,
+            deltalake::ObjectStoreError::PermissionDenied { .. }
+            | deltalake::ObjectStoreError::Unauthenticated { .. } => ErrorClass::Unavailable,
+            _ => ErrorClass::Io,
+        },
+        E::Io { .. } => ErrorClass::Io,
+        E::Transaction { .. } | E::VersionAlreadyExists(_) => ErrorClass::Retryable,
+        E::InvalidJsonLog { .. } | E::InvalidStatsJson { .. } => ErrorClass::BadData,
+        _ => ErrorClass::Internal,
+    }
+}

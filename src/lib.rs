@@ -1,0 +1,17 @@
+//! tidemark keeps Delta Lake tables of payments current from a stream of change records:
+//! an hourly incremental merge that is safe to rerun and never loses a late row, and a
+//! full reload for recovery.
+//!
+//! Data flows one way: [`config`] (YAML → validated types) → [`run`] (plan, read, validate,
+//! dedup, compare, commit) over [`lake`] (Delta access) → [`report`] (the run summary).
+//! [`app`] has one function per command; `main.rs` only parses and maps errors to exit codes.
+
+pub mod app;
+pub mod cli;
+pub mod clock;
+pub mod config;
+pub mod error;
+pub mod generate;
+pub mod lake;
+pub mod report;
+pub mod run;

@@ -1,0 +1,63 @@
+//! The binary: parse, set up logging, run the command, map the error to an exit code.
+
+use clap::Parser;
+use tidemark::cli::{Cli, LogFormat};
+use tidemark::error::{Classify, ErrorClass};
+use tracing_subscriber::EnvFilter;
+
+fn main() {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                ErrorClass::Usage.exit_code()
+            } else {
+                0
+            };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    init_logging(&cli);
+    let clock = match tidemark::clock::from_env() {
+        Ok(c) => c,
+        Err(msg) => {
+            eprintln!("error: {msg}");
+            std::process::exit(ErrorClass::Usage.exit_code());
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            std::process::exit(ErrorClass::Internal.exit_code());
+        }
+    };
+    match runtime.block_on(tidemark::app::dispatch(cli.command, clock.as_ref())) {
+        Ok(stdout) => print!("{stdout}"),
+        Err(e) => {
+            let class = e.class();
+            eprintln!("error: {e}");
+            if class == ErrorClass::Internal {
+                eprintln!("this looks like a bug in tidemark; please report it with the log above");
+            }
+            std::process::exit(class.exit_code());
+        }
+    }
+}
+
+fn init_logging(cli: &Cli) {
+    let filter = EnvFilter::try_from_default_env()
+        .or_else(|_| EnvFilter::try_new(&cli.log_level))
+        .unwrap_or_else(|_| EnvFilter::new("warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => builder.with_target(false).init(),
+    }
+}

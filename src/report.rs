@@ -1,0 +1,166 @@
+//! The run summary: what a run read, rejected, changed and committed.
+//!
+//! People get a short aligned text; machines get one JSON object on stdout. Logs never go to
+//! stdout, so `--output json` can be piped straight into `jq` or a ledger.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use serde::Serialize;
+
+/// How a run treated the target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunMode {
+    /// The target was missing or empty: built from the whole source.
+    Bootstrap,
+    /// The normal hourly run: only the slice behind the watermark and the newly landed rows.
+    Incremental,
+    /// Rebuilt from the whole source on request, in one overwrite commit.
+    FullReload,
+}
+
+impl std::fmt::Display for RunMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            RunMode::Bootstrap => "bootstrap",
+            RunMode::Incremental => "incremental",
+            RunMode::FullReload => "full_reload",
+        })
+    }
+}
+
+/// Everything a run did, as counted while doing it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RunSummary {
+    pub run_id: String,
+    pub pipeline: String,
+    pub mode: RunMode,
+    pub dry_run: bool,
+    pub source_uri: String,
+    pub target_uri: String,
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub watermark_before: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub watermark_after: Option<DateTime<Utc>>,
+    /// Source table version this run read (pinned for the whole run).
+    pub source_version: u64,
+    /// Source version the previous committed run read; rows landed after it were read in full.
+    pub previous_source_version: Option<i64>,
+    /// Target version this run committed; null when nothing was committed.
+    pub target_version: Option<u64>,
+    pub num_source_rows_read: u64,
+    /// Rows rejected by validation in this run's read (each stored in the quarantine table once).
+    pub num_quarantined: u64,
+    /// Of those, rows not already in the quarantine table (written by this run).
+    pub num_quarantined_new: u64,
+    pub num_deferred: u64,
+    pub num_duplicates_collapsed: u64,
+    pub num_conflicts: u64,
+    /// Rows that landed since the previous run with a sequence behind the overlap: the overlap
+    /// alone would have missed them. A steady non-zero count means the overlap is too small.
+    pub num_late_rows: u64,
+    pub num_inserted: u64,
+    pub num_updated: u64,
+    pub num_deleted: u64,
+    pub num_unchanged: u64,
+    pub num_files_added: u64,
+    pub num_files_removed: u64,
+    pub duration_ms: u64,
+    /// Milliseconds per phase, in the order they ran.
+    pub phases_ms: BTreeMap<String, u64>,
+    pub warnings: Vec<String>,
+}
+
+fn rfc3339_opt<S: serde::Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+    match t {
+        Some(t) => s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+        None => s.serialize_none(),
+    }
+}
+
+fn fmt_time(t: &Option<DateTime<Utc>>) -> String {
+    t.map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
+        .unwrap_or_else(|| "-".to_string())
+}
+
+impl RunSummary {
+    /// The summary as one line of JSON.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// The summary for people: a headline and aligned counts.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        let outcome = match (self.dry_run, self.target_version) {
+            (true, _) => "dry run: nothing written".to_string(),
+            (false, Some(v)) => format!("committed target version {v}"),
+            (false, None) => "nothing to change: no commit".to_string(),
+        };
+        let _ = writeln!(
+            out,
+            "{} {} run {} — {} ({} ms)",
+            self.pipeline, self.mode, self.run_id, outcome, self.duration_ms
+        );
+        let rows: Vec<(&str, String)> = vec![
+            (
+                "source version",
+                format!(
+                    "{} (previous run read {})",
+                    self.source_version,
+                    self.previous_source_version
+                        .map_or("-".to_string(), |v| v.to_string())
+                ),
+            ),
+            (
+                "watermark",
+                format!(
+                    "{} -> {}",
+                    fmt_time(&self.watermark_before),
+                    fmt_time(&self.watermark_after)
+                ),
+            ),
+            ("rows read", self.num_source_rows_read.to_string()),
+            ("late rows", self.num_late_rows.to_string()),
+            (
+                "quarantined",
+                format!(
+                    "{} ({} new)",
+                    self.num_quarantined, self.num_quarantined_new
+                ),
+            ),
+            ("deferred (future)", self.num_deferred.to_string()),
+            (
+                "duplicates collapsed",
+                self.num_duplicates_collapsed.to_string(),
+            ),
+            ("conflicts", self.num_conflicts.to_string()),
+            ("inserted", self.num_inserted.to_string()),
+            ("updated", self.num_updated.to_string()),
+            ("deleted", self.num_deleted.to_string()),
+            ("unchanged", self.num_unchanged.to_string()),
+            (
+                "files added/removed",
+                format!("{}/{}", self.num_files_added, self.num_files_removed),
+            ),
+        ];
+        let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+        for (k, v) in rows {
+            let _ = writeln!(out, "  {k:<width$}  {v}");
+        }
+        if !self.phases_ms.is_empty() {
+            let phases: Vec<String> = self
+                .phases_ms
+                .iter()
+                .map(|(k, v)| format!("{k} {v}"))
+                .collect();
+            let _ = writeln!(out, "  {:<width$}  {}", "phases (ms)", phases.join(", "));
+        }
+        for w in &self.warnings {
+            let _ = writeln!(out, "  warning: {w}");
+        }
+        out
+    }
+}

@@ -1,0 +1,128 @@
+//! Writing to the target: the conditional merge of an incremental run, and the one overwrite
+//! commit of a full reload. Each is exactly one Delta commit carrying the run's metadata.
+
+use std::num::NonZeroU64;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use datafusion::common::{Column, TableReference};
+use datafusion::logical_expr::{lit, Expr, LogicalPlan};
+use datafusion::prelude::SessionContext;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::operations::merge::MergeMetrics;
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+
+use super::layout::Layout;
+use super::storage::storage_batch;
+use super::RunError;
+use crate::config::pipeline::DELETED_COLUMN;
+use crate::lake;
+
+fn qualified(table: &str, column: &str) -> Expr {
+    Expr::Column(Column::new(Some(TableReference::bare(table)), column))
+}
+
+/// Merges `changes` (rows already known to win) by key in one commit. The target handle must be
+/// the snapshot the changes were computed against: if another writer committed since, Delta's
+/// conflict check fails this commit instead of overwriting newer data.
+pub async fn merge(
+    ctx: &SessionContext,
+    target: DeltaTable,
+    uri: &str,
+    layout: &Layout,
+    changes: Vec<RecordBatch>,
+    props: CommitProperties,
+) -> Result<(DeltaTable, MergeMetrics), RunError> {
+    let d = RunError::delta;
+    let changes = changes
+        .iter()
+        .map(storage_batch)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(RunError::arrow("merge"))?;
+    let schema = changes
+        .first()
+        .map(|b| b.schema())
+        .ok_or_else(|| RunError::Arrow {
+            phase: "merge",
+            source: arrow::error::ArrowError::InvalidArgumentError("no rows to merge".into()),
+        })?;
+    let mem = datafusion::datasource::MemTable::try_new(schema, vec![changes])
+        .map_err(RunError::query("merge"))?;
+    let source = ctx
+        .read_table(Arc::new(mem))
+        .map_err(RunError::query("merge"))?;
+    let on = layout
+        .keys
+        .iter()
+        .map(|k| qualified("t", k).eq(qualified("s", k)))
+        .reduce(Expr::and)
+        .unwrap_or_else(|| lit(false));
+    let columns = layout.target_columns.clone();
+    let mut builder = target
+        .merge(source, on)
+        .with_source_alias("s")
+        .with_target_alias("t")
+        .with_commit_properties(props)
+        .with_session_state(Arc::new(ctx.state()));
+    if layout.hard_deletes() {
+        builder = builder
+            .when_matched_delete(|del| del.predicate(qualified("s", DELETED_COLUMN).eq(lit(true))))
+            .map_err(d("merge", uri))?;
+    }
+    let update_cols = columns.clone();
+    builder = builder
+        .when_matched_update(move |mut u| {
+            for c in &update_cols {
+                u = u.update(c.as_str(), qualified("s", c));
+            }
+            u
+        })
+        .map_err(d("merge", uri))?
+        .when_not_matched_insert(move |mut i| {
+            for c in &columns {
+                i = i.set(c.as_str(), qualified("s", c));
+            }
+            i
+        })
+        .map_err(d("merge", uri))?;
+    builder.await.map_err(d("merge", uri))
+}
+
+/// Replaces the whole target with the rows of `plan` in one commit; creates the table (with
+/// `delta.targetFileSize`) when it does not exist. Readers see the old table or the new one.
+pub async fn overwrite(
+    ctx: &SessionContext,
+    target: Option<DeltaTable>,
+    uri: &str,
+    name: &str,
+    file_size: u64,
+    plan: LogicalPlan,
+    props: CommitProperties,
+) -> Result<DeltaTable, RunError> {
+    let d = RunError::delta;
+    let size = NonZeroU64::new(file_size);
+    let table = match target {
+        Some(t) => t,
+        None => deltalake::DeltaTableBuilder::from_url(lake::create_url(uri)?)
+            .and_then(|b| b.build())
+            .map_err(d("write", uri))?,
+    };
+    let fresh = table.version().is_none();
+    let mut builder = table
+        .write(std::iter::empty())
+        .with_input_plan(plan)
+        .with_save_mode(SaveMode::Overwrite)
+        .with_schema_mode(SchemaMode::Overwrite)
+        .with_target_file_size(size)
+        .with_commit_properties(props)
+        .with_session_state(Arc::new(ctx.state()));
+    if fresh {
+        builder = builder.with_table_name(name).with_configuration([(
+            "delta.targetFileSize".to_string(),
+            Some(file_size.to_string()),
+        )]);
+    }
+    builder.await.map_err(d("write", uri))
+}

@@ -1,0 +1,106 @@
+use crate::config::ConfigError;
+use crate::error::{classify_delta, Classify, ErrorClass};
+use crate::lake::LakeError;
+
+/// Why a run stopped. Nothing is committed to the target when a run returns one of these,
+/// except rows written to the quarantine table for inspection.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+    /// A query over the source or the target failed.
+    #[error("{phase}: query failed: {source}")]
+    Query {
+        phase: &'static str,
+        #[source]
+        source: datafusion::error::DataFusionError,
+    },
+    /// A Delta operation failed.
+    #[error("{phase}: {uri}: {source}")]
+    Delta {
+        phase: &'static str,
+        uri: String,
+        #[source]
+        source: deltalake::DeltaTableError,
+    },
+    /// Arrow compute failed (a bug or an unsupported type).
+    #[error("{phase}: {source}")]
+    Arrow {
+        phase: &'static str,
+        #[source]
+        source: arrow::error::ArrowError,
+    },
+    /// More rows failed validation than the pipeline tolerates.
+    #[error("{rejected} of {read} rows read failed validation, over the limit ({limit}); nothing was merged. The rows are in the quarantine table {uri}: inspect them, fix the source or raise `quarantine.max_rows`/`max_fraction`, then rerun")]
+    QuarantineLimit {
+        rejected: u64,
+        read: u64,
+        limit: String,
+        uri: String,
+    },
+    /// The existing target does not have the columns this pipeline produces.
+    #[error("target {uri} does not match the pipeline: {diff}. If the pipeline changed on purpose, rebuild with `tidemark run <pipeline> --full-reload`")]
+    TargetSchema { uri: String, diff: String },
+    /// The target holds the same key twice: it was corrupted outside tidemark.
+    #[error("target {uri} holds {count} duplicate key(s) (first: {first}); an incremental merge cannot fix that. Rebuild with --full-reload, or restore a good version (`tidemark history`, `tidemark restore`)")]
+    DuplicateTargetKeys {
+        uri: String,
+        count: u64,
+        first: String,
+    },
+}
+
+impl RunError {
+    pub(crate) fn query(
+        phase: &'static str,
+    ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self {
+        move |source| RunError::Query { phase, source }
+    }
+
+    pub(crate) fn delta<'u>(
+        phase: &'static str,
+        uri: &'u str,
+    ) -> impl FnOnce(deltalake::DeltaTableError) -> Self + 'u {
+        move |source| RunError::Delta {
+            phase,
+            uri: uri.to_string(),
+            source,
+        }
+    }
+
+    pub(crate) fn arrow(phase: &'static str) -> impl FnOnce(arrow::error::ArrowError) -> Self {
+        move |source| RunError::Arrow { phase, source }
+    }
+}
+
+impl Classify for RunError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            RunError::Config(e) => e.class(),
+            RunError::Lake(e) => e.class(),
+            RunError::Query { source, .. } => classify_datafusion(source),
+            RunError::Delta { source, .. } => classify_delta(source),
+            RunError::Arrow { .. } => ErrorClass::Internal,
+            RunError::QuarantineLimit { .. }
+            | RunError::TargetSchema { .. }
+            | RunError::DuplicateTargetKeys { .. } => ErrorClass::BadData,
+        }
+    }
+}
+
+fn classify_datafusion(e: &datafusion::error::DataFusionError) -> ErrorClass {
+    use datafusion::error::DataFusionError as D;
+    match e {
+        D::ResourcesExhausted(_) | D::IoError(_) => ErrorClass::Io,
+        D::ObjectStore(_) => ErrorClass::Unavailable,
+        D::ParquetError(_) => ErrorClass::BadData,
+        D::External(inner) => match inner.downcast_ref::<deltalake::DeltaTableError>() {
+            Some(d) => classify_delta(d),
+            None => ErrorClass::Internal,
+        },
+        D::Context(_, inner) => classify_datafusion(inner),
+        _ => ErrorClass::Internal,
+    }
+}

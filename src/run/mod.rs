@@ -1,0 +1,703 @@
+//! One run of a pipeline: plan → read → validate → dedup → compare → commit → report.
+//!
+//! The incremental run reads two things from a source snapshot pinned for the whole run: the
+//! rows with `sequence > watermark - overlap` (pushed into the scan, so files whose statistics
+//! exclude it are never opened), and every row in the files that landed since the source version
+//! the previous run recorded (whatever its sequence: late rows are never lost). A full reload
+//! reads the whole source and replaces the target in one commit.
+
+mod apply;
+mod changes;
+mod dedup;
+mod error;
+mod layout;
+mod quarantine;
+mod session;
+mod storage;
+mod validate;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use arrow::array::RecordBatch;
+use chrono::{DateTime, TimeZone, Utc};
+use datafusion::catalog::streaming::StreamingTable;
+use datafusion::datasource::MemTable;
+use datafusion::logical_expr::{lit, Expr};
+use datafusion::prelude::{ident, DataFrame, SessionContext};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
+use deltalake::DeltaTable;
+use futures::StreamExt;
+use tracing::{info, info_span, warn, Instrument};
+
+pub use dedup::{DedupCounts, Deduper};
+pub use error::RunError;
+pub use layout::Layout;
+pub use session::Engine;
+
+use crate::clock::Clock;
+use crate::config::Pipeline;
+use crate::lake::{self, StatsMax, COMMIT_INFO_KEY};
+use crate::report::{RunMode, RunSummary};
+
+/// What the caller asked for.
+#[derive(Debug, Clone, Default)]
+pub struct RunOptions {
+    /// Rebuild the target from the whole source in one overwrite commit.
+    pub full_reload: bool,
+    /// Plan and count everything, write nothing.
+    pub dry_run: bool,
+}
+
+const LATE_COLUMN: &str = "__tidemark_late";
+
+/// Runs `pipeline` once. On success the target has at most one new commit; on error nothing was
+/// committed to it.
+pub async fn run(
+    pipeline: &Pipeline,
+    opts: &RunOptions,
+    clock: &dyn Clock,
+    engine: &Engine,
+) -> Result<RunSummary, RunError> {
+    let run_id = uuid::Uuid::now_v7().to_string();
+    let span = info_span!("run", run_id = %run_id, pipeline = %pipeline.name);
+    Run::new(pipeline, opts, clock.now(), engine, run_id)
+        .execute()
+        .instrument(span)
+        .await
+}
+
+struct Run<'a> {
+    p: &'a Pipeline,
+    opts: &'a RunOptions,
+    now: DateTime<Utc>,
+    ctx: SessionContext,
+    started: Instant,
+    phase_started: Instant,
+    phases: BTreeMap<String, u64>,
+    summary: RunSummary,
+}
+
+fn micros_to_time(us: i64) -> Option<DateTime<Utc>> {
+    Utc.timestamp_micros(us).single()
+}
+
+fn to_micros(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
+}
+
+impl<'a> Run<'a> {
+    fn new(
+        p: &'a Pipeline,
+        opts: &'a RunOptions,
+        now: DateTime<Utc>,
+        engine: &Engine,
+        run_id: String,
+    ) -> Self {
+        let summary = RunSummary {
+            run_id,
+            pipeline: p.name.clone(),
+            mode: RunMode::Incremental,
+            dry_run: opts.dry_run,
+            source_uri: p.source_uri.clone(),
+            target_uri: p.target_uri.clone(),
+            watermark_before: None,
+            watermark_after: None,
+            source_version: 0,
+            previous_source_version: None,
+            target_version: None,
+            num_source_rows_read: 0,
+            num_quarantined: 0,
+            num_quarantined_new: 0,
+            num_deferred: 0,
+            num_duplicates_collapsed: 0,
+            num_conflicts: 0,
+            num_late_rows: 0,
+            num_inserted: 0,
+            num_updated: 0,
+            num_deleted: 0,
+            num_unchanged: 0,
+            num_files_added: 0,
+            num_files_removed: 0,
+            duration_ms: 0,
+            phases_ms: BTreeMap::new(),
+            warnings: Vec::new(),
+        };
+        Run {
+            p,
+            opts,
+            now,
+            ctx: engine.context(),
+            started: Instant::now(),
+            phase_started: Instant::now(),
+            phases: BTreeMap::new(),
+            summary,
+        }
+    }
+
+    fn end_phase(&mut self, name: &str) {
+        let ms = self.phase_started.elapsed().as_millis() as u64;
+        *self.phases.entry(name.to_string()).or_default() += ms;
+        self.phase_started = Instant::now();
+    }
+
+    fn warn(&mut self, message: String) {
+        warn!("{message}");
+        self.summary.warnings.push(message);
+    }
+
+    async fn execute(mut self) -> Result<RunSummary, RunError> {
+        // plan
+        let (source, target) = async {
+            let source = lake::open_required(&self.p.source_uri, "source").await?;
+            let target = lake::open_if_exists(&self.p.target_uri).await?;
+            Ok::<_, RunError>((source, target))
+        }
+        .instrument(info_span!("plan"))
+        .await?;
+        let source_version = source.version().unwrap_or(0);
+        self.summary.source_version = source_version;
+        source
+            .update_datafusion_session(&self.ctx.state())
+            .map_err(RunError::delta("plan", &self.p.source_uri))?;
+        let source_provider = source
+            .table_provider()
+            .await
+            .map_err(RunError::query("plan"))?;
+        let source_schema = source_provider.schema();
+        let layout = Layout::new(self.p, &source_schema)?;
+        let seq_type = source_schema
+            .field_with_name(layout.sequence())
+            .map(|f| f.data_type().clone())
+            .map_err(|e| RunError::query("plan")(e.into()))?;
+
+        let target = match target {
+            Some(t)
+                if t.get_file_uris()
+                    .map(|mut f| f.next().is_some())
+                    .unwrap_or(false) =>
+            {
+                Some(t)
+            }
+            Some(t) if self.opts.full_reload => Some(t),
+            Some(t) => {
+                // An existing but empty target is bootstrapped like a missing one; keep the
+                // handle so the overwrite becomes its next version.
+                self.summary.mode = RunMode::Bootstrap;
+                return self
+                    .full(source_provider, Some(t), &layout, &seq_type)
+                    .await;
+            }
+            None => None,
+        };
+        if let Some(t) = &target {
+            t.update_datafusion_session(&self.ctx.state())
+                .map_err(RunError::delta("plan", &self.p.target_uri))?;
+        }
+        let Some(target) = target else {
+            self.summary.mode = RunMode::Bootstrap;
+            return self.full(source_provider, None, &layout, &seq_type).await;
+        };
+        if self.opts.full_reload {
+            self.summary.mode = RunMode::FullReload;
+            self.summary.watermark_before = self.watermark(&target, &layout).await?;
+            return self
+                .full(source_provider, Some(target), &layout, &seq_type)
+                .await;
+        }
+        self.summary.mode = RunMode::Incremental;
+        self.incremental(source, source_provider, target, &layout, &seq_type)
+            .await
+    }
+
+    /// `max(sequence)` of the target: from log statistics, scanning only when some file lacks them.
+    async fn watermark(
+        &mut self,
+        target: &DeltaTable,
+        layout: &Layout,
+    ) -> Result<Option<DateTime<Utc>>, RunError> {
+        let seq = layout.sequence();
+        let stats = lake::max_from_stats(target, seq)
+            .map_err(RunError::delta("watermark", &self.p.target_uri))?;
+        let micros = match stats {
+            StatsMax::Max(us) => Some(us),
+            StatsMax::Empty => None,
+            StatsMax::Missing => {
+                self.warn(format!(
+                    "some target files have no statistics for `{seq}`; the watermark needed a scan of that column"
+                ));
+                let provider = target
+                    .table_provider()
+                    .await
+                    .map_err(RunError::query("watermark"))?;
+                let batches = self
+                    .ctx
+                    .read_table(provider)
+                    .and_then(|df| {
+                        df.aggregate(
+                            vec![],
+                            vec![datafusion::functions_aggregate::expr_fn::max(ident(seq))],
+                        )
+                    })
+                    .map_err(RunError::query("watermark"))?
+                    .collect()
+                    .await
+                    .map_err(RunError::query("watermark"))?;
+                batches
+                    .first()
+                    .and_then(|b| {
+                        arrow::compute::cast(
+                            b.column(0),
+                            &arrow::datatypes::DataType::Timestamp(
+                                arrow::datatypes::TimeUnit::Microsecond,
+                                None,
+                            ),
+                        )
+                        .ok()
+                    })
+                    .and_then(|a| {
+                        let a = arrow::array::AsArray::as_primitive::<
+                            arrow::datatypes::TimestampMicrosecondType,
+                        >(a.as_ref())
+                        .clone();
+                        arrow::array::Array::is_valid(&a, 0).then(|| a.value(0))
+                    })
+            }
+        };
+        Ok(micros.and_then(micros_to_time))
+    }
+
+    fn check_target_schema(
+        &self,
+        target_schema: &arrow::datatypes::Schema,
+        layout: &Layout,
+    ) -> Result<(), RunError> {
+        let have: Vec<&str> = target_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().as_str())
+            .collect();
+        let want: Vec<&str> = layout.target_columns.iter().map(String::as_str).collect();
+        let missing: Vec<&str> = want.iter().filter(|c| !have.contains(c)).copied().collect();
+        let extra: Vec<&str> = have.iter().filter(|c| !want.contains(c)).copied().collect();
+        if missing.is_empty() && extra.is_empty() {
+            return Ok(());
+        }
+        let mut diff = Vec::new();
+        if !missing.is_empty() {
+            diff.push(format!("the target lacks {}", missing.join(", ")));
+        }
+        if !extra.is_empty() {
+            diff.push(format!(
+                "the target has {} which the pipeline does not produce",
+                extra.join(", ")
+            ));
+        }
+        Err(RunError::TargetSchema {
+            uri: self.p.target_uri.clone(),
+            diff: diff.join("; "),
+        })
+    }
+
+    async fn incremental(
+        mut self,
+        source: DeltaTable,
+        source_provider: Arc<dyn datafusion::catalog::TableProvider>,
+        target: DeltaTable,
+        layout: &Layout,
+        seq_type: &arrow::datatypes::DataType,
+    ) -> Result<RunSummary, RunError> {
+        let q = RunError::query;
+        let target_provider = target.table_provider().await.map_err(q("plan"))?;
+        self.check_target_schema(&target_provider.schema(), layout)?;
+        let watermark = self.watermark(&target, layout).await?;
+        self.summary.watermark_before = watermark;
+        let previous = target
+            .snapshot()
+            .map_err(RunError::delta("plan", &self.p.target_uri))?
+            .transaction_version(target.log_store().as_ref(), self.p.app_id())
+            .await
+            .map_err(RunError::delta("plan", &self.p.target_uri))?;
+        self.summary.previous_source_version = previous;
+        let seq = layout.sequence();
+        let lo = watermark.map(|w| {
+            w.timestamp_micros()
+                .saturating_sub(to_micros(self.p.overlap))
+        });
+        info!(watermark = ?watermark, previous_source_version = ?previous, source_version = self.summary.source_version, "planned incremental run");
+        self.end_phase("plan");
+
+        // read: the overlap slice, plus every row landed since the previous run behind it.
+        let behind = |lo: Option<i64>| -> Expr {
+            match lo {
+                Some(lo) => ident(seq)
+                    .lt_eq(layout::timestamp_lit(seq_type, lo))
+                    .or(ident(seq).is_null()),
+                None => lit(true),
+            }
+        };
+        let slice = match lo {
+            Some(lo) => self
+                .ctx
+                .read_table(source_provider.clone())
+                .and_then(|df| df.filter(ident(seq).gt(layout::timestamp_lit(seq_type, lo)))),
+            None => self.ctx.read_table(source_provider.clone()),
+        }
+        .and_then(|df| df.with_column(LATE_COLUMN, lit(false)))
+        .map_err(q("read"))?;
+        let landed: Option<DataFrame> = match previous {
+            Some(prev) if prev >= self.summary.source_version as i64 => None,
+            Some(prev) => {
+                let added = lake::files_added_between(
+                    &source,
+                    prev.max(0) as u64,
+                    self.summary.source_version,
+                )
+                .await
+                .map_err(RunError::delta("read", &self.p.source_uri))?;
+                let provider = if added.complete {
+                    source
+                        .table_provider()
+                        .with_file_selection(
+                            deltalake::delta_datafusion::FileSelection::from_adds(added.adds)
+                                .with_missing_file_policy(
+                                    deltalake::delta_datafusion::MissingSelectedFilePolicy::Ignore,
+                                ),
+                        )
+                        .await
+                        .map_err(q("read"))?
+                } else {
+                    self.warn(format!(
+                        "source commits after version {prev} are no longer in the log; read the whole source behind the overlap to find late rows (slower, still correct)"
+                    ));
+                    source_provider.clone()
+                };
+                Some(
+                    self.ctx
+                        .read_table(provider)
+                        .and_then(|df| df.filter(behind(lo)))
+                        .and_then(|df| df.with_column(LATE_COLUMN, lit(true)))
+                        .map_err(q("read"))?,
+                )
+            }
+            None => {
+                if lo.is_some() {
+                    self.warn(format!(
+                        "the target has no record of the source version tidemark last read (app id {}); rows landing behind the overlap cannot be found until a run commits. Run once with --full-reload to start tracking",
+                        self.p.app_id()
+                    ));
+                }
+                None
+            }
+        };
+        let input = match landed {
+            Some(l) => slice.union(l).map_err(q("read"))?,
+            None => slice,
+        };
+        let batches = input
+            .collect()
+            .instrument(info_span!("read"))
+            .await
+            .map_err(q("read"))?;
+        self.summary.num_source_rows_read = changes::row_count(&batches);
+        let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| {
+            let mut fields: Vec<arrow::datatypes::Field> = source_provider
+                .schema()
+                .fields()
+                .iter()
+                .map(|f| f.as_ref().clone())
+                .collect();
+            fields.push(arrow::datatypes::Field::new(
+                LATE_COLUMN,
+                arrow::datatypes::DataType::Boolean,
+                false,
+            ));
+            Arc::new(arrow::datatypes::Schema::new(fields))
+        });
+        let mem = MemTable::try_new(schema, vec![batches]).map_err(q("read"))?;
+        let input = self.ctx.read_table(Arc::new(mem)).map_err(q("read"))?;
+        self.end_phase("read");
+
+        // validate
+        let due = self
+            .now
+            .timestamp_micros()
+            .saturating_add(to_micros(self.p.max_future_skew));
+        let split = validate::split(input, layout, seq_type, due)?;
+        self.summary.num_late_rows = split
+            .valid
+            .clone()
+            .filter(ident(LATE_COLUMN))
+            .map_err(q("validate"))?
+            .count()
+            .await
+            .map_err(q("validate"))? as u64;
+        let rejected = split
+            .rejected
+            .drop_columns(&[LATE_COLUMN])
+            .map_err(q("validate"))?;
+        self.quarantine(rejected).await?;
+        self.summary.num_deferred = split.deferred.count().await.map_err(q("validate"))? as u64;
+        self.end_phase("validate");
+
+        // dedup
+        let sorted = split
+            .valid
+            .select(layout.canonical_exprs())
+            .and_then(|df| df.sort(layout.dedup_sort()))
+            .map_err(q("dedup"))?;
+        let mut stream = sorted.execute_stream().await.map_err(q("dedup"))?;
+        let mut deduper = Deduper::new(layout).map_err(RunError::arrow("dedup"))?;
+        let mut winners = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let batch = batch.map_err(q("dedup"))?;
+            let batch =
+                storage::cast_to(&batch, &layout.canonical).map_err(RunError::arrow("dedup"))?;
+            winners.push(deduper.push(&batch).map_err(RunError::arrow("dedup"))?);
+        }
+        let counts = deduper.counts();
+        self.summary.num_duplicates_collapsed = counts.collapsed;
+        self.summary.num_conflicts = counts.conflicts;
+        let winners = arrow::compute::concat_batches(&layout.canonical, &winners)
+            .map_err(RunError::arrow("dedup"))?;
+        self.end_phase("dedup");
+
+        // compare
+        let cs = changes::detect(&self.ctx, &target, &self.p.target_uri, layout, &winners).await?;
+        self.summary.num_conflicts += cs.conflicts;
+        self.summary.num_inserted = cs.inserted;
+        self.summary.num_updated = cs.updated;
+        self.summary.num_deleted = cs.deleted;
+        self.summary.num_unchanged = cs.unchanged;
+        let before = watermark.map(|w| w.timestamp_micros());
+        self.summary.watermark_after = before.max(cs.max_sequence).and_then(micros_to_time);
+        self.end_phase("compare");
+
+        // commit
+        if !cs.is_empty() && !self.opts.dry_run {
+            let props = self.commit_properties();
+            let (table, metrics) = apply::merge(
+                &self.ctx,
+                target,
+                &self.p.target_uri,
+                layout,
+                cs.rows,
+                props,
+            )
+            .instrument(info_span!("commit"))
+            .await?;
+            self.summary.target_version = table.version();
+            self.summary.num_files_added = metrics.num_target_files_added as u64;
+            self.summary.num_files_removed = metrics.num_target_files_removed as u64;
+            self.end_phase("commit");
+        }
+        Ok(self.finish())
+    }
+
+    async fn full(
+        mut self,
+        source_provider: Arc<dyn datafusion::catalog::TableProvider>,
+        target: Option<DeltaTable>,
+        layout: &Layout,
+        seq_type: &arrow::datatypes::DataType,
+    ) -> Result<RunSummary, RunError> {
+        let q = RunError::query;
+        if let Some(t) = &target {
+            t.update_datafusion_session(&self.ctx.state())
+                .map_err(RunError::delta("plan", &self.p.target_uri))?;
+        }
+        self.end_phase("plan");
+        let input = self.ctx.read_table(source_provider).map_err(q("read"))?;
+        let due = self
+            .now
+            .timestamp_micros()
+            .saturating_add(to_micros(self.p.max_future_skew));
+        let split = validate::split(input.clone(), layout, seq_type, due)?;
+        self.summary.num_source_rows_read = input.count().await.map_err(q("read"))? as u64;
+        self.end_phase("read");
+        self.quarantine(split.rejected).await?;
+        self.summary.num_deferred = split.deferred.count().await.map_err(q("validate"))? as u64;
+        self.end_phase("validate");
+
+        let sorted = split
+            .valid
+            .select(layout.canonical_exprs())
+            .and_then(|df| df.sort(layout.dedup_sort()))
+            .map_err(q("dedup"))?;
+        let stream = sorted.execute_stream().await.map_err(q("dedup"))?;
+        let partition =
+            dedup::DedupPartition::new(layout, stream).map_err(RunError::arrow("dedup"))?;
+        let counts = partition.counts();
+        let table = StreamingTable::try_new(partition.schema_ref(), vec![Arc::new(partition)])
+            .map_err(q("dedup"))?;
+        let mut winners = self.ctx.read_table(Arc::new(table)).map_err(q("dedup"))?;
+        if layout.hard_deletes() {
+            winners = winners
+                .filter(datafusion::logical_expr::not(ident(
+                    crate::config::pipeline::DELETED_COLUMN,
+                )))
+                .map_err(q("dedup"))?;
+        }
+        let out_cols: Vec<Expr> = layout
+            .target_columns
+            .iter()
+            .map(|c| {
+                let dt = layout
+                    .canonical
+                    .field_with_name(c)
+                    .map(|f| storage::storage_type(f.data_type()))
+                    .unwrap_or(arrow::datatypes::DataType::Null);
+                datafusion::logical_expr::cast(ident(c), dt).alias(c)
+            })
+            .collect();
+        let winners = winners.select(out_cols).map_err(q("dedup"))?;
+
+        if self.opts.dry_run {
+            let mut stream = winners.execute_stream().await.map_err(q("dedup"))?;
+            while let Some(b) = stream.next().await {
+                b.map_err(q("dedup"))?;
+            }
+            self.end_phase("dedup");
+        } else {
+            // The counts of a streamed reload are known only after the write; its commit
+            // carries what is known before it, and delta-rs adds the written row count.
+            let props = self.commit_properties();
+            let plan = winners.into_unoptimized_plan();
+            let ctx = self.ctx.clone();
+            let table = apply::overwrite(
+                &ctx,
+                target,
+                &self.p.target_uri,
+                &self.p.name,
+                self.p.target_file_size,
+                plan,
+                props,
+            )
+            .instrument(info_span!("commit"))
+            .await?;
+            self.summary.target_version = table.version();
+            self.end_phase("write");
+            let c = *counts.lock().map_err(|_| RunError::Arrow {
+                phase: "dedup",
+                source: arrow::error::ArrowError::ComputeError("dedup counters poisoned".into()),
+            })?;
+            let (added, removed) = last_commit_files(&table).await;
+            self.summary.num_files_added = added;
+            self.summary.num_files_removed = removed;
+        }
+        let c = *counts.lock().map_err(|_| RunError::Arrow {
+            phase: "dedup",
+            source: arrow::error::ArrowError::ComputeError("dedup counters poisoned".into()),
+        })?;
+        // Every winner is new to the rebuilt table: live rows are inserts, deletes are tombstones
+        // (soft) or simply absent (hard).
+        self.summary.num_inserted = c.winners - c.deleted_winners;
+        self.summary.num_duplicates_collapsed = c.collapsed;
+        self.summary.num_conflicts = c.conflicts;
+        self.summary.num_deleted = c.deleted_winners;
+        self.summary.watermark_after = c.watermark(layout.hard_deletes()).and_then(micros_to_time);
+        Ok(self.finish())
+    }
+
+    async fn quarantine(&mut self, rejected: DataFrame) -> Result<(), RunError> {
+        let batches: Vec<RecordBatch> = rejected
+            .collect()
+            .await
+            .map_err(RunError::query("validate"))?;
+        let outcome = quarantine::store(
+            &self.ctx,
+            &self.p.quarantine.uri,
+            batches,
+            &self.summary.run_id,
+            self.now,
+            self.opts.dry_run,
+        )
+        .await?;
+        self.summary.num_quarantined = outcome.rejected;
+        self.summary.num_quarantined_new = outcome.new;
+        if outcome.rejected == 0 {
+            return Ok(());
+        }
+        let read = self.summary.num_source_rows_read.max(1);
+        let q = &self.p.quarantine;
+        let over_rows = q.max_rows.is_some_and(|m| outcome.rejected > m);
+        let over_fraction = q
+            .max_fraction
+            .is_some_and(|f| outcome.rejected as f64 / read as f64 > f);
+        if over_rows || over_fraction {
+            let limit = match (q.max_rows, q.max_fraction) {
+                (Some(r), Some(f)) => format!("max_rows {r}, max_fraction {f}"),
+                (Some(r), None) => format!("max_rows {r}"),
+                (None, Some(f)) => format!("max_fraction {f}"),
+                (None, None) => String::new(),
+            };
+            return Err(RunError::QuarantineLimit {
+                rejected: outcome.rejected,
+                read: self.summary.num_source_rows_read,
+                limit,
+                uri: q.uri.clone(),
+            });
+        }
+        self.warn(format!(
+            "{} rows failed validation ({} newly quarantined in {})",
+            outcome.rejected, outcome.new, self.p.quarantine.uri
+        ));
+        Ok(())
+    }
+
+    /// Commit metadata and the application transaction recording the source version read.
+    fn commit_properties(&self) -> CommitProperties {
+        let s = &self.summary;
+        let facts = serde_json::json!({
+            "run_id": s.run_id,
+            "pipeline": s.pipeline,
+            "mode": s.mode,
+            "watermark_before": s.watermark_before.map(|t| t.to_rfc3339()),
+            "watermark_after": s.watermark_after.map(|t| t.to_rfc3339()),
+            "source_version": s.source_version,
+            "previous_source_version": s.previous_source_version,
+            "num_source_rows_read": s.num_source_rows_read,
+            "num_quarantined": s.num_quarantined,
+            "num_deferred": s.num_deferred,
+            "num_late_rows": s.num_late_rows,
+            "num_inserted": s.num_inserted,
+            "num_updated": s.num_updated,
+            "num_deleted": s.num_deleted,
+            "num_conflicts": s.num_conflicts,
+        });
+        CommitProperties::default()
+            .with_metadata([(COMMIT_INFO_KEY.to_string(), facts)])
+            .with_application_transaction(Transaction::new(
+                self.p.app_id(),
+                s.source_version as i64,
+            ))
+    }
+
+    fn finish(mut self) -> RunSummary {
+        self.summary.phases_ms = std::mem::take(&mut self.phases);
+        self.summary.duration_ms = self.started.elapsed().as_millis() as u64;
+        info!(
+            mode = %self.summary.mode,
+            target_version = ?self.summary.target_version,
+            inserted = self.summary.num_inserted,
+            updated = self.summary.num_updated,
+            deleted = self.summary.num_deleted,
+            late = self.summary.num_late_rows,
+            "run finished"
+        );
+        self.summary
+    }
+}
+
+/// Files added and removed by the table's latest commit (from its log entry).
+async fn last_commit_files(table: &DeltaTable) -> (u64, u64) {
+    match lake::read_commits(table, 1).await {
+        Ok(entries) => entries
+            .first()
+            .map(|e| (e.files_added, e.files_removed))
+            .unwrap_or((0, 0)),
+        Err(_) => (0, 0),
+    }
+}

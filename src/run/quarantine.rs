@@ -1,0 +1,180 @@
+//! The quarantine table: rejected rows with their reason, each stored once.
+//!
+//! The overlap means a rejected row is read by several runs. Each row is stored with a content
+//! fingerprint (`_row_hash`), and rows whose fingerprint is already there are not written again.
+
+use std::collections::HashSet;
+
+use arrow::array::{ArrayRef, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use chrono::{DateTime, Utc};
+use datafusion::prelude::{ident, SessionContext};
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use std::sync::Arc;
+
+use super::storage::storage_batch;
+use super::validate::REASON_COLUMN;
+use super::RunError;
+use crate::lake;
+
+/// Fingerprint column of the quarantine table.
+pub const ROW_HASH_COLUMN: &str = "_row_hash";
+
+/// What quarantining did.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Outcome {
+    /// Rejected rows in this run's read.
+    pub rejected: u64,
+    /// Of those, rows not yet in the quarantine table.
+    pub new: u64,
+}
+
+/// Stores the rejected rows not already quarantined (unless `dry_run`).
+pub async fn store(
+    ctx: &SessionContext,
+    uri: &str,
+    rejected: Vec<RecordBatch>,
+    run_id: &str,
+    now: DateTime<Utc>,
+    dry_run: bool,
+) -> Result<Outcome, RunError> {
+    let total: usize = rejected.iter().map(RecordBatch::num_rows).sum();
+    if total == 0 {
+        return Ok(Outcome::default());
+    }
+    let existing = lake::open_if_exists(uri).await?;
+    let known = match &existing {
+        Some(t) => known_hashes(ctx, t).await?,
+        None => HashSet::new(),
+    };
+    let mut fresh = Vec::new();
+    let mut seen_now = HashSet::new();
+    for batch in &rejected {
+        let hashes = row_hashes(batch)?;
+        let keep: Vec<u32> = hashes
+            .iter()
+            .enumerate()
+            .filter(|(_, h)| !known.contains(*h) && seen_now.insert((*h).clone()))
+            .map(|(i, _)| i as u32)
+            .collect();
+        if keep.is_empty() {
+            continue;
+        }
+        let idx = arrow::array::UInt32Array::from(keep.clone());
+        let rows = arrow::compute::take_record_batch(batch, &idx)
+            .map_err(RunError::arrow("quarantine"))?;
+        let kept_hashes: Vec<&str> = keep.iter().map(|i| hashes[*i as usize].as_str()).collect();
+        fresh.push(with_bookkeeping(&rows, &kept_hashes, run_id, now)?);
+    }
+    let new: u64 = fresh.iter().map(|b| b.num_rows() as u64).sum();
+    if !dry_run && new > 0 {
+        let table = match existing {
+            Some(t) => t,
+            None => deltalake::DeltaTableBuilder::from_url(lake::create_url(uri)?)
+                .and_then(|b| b.build())
+                .map_err(RunError::delta("quarantine", uri))?,
+        };
+        table
+            .write(fresh)
+            .with_save_mode(SaveMode::Append)
+            .with_schema_mode(SchemaMode::Merge)
+            .await
+            .map_err(RunError::delta("quarantine", uri))?;
+    }
+    Ok(Outcome {
+        rejected: total as u64,
+        new,
+    })
+}
+
+async fn known_hashes(
+    ctx: &SessionContext,
+    table: &deltalake::DeltaTable,
+) -> Result<HashSet<String>, RunError> {
+    let q = RunError::query("quarantine");
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(RunError::delta(
+            "quarantine",
+            &table.table_url().to_string(),
+        ))?;
+    let provider = table.table_provider().await.map_err(q)?;
+    if provider.schema().field_with_name(ROW_HASH_COLUMN).is_err() {
+        return Ok(HashSet::new());
+    }
+    let batches = ctx
+        .read_table(provider)
+        .and_then(|df| df.select(vec![ident(ROW_HASH_COLUMN)]))
+        .map_err(RunError::query("quarantine"))?
+        .collect()
+        .await
+        .map_err(RunError::query("quarantine"))?;
+    let mut out = HashSet::new();
+    for b in batches {
+        let col = arrow::compute::cast(b.column(0), &DataType::Utf8)
+            .map_err(RunError::arrow("quarantine"))?;
+        if let Some(s) = arrow::array::AsArray::as_string_opt::<i32>(col.as_ref()) {
+            out.extend(s.iter().flatten().map(str::to_string));
+        }
+    }
+    Ok(out)
+}
+
+/// A stable fingerprint per row: FNV-1a over the rendered values of every source column.
+/// Rendering (not Arrow's internal row format) keeps it stable across library versions.
+fn row_hashes(batch: &RecordBatch) -> Result<Vec<String>, RunError> {
+    let opts = FormatOptions::default().with_null("\u{0}null");
+    let formatters = batch
+        .columns()
+        .iter()
+        .zip(batch.schema().fields())
+        .filter(|(_, f)| f.name() != REASON_COLUMN)
+        .map(|(c, _)| ArrayFormatter::try_new(c.as_ref(), &opts))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(RunError::arrow("quarantine"))?;
+    Ok((0..batch.num_rows())
+        .map(|i| {
+            let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+            for f in &formatters {
+                for b in f.value(i).to_string().bytes().chain(std::iter::once(0x1f)) {
+                    h ^= u64::from(b);
+                    h = h.wrapping_mul(0x0100_0000_01b3);
+                }
+            }
+            format!("{h:016x}")
+        })
+        .collect())
+}
+
+fn with_bookkeeping(
+    rows: &RecordBatch,
+    hashes: &[&str],
+    run_id: &str,
+    now: DateTime<Utc>,
+) -> Result<RecordBatch, RunError> {
+    let rows = storage_batch(rows).map_err(RunError::arrow("quarantine"))?;
+    let n = rows.num_rows();
+    let mut fields: Vec<Field> = rows
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut columns: Vec<ArrayRef> = rows.columns().to_vec();
+    fields.push(Field::new("_run_id", DataType::Utf8, false));
+    columns.push(Arc::new(StringArray::from(vec![run_id; n])));
+    fields.push(Field::new(
+        "_quarantined_at",
+        DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        false,
+    ));
+    columns.push(Arc::new(
+        TimestampMicrosecondArray::from(vec![now.timestamp_micros(); n]).with_timezone("UTC"),
+    ));
+    fields.push(Field::new(ROW_HASH_COLUMN, DataType::Utf8, false));
+    columns.push(Arc::new(StringArray::from(hashes.to_vec())));
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+        .map_err(RunError::arrow("quarantine"))
+}

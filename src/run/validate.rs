@@ -1,0 +1,77 @@
+//! Validation: which rows may be merged now, which are rejected, which must wait.
+
+use arrow::datatypes::DataType;
+use datafusion::logical_expr::{lit, when, Expr};
+use datafusion::prelude::{ident, DataFrame};
+
+use super::layout::{timestamp_lit, Layout};
+use super::RunError;
+
+/// Column the quarantine table adds: why the row was rejected.
+pub const REASON_COLUMN: &str = "_quarantine_reason";
+
+/// The three ways out of validation.
+pub struct Split {
+    /// Rows with every key and the sequence present, not in the future: mergeable now.
+    pub valid: DataFrame,
+    /// Rows that can never be merged, with a `_quarantine_reason` column.
+    pub rejected: DataFrame,
+    /// Valid rows whose sequence lies beyond `now + max_future_skew`: merged by a later run.
+    pub deferred: DataFrame,
+}
+
+/// Splits `input` (source rows) for a run that started at `due_micros - max_future_skew`.
+pub fn split(
+    input: DataFrame,
+    layout: &Layout,
+    seq_type: &DataType,
+    due_micros: i64,
+) -> Result<Split, RunError> {
+    let q = RunError::query;
+    let mut nulls: Vec<(Expr, String)> = layout
+        .keys
+        .iter()
+        .map(|k| (ident(k).is_null(), format!("null key column `{k}`")))
+        .collect();
+    let seq = layout.sequence();
+    nulls.push((
+        ident(seq).is_null(),
+        format!("null sequence column `{seq}`"),
+    ));
+
+    let any_null = nulls
+        .iter()
+        .map(|(e, _)| e.clone())
+        .reduce(Expr::or)
+        .unwrap_or_else(|| lit(false));
+    let mut reason = when(nulls[0].0.clone(), lit(nulls[0].1.clone()));
+    for (cond, text) in &nulls[1..] {
+        reason = reason.when(cond.clone(), lit(text.clone()));
+    }
+    let reason = reason
+        .otherwise(lit("invalid row"))
+        .map_err(q("validate"))?
+        .alias(REASON_COLUMN);
+
+    let rejected = input
+        .clone()
+        .filter(any_null.clone())
+        .and_then(|df| df.with_column(REASON_COLUMN, reason))
+        .map_err(q("validate"))?;
+    let present = input
+        .filter(datafusion::logical_expr::not(any_null))
+        .map_err(q("validate"))?;
+    let due = timestamp_lit(seq_type, due_micros);
+    let deferred = present
+        .clone()
+        .filter(ident(seq).gt(due.clone()))
+        .map_err(q("validate"))?;
+    let valid = present
+        .filter(ident(seq).lt_eq(due))
+        .map_err(q("validate"))?;
+    Ok(Split {
+        valid,
+        rejected,
+        deferred,
+    })
+}
