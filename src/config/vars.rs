@@ -76,7 +76,7 @@ impl Vars {
                 Some(("var", name)) if is_name(name) => {
                     self.get(name).map(str::to_string).ok_or_else(|| Unresolved {
                         reference: reference.clone(),
-                        how: format!("pass --var {name}=VALUE (or set it in the bundle target or BUNDLE_VAR_{name})"),
+                        how: format!("pass --var {name}=VALUE"),
                     })?
                 }
                 Some(("env", name)) if is_name(name) => {

@@ -174,21 +174,13 @@ impl<'a> Run<'a> {
             .map_err(|e| RunError::query("plan")(e.into()))?;
 
         let target = match target {
-            Some(t)
-                if t.get_file_uris()
-                    .map(|mut f| f.next().is_some())
-                    .unwrap_or(false) =>
-            {
-                Some(t)
-            }
-            Some(t) if self.opts.full_reload => Some(t),
+            Some(t) if self.opts.full_reload || self.has_run_before(&t).await? => Some(t),
+            Some(t) if t.get_file_uris().map(|mut f| f.next().is_some()).unwrap_or(false) => Some(t),
             Some(t) => {
-                // An existing but empty target is bootstrapped like a missing one; keep the
-                // handle so the overwrite becomes its next version.
+                // An empty table tidemark never wrote is bootstrapped like a missing one; keep
+                // the handle so the overwrite becomes its next version.
                 self.summary.mode = RunMode::Bootstrap;
-                return self
-                    .full(source_provider, Some(t), &layout, &seq_type)
-                    .await;
+                return self.full(source_provider, Some(t), &layout, &seq_type).await;
             }
             None => None,
         };
@@ -210,6 +202,21 @@ impl<'a> Run<'a> {
         self.summary.mode = RunMode::Incremental;
         self.incremental(source, source_provider, target, &layout, &seq_type)
             .await
+    }
+
+    /// Whether a run of this pipeline already committed to `target` (it then records the
+    /// source version it read). Such a target stays incremental even while it is empty.
+    async fn has_run_before(&self, target: &DeltaTable) -> Result<bool, RunError> {
+        Ok(self.previous_source_version(target).await?.is_some())
+    }
+
+    async fn previous_source_version(&self, target: &DeltaTable) -> Result<Option<i64>, RunError> {
+        target
+            .snapshot()
+            .map_err(RunError::delta("plan", &self.p.target_uri))?
+            .transaction_version(target.log_store().as_ref(), self.p.app_id())
+            .await
+            .map_err(RunError::delta("plan", &self.p.target_uri))
     }
 
     /// `max(sequence)` of the target: from log statistics, scanning only when some file lacks them.
@@ -314,12 +321,7 @@ impl<'a> Run<'a> {
         self.check_target_schema(&target_provider.schema(), layout)?;
         let watermark = self.watermark(&target, layout).await?;
         self.summary.watermark_before = watermark;
-        let previous = target
-            .snapshot()
-            .map_err(RunError::delta("plan", &self.p.target_uri))?
-            .transaction_version(target.log_store().as_ref(), self.p.app_id())
-            .await
-            .map_err(RunError::delta("plan", &self.p.target_uri))?;
+        let previous = self.previous_source_version(&target).await?;
         self.summary.previous_source_version = previous;
         let seq = layout.sequence();
         let lo = watermark.map(|w| {
@@ -348,6 +350,8 @@ impl<'a> Run<'a> {
         .and_then(|df| df.with_column(LATE_COLUMN, lit(false)))
         .map_err(q("read"))?;
         let landed: Option<DataFrame> = match previous {
+            // Without a watermark (empty target) the slice already is the whole source.
+            _ if lo.is_none() => None,
             Some(prev) if prev >= self.summary.source_version as i64 => None,
             Some(prev) => {
                 let added = lake::files_added_between(
@@ -579,10 +583,6 @@ impl<'a> Run<'a> {
             .await?;
             self.summary.target_version = table.version();
             self.end_phase("write");
-            let c = *counts.lock().map_err(|_| RunError::Arrow {
-                phase: "dedup",
-                source: arrow::error::ArrowError::ComputeError("dedup counters poisoned".into()),
-            })?;
             let (added, removed) = last_commit_files(&table).await;
             self.summary.num_files_added = added;
             self.summary.num_files_removed = removed;

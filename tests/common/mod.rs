@@ -1,0 +1,169 @@
+//! Shared test helpers: a tiny change-record schema, writing source batches to Delta, reading
+//! a target back, and pipeline files.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit, TimestampMicrosecondType};
+use datafusion::prelude::SessionContext;
+use deltalake::protocol::SaveMode;
+
+/// Microseconds in a minute / an hour.
+pub const MIN: i64 = 60_000_000;
+pub const HOUR: i64 = 60 * MIN;
+/// 2025-01-06T00:00:00Z in microseconds: the tests' time origin.
+pub const T0: i64 = 1_736_121_600_000_000;
+
+/// One source change record: `id` key, `seq` sequence (updated_at), `ing` tie-breaker
+/// (_ingested_at), `val` payload, `op` ("U" or "D").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub id: Option<String>,
+    pub seq: Option<i64>,
+    pub ing: i64,
+    pub val: Option<i64>,
+    pub op: String,
+}
+
+impl Change {
+    pub fn upsert(id: &str, seq: i64, ing: i64, val: i64) -> Self {
+        Change { id: Some(id.to_string()), seq: Some(seq), ing, val: Some(val), op: "U".into() }
+    }
+    pub fn delete(id: &str, seq: i64, ing: i64) -> Self {
+        Change { id: Some(id.to_string()), seq: Some(seq), ing, val: None, op: "D".into() }
+    }
+}
+
+/// A target row as tidemark writes it for the test pipeline.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TargetRow {
+    pub id: String,
+    pub seq: i64,
+    pub ing: i64,
+    pub val: Option<i64>,
+    pub deleted: Option<bool>,
+}
+
+fn ts_field(name: &str, nullable: bool) -> Field {
+    Field::new(name, DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), nullable)
+}
+
+pub fn source_schema() -> Arc<Schema> {
+    Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, true),
+        ts_field("updated_at", true),
+        ts_field("_ingested_at", false),
+        Field::new("val", DataType::Int64, true),
+        Field::new("op", DataType::Utf8, false),
+    ]))
+}
+
+pub fn batch(changes: &[Change]) -> RecordBatch {
+    let ts = |v: Vec<Option<i64>>| TimestampMicrosecondArray::from(v).with_timezone("UTC");
+    RecordBatch::try_new(
+        source_schema(),
+        vec![
+            Arc::new(StringArray::from(changes.iter().map(|c| c.id.clone()).collect::<Vec<_>>())),
+            Arc::new(ts(changes.iter().map(|c| c.seq).collect())),
+            Arc::new(ts(changes.iter().map(|c| Some(c.ing)).collect())),
+            Arc::new(Int64Array::from(changes.iter().map(|c| c.val).collect::<Vec<_>>())),
+            Arc::new(StringArray::from(changes.iter().map(|c| c.op.clone()).collect::<Vec<_>>())),
+        ],
+    )
+    .expect("valid test batch")
+}
+
+/// Appends `changes` to the Delta table at `path` as one commit (creating it if needed).
+pub async fn append(path: &Path, changes: &[Change]) {
+    let url = deltalake::ensure_table_uri(path.to_str().expect("utf8 path")).expect("table url");
+    let table = match deltalake::open_table(url.clone()).await {
+        Ok(t) => t,
+        Err(_) => deltalake::DeltaTableBuilder::from_url(url).expect("builder").build().expect("table"),
+    };
+    table
+        .write(vec![batch(changes)])
+        .with_save_mode(SaveMode::Append)
+        .await
+        .expect("append to source");
+}
+
+/// Current Delta version of the table at `path`, or None when there is no table.
+pub async fn version(path: &Path) -> Option<u64> {
+    let url = deltalake::table::builder::parse_table_uri(path.to_str()?).ok()?;
+    deltalake::open_table(url).await.ok()?.version()
+}
+
+/// All rows of a target written by the test pipeline, sorted.
+pub async fn read_target(path: &Path) -> Vec<TargetRow> {
+    let batches = read_all(path).await;
+    let mut rows = Vec::new();
+    for b in &batches {
+        let id = arrow::compute::cast(b.column_by_name("id").expect("id"), &DataType::Utf8).expect("cast");
+        let id = id.as_string::<i32>();
+        let seq = b.column_by_name("updated_at").expect("updated_at").as_primitive::<TimestampMicrosecondType>();
+        let ing = b.column_by_name("_ingested_at").expect("_ingested_at").as_primitive::<TimestampMicrosecondType>();
+        let val = b.column_by_name("val").expect("val").as_primitive::<arrow::datatypes::Int64Type>();
+        let del = b.column_by_name("_deleted").map(|c| c.as_boolean().clone());
+        for i in 0..b.num_rows() {
+            rows.push(TargetRow {
+                id: id.value(i).to_string(),
+                seq: seq.value(i),
+                ing: ing.value(i),
+                val: val.is_valid(i).then(|| val.value(i)),
+                deleted: del.as_ref().map(|d: &BooleanArray| d.value(i)),
+            });
+        }
+    }
+    rows.sort();
+    rows
+}
+
+/// Every row of the Delta table at `path`.
+pub async fn read_all(path: &Path) -> Vec<RecordBatch> {
+    let url = deltalake::table::builder::parse_table_uri(path.to_str().expect("utf8")).expect("url");
+    let table = deltalake::open_table(url).await.expect("open table");
+    let ctx = SessionContext::new();
+    table.update_datafusion_session(&ctx.state()).expect("register store");
+    let provider = table.table_provider().await.expect("provider");
+    ctx.read_table(provider).expect("read").collect().await.expect("collect")
+}
+
+/// Number of rows in the Delta table at `path` (0 when there is none).
+pub async fn count_rows(path: &Path) -> usize {
+    if version(path).await.is_none() {
+        return 0;
+    }
+    read_all(path).await.iter().map(|b| b.num_rows()).sum()
+}
+
+/// Writes the test pipeline into `dir/pipeline.yml`, tables under `dir/lake`.
+/// `extra` is appended verbatim (e.g. "quarantine_limit" lines are not allowed: use `quarantine`).
+pub fn write_pipeline(dir: &Path, overlap: &str, delete_mode: &str, quarantine_extra: &str) -> PathBuf {
+    let lake = dir.join("lake");
+    let text = format!(
+        "name: test\nkind: cdc_merge\nsource: {{ uri: \"{l}/bronze\" }}\ntarget: {{ uri: \"{l}/silver\" }}\nkeys: [id]\nsequence_by: updated_at\ntie_breakers: [_ingested_at]\noverlap: {overlap}\nmax_future_skew: 5m\ndeletes: {{ column: op, values: [D], mode: {delete_mode} }}\ncolumns: {{ exclude: [op] }}\nquarantine: {{ uri: \"{l}/quarantine\"{quarantine_extra} }}\n",
+        l = lake.display()
+    );
+    let path = dir.join("pipeline.yml");
+    std::fs::write(&path, text).expect("write pipeline");
+    path
+}
+
+pub fn bronze(dir: &Path) -> PathBuf {
+    dir.join("lake/bronze")
+}
+pub fn silver(dir: &Path) -> PathBuf {
+    dir.join("lake/silver")
+}
+pub fn quarantine(dir: &Path) -> PathBuf {
+    dir.join("lake/quarantine")
+}
+
+/// RFC 3339 of a microsecond timestamp, for TIDEMARK_FAKE_NOW.
+pub fn rfc3339(us: i64) -> String {
+    chrono::DateTime::from_timestamp_micros(us).expect("in range").to_rfc3339()
+}
