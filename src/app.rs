@@ -170,38 +170,42 @@ pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
             args.table
         )));
     }
-    let (table, metrics) = table
-        .restore()
-        .with_version_to_restore(args.version)
+    let outcome = lake::restore(table, args.version)
         .await
         .map_err(|source| AppError::Delta {
             action: "cannot restore",
             uri: args.table.clone(),
             source,
         })?;
-    let new_version = table.version().unwrap_or(latest + 1);
     let undo = format!(
         "tidemark restore {} --version {}",
         args.table,
-        new_version - 1
+        outcome.new_version.saturating_sub(1)
     );
     Ok(match args.output {
         OutputFormat::Json => {
-            serde_json::json!({
-                "table": args.table,
-                "restored_version": args.version,
-                "new_version": new_version,
-                "files_removed": metrics.num_removed_file,
-                "files_restored": metrics.num_restored_file,
-                "undo": undo,
-            })
-            .to_string()
-                + "\n"
+            let mut v = serde_json::to_value(&outcome).unwrap_or_default();
+            v["table"] = args.table.clone().into();
+            v["undo"] = undo.into();
+            v.to_string() + "\n"
         }
-        OutputFormat::Text => format!(
-            "restored {} to version {} as new version {new_version} ({} files restored, {} removed)\nto undo: {undo}\n",
-            args.table, args.version, metrics.num_restored_file, metrics.num_removed_file
-        ),
+        OutputFormat::Text => {
+            let mut out = format!(
+                "restored {} to version {} as new version {} ({} files restored, {} removed)\n",
+                args.table,
+                outcome.restored_version,
+                outcome.new_version,
+                outcome.files_restored,
+                outcome.files_removed
+            );
+            for (app, v) in &outcome.source_versions {
+                out.push_str(&format!(
+                    "{app}: the next run re-reads source rows landed after source version {v}\n"
+                ));
+            }
+            out.push_str(&format!("to undo: {undo}\n"));
+            out
+        }
     })
 }
 

@@ -51,15 +51,17 @@ fn event(batches: usize) -> impl Strategy<Value = Event> {
         prop::bool::weighted(0.15),
         prop::bool::weighted(0.1),
     )
-        .prop_map(|(key, seq_min, batch, ing_back_min, val, delete, duplicated)| Event {
-            key,
-            seq_min,
-            batch,
-            ing_back_min,
-            val,
-            delete,
-            duplicated,
-        })
+        .prop_map(
+            |(key, seq_min, batch, ing_back_min, val, delete, duplicated)| Event {
+                key,
+                seq_min,
+                batch,
+                ing_back_min,
+                val,
+                delete,
+                duplicated,
+            },
+        )
 }
 
 fn scenario() -> impl Strategy<Value = (Vec<Event>, Vec<Action>)> {
@@ -96,11 +98,19 @@ fn oracle(rows: &[Change], now: i64) -> Vec<TargetRow> {
     let mut best: BTreeMap<String, TargetRow> = BTreeMap::new();
     let rank = |r: &TargetRow| (r.seq, r.ing, r.val.map_or((0, 0), |v| (1, v)), r.deleted);
     for c in rows {
-        let (Some(id), Some(seq)) = (&c.id, c.seq) else { continue };
+        let (Some(id), Some(seq)) = (&c.id, c.seq) else {
+            continue;
+        };
         if seq > now + SKEW {
             continue;
         }
-        let row = TargetRow { id: id.clone(), seq, ing: c.ing, val: c.val, deleted: Some(c.op == "D") };
+        let row = TargetRow {
+            id: id.clone(),
+            seq,
+            ing: c.ing,
+            val: c.val,
+            deleted: Some(c.op == "D"),
+        };
         match best.get(id) {
             Some(b) if rank(b) >= rank(&row) => {}
             _ => {
@@ -113,8 +123,13 @@ fn oracle(rows: &[Change], now: i64) -> Vec<TargetRow> {
 
 async fn run_once(p: &Pipeline, now: i64, full_reload: bool) -> RunSummary {
     let clock = FixedClock(Utc.timestamp_micros(now).single().expect("time"));
-    let opts = RunOptions { full_reload, dry_run: false };
-    run(p, &opts, &clock, &Engine::default()).await.unwrap_or_else(|e| panic!("run failed: {e}"))
+    let opts = RunOptions {
+        full_reload,
+        dry_run: false,
+    };
+    run(p, &opts, &clock, &Engine::default())
+        .await
+        .unwrap_or_else(|e| panic!("run failed: {e}"))
 }
 
 async fn check_scenario(events: Vec<Event>, actions: Vec<Action>) -> Result<(), TestCaseError> {
@@ -143,18 +158,35 @@ async fn check_scenario(events: Vec<Event>, actions: Vec<Action>) -> Result<(), 
         let summary = run_once(&pipeline, now, matches!(action, Action::FullReload)).await;
         let expected = oracle(&landed, now);
         let actual = read_target(&silver(dir.path())).await;
-        prop_assert_eq!(&actual, &expected, "after batch {} ({:?}); summary: {}", b, action, summary.to_json());
+        prop_assert_eq!(
+            &actual,
+            &expected,
+            "after batch {} ({:?}); summary: {}",
+            b,
+            action,
+            summary.to_json()
+        );
         let mut ids: Vec<&str> = actual.iter().map(|r| r.id.as_str()).collect();
         ids.dedup();
         prop_assert_eq!(ids.len(), actual.len(), "duplicate keys in the target");
         let wm = summary.watermark_after.map(|t| t.timestamp_micros());
-        prop_assert!(wm >= last_watermark.map(|w| w - 1000), "watermark went backwards: {:?} -> {:?}", last_watermark, wm);
+        prop_assert!(
+            wm >= last_watermark.map(|w| w - 1000),
+            "watermark went backwards: {:?} -> {:?}",
+            last_watermark,
+            wm
+        );
         last_watermark = wm.or(last_watermark);
 
         if matches!(action, Action::IncrementalTwice) {
             let before = version(&silver(dir.path())).await;
             let again = run_once(&pipeline, now, false).await;
-            prop_assert_eq!(again.target_version, None, "a rerun committed: {}", again.to_json());
+            prop_assert_eq!(
+                again.target_version,
+                None,
+                "a rerun committed: {}",
+                again.to_json()
+            );
             prop_assert_eq!(version(&silver(dir.path())).await, before);
             prop_assert_eq!(read_target(&silver(dir.path())).await, expected);
         }
@@ -190,7 +222,7 @@ async fn late_deleted_conflicting_and_future_rows_converge() {
         duplicated,
     };
     let events = vec![
-        e(Some(1), Some(10), 0, 5, Some(1), false, true),  // re-delivered
+        e(Some(1), Some(10), 0, 5, Some(1), false, true), // re-delivered
         e(Some(1), Some(50), 0, 0, Some(2), false, false), // newer version
         e(Some(2), Some(55), 0, 0, Some(1), false, false),
         e(Some(2), Some(55), 0, 0, Some(2), false, false), // conflict: same tuple, other val
@@ -202,6 +234,69 @@ async fn late_deleted_conflicting_and_future_rows_converge() {
         e(Some(2), Some(100), 1, 0, None, true, false),    // delete
         e(Some(2), Some(90), 3, 0, Some(5), false, false), // older than the delete, late: no resurrection
     ];
-    let actions = vec![Action::Incremental, Action::IncrementalTwice, Action::Incremental, Action::FullReload];
+    let actions = vec![
+        Action::Incremental,
+        Action::IncrementalTwice,
+        Action::Incremental,
+        Action::FullReload,
+    ];
     check_scenario(events, actions).await.expect("converges");
+}
+
+/// After `restore` to an earlier version, the next incremental run must re-read everything that
+/// landed after that version's run — including late rows behind the overlap — and converge.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_then_incremental_converges() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_pipeline(dir.path(), "10m", "soft", "");
+    let pipeline = Pipeline::load(&path, &Vars::new()).expect("pipeline");
+    let mut landed = Vec::new();
+    let batches = [
+        vec![
+            Change::upsert("a", T0 + 50 * MIN, T0 + 55 * MIN, 1),
+            Change::upsert("b", T0 + 55 * MIN, T0 + 56 * MIN, 1),
+        ],
+        // late: two hours behind the watermark, new key and an update
+        vec![
+            Change::upsert("c", T0 - HOUR, T0 + 2 * HOUR, 1),
+            Change::upsert("a", T0 + 90 * MIN, T0 + 2 * HOUR, 2),
+        ],
+        vec![
+            Change::upsert("d", T0 - 2 * HOUR, T0 + 3 * HOUR, 1),
+            Change::upsert("b", T0 + 150 * MIN, T0 + 3 * HOUR, 2),
+        ],
+    ];
+    for (i, b) in batches.iter().enumerate() {
+        append(&bronze(dir.path()), b).await;
+        landed.extend(b.clone());
+        let s = run_once(&pipeline, T0 + (i as i64 + 1) * HOUR, false).await;
+        if i > 0 {
+            assert_eq!(s.num_late_rows, 1, "{}", s.to_json());
+        }
+    }
+    let now = T0 + 3 * HOUR;
+    assert_eq!(read_target(&silver(dir.path())).await, oracle(&landed, now));
+
+    let url =
+        deltalake::table::builder::parse_table_uri(silver(dir.path()).to_str().expect("utf8"))
+            .expect("url");
+    let table = deltalake::open_table(url).await.expect("open");
+    let outcome = tidemark::lake::restore(table, 0).await.expect("restore");
+    assert_eq!(
+        outcome.source_versions,
+        vec![("tidemark/test".to_string(), 0)]
+    );
+    assert_eq!(
+        read_target(&silver(dir.path())).await.len(),
+        2,
+        "restored to the first run's two rows"
+    );
+
+    let s = run_once(&pipeline, now, false).await;
+    assert_eq!(
+        read_target(&silver(dir.path())).await,
+        oracle(&landed, now),
+        "{}",
+        s.to_json()
+    );
 }

@@ -73,12 +73,13 @@ impl Vars {
             let inner = &after[..end];
             let reference = format!("${{{inner}}}");
             let value = match inner.split_once('.') {
-                Some(("var", name)) if is_name(name) => {
-                    self.get(name).map(str::to_string).ok_or_else(|| Unresolved {
+                Some(("var", name)) if is_name(name) => self
+                    .get(name)
+                    .map(str::to_string)
+                    .ok_or_else(|| Unresolved {
                         reference: reference.clone(),
                         how: format!("pass --var {name}=VALUE"),
-                    })?
-                }
+                    })?,
                 Some(("env", name)) if is_name(name) => {
                     std::env::var(name).map_err(|_| Unresolved {
                         reference: reference.clone(),

@@ -139,6 +139,7 @@ impl<'a> Run<'a> {
 
     fn end_phase(&mut self, name: &str) {
         let ms = self.phase_started.elapsed().as_millis() as u64;
+        info!(phase = name, ms, "phase done");
         *self.phases.entry(name.to_string()).or_default() += ms;
         self.phase_started = Instant::now();
     }
@@ -175,12 +176,20 @@ impl<'a> Run<'a> {
 
         let target = match target {
             Some(t) if self.opts.full_reload || self.has_run_before(&t).await? => Some(t),
-            Some(t) if t.get_file_uris().map(|mut f| f.next().is_some()).unwrap_or(false) => Some(t),
+            Some(t)
+                if t.get_file_uris()
+                    .map(|mut f| f.next().is_some())
+                    .unwrap_or(false) =>
+            {
+                Some(t)
+            }
             Some(t) => {
                 // An empty table tidemark never wrote is bootstrapped like a missing one; keep
                 // the handle so the overwrite becomes its next version.
                 self.summary.mode = RunMode::Bootstrap;
-                return self.full(source_provider, Some(t), &layout, &seq_type).await;
+                return self
+                    .full(source_provider, Some(t), &layout, &seq_type)
+                    .await;
             }
             None => None,
         };

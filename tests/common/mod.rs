@@ -31,10 +31,22 @@ pub struct Change {
 
 impl Change {
     pub fn upsert(id: &str, seq: i64, ing: i64, val: i64) -> Self {
-        Change { id: Some(id.to_string()), seq: Some(seq), ing, val: Some(val), op: "U".into() }
+        Change {
+            id: Some(id.to_string()),
+            seq: Some(seq),
+            ing,
+            val: Some(val),
+            op: "U".into(),
+        }
     }
     pub fn delete(id: &str, seq: i64, ing: i64) -> Self {
-        Change { id: Some(id.to_string()), seq: Some(seq), ing, val: None, op: "D".into() }
+        Change {
+            id: Some(id.to_string()),
+            seq: Some(seq),
+            ing,
+            val: None,
+            op: "D".into(),
+        }
     }
 }
 
@@ -49,7 +61,11 @@ pub struct TargetRow {
 }
 
 fn ts_field(name: &str, nullable: bool) -> Field {
-    Field::new(name, DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())), nullable)
+    Field::new(
+        name,
+        DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        nullable,
+    )
 }
 
 pub fn source_schema() -> Arc<Schema> {
@@ -67,11 +83,17 @@ pub fn batch(changes: &[Change]) -> RecordBatch {
     RecordBatch::try_new(
         source_schema(),
         vec![
-            Arc::new(StringArray::from(changes.iter().map(|c| c.id.clone()).collect::<Vec<_>>())),
+            Arc::new(StringArray::from(
+                changes.iter().map(|c| c.id.clone()).collect::<Vec<_>>(),
+            )),
             Arc::new(ts(changes.iter().map(|c| c.seq).collect())),
             Arc::new(ts(changes.iter().map(|c| Some(c.ing)).collect())),
-            Arc::new(Int64Array::from(changes.iter().map(|c| c.val).collect::<Vec<_>>())),
-            Arc::new(StringArray::from(changes.iter().map(|c| c.op.clone()).collect::<Vec<_>>())),
+            Arc::new(Int64Array::from(
+                changes.iter().map(|c| c.val).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                changes.iter().map(|c| c.op.clone()).collect::<Vec<_>>(),
+            )),
         ],
     )
     .expect("valid test batch")
@@ -82,7 +104,10 @@ pub async fn append(path: &Path, changes: &[Change]) {
     let url = deltalake::ensure_table_uri(path.to_str().expect("utf8 path")).expect("table url");
     let table = match deltalake::open_table(url.clone()).await {
         Ok(t) => t,
-        Err(_) => deltalake::DeltaTableBuilder::from_url(url).expect("builder").build().expect("table"),
+        Err(_) => deltalake::DeltaTableBuilder::from_url(url)
+            .expect("builder")
+            .build()
+            .expect("table"),
     };
     table
         .write(vec![batch(changes)])
@@ -102,11 +127,21 @@ pub async fn read_target(path: &Path) -> Vec<TargetRow> {
     let batches = read_all(path).await;
     let mut rows = Vec::new();
     for b in &batches {
-        let id = arrow::compute::cast(b.column_by_name("id").expect("id"), &DataType::Utf8).expect("cast");
+        let id = arrow::compute::cast(b.column_by_name("id").expect("id"), &DataType::Utf8)
+            .expect("cast");
         let id = id.as_string::<i32>();
-        let seq = b.column_by_name("updated_at").expect("updated_at").as_primitive::<TimestampMicrosecondType>();
-        let ing = b.column_by_name("_ingested_at").expect("_ingested_at").as_primitive::<TimestampMicrosecondType>();
-        let val = b.column_by_name("val").expect("val").as_primitive::<arrow::datatypes::Int64Type>();
+        let seq = b
+            .column_by_name("updated_at")
+            .expect("updated_at")
+            .as_primitive::<TimestampMicrosecondType>();
+        let ing = b
+            .column_by_name("_ingested_at")
+            .expect("_ingested_at")
+            .as_primitive::<TimestampMicrosecondType>();
+        let val = b
+            .column_by_name("val")
+            .expect("val")
+            .as_primitive::<arrow::datatypes::Int64Type>();
         let del = b.column_by_name("_deleted").map(|c| c.as_boolean().clone());
         for i in 0..b.num_rows() {
             rows.push(TargetRow {
@@ -124,12 +159,19 @@ pub async fn read_target(path: &Path) -> Vec<TargetRow> {
 
 /// Every row of the Delta table at `path`.
 pub async fn read_all(path: &Path) -> Vec<RecordBatch> {
-    let url = deltalake::table::builder::parse_table_uri(path.to_str().expect("utf8")).expect("url");
+    let url =
+        deltalake::table::builder::parse_table_uri(path.to_str().expect("utf8")).expect("url");
     let table = deltalake::open_table(url).await.expect("open table");
     let ctx = SessionContext::new();
-    table.update_datafusion_session(&ctx.state()).expect("register store");
+    table
+        .update_datafusion_session(&ctx.state())
+        .expect("register store");
     let provider = table.table_provider().await.expect("provider");
-    ctx.read_table(provider).expect("read").collect().await.expect("collect")
+    ctx.read_table(provider)
+        .expect("read")
+        .collect()
+        .await
+        .expect("collect")
 }
 
 /// Number of rows in the Delta table at `path` (0 when there is none).
@@ -142,7 +184,12 @@ pub async fn count_rows(path: &Path) -> usize {
 
 /// Writes the test pipeline into `dir/pipeline.yml`, tables under `dir/lake`.
 /// `extra` is appended verbatim (e.g. "quarantine_limit" lines are not allowed: use `quarantine`).
-pub fn write_pipeline(dir: &Path, overlap: &str, delete_mode: &str, quarantine_extra: &str) -> PathBuf {
+pub fn write_pipeline(
+    dir: &Path,
+    overlap: &str,
+    delete_mode: &str,
+    quarantine_extra: &str,
+) -> PathBuf {
     let lake = dir.join("lake");
     let text = format!(
         "name: test\nkind: cdc_merge\nsource: {{ uri: \"{l}/bronze\" }}\ntarget: {{ uri: \"{l}/silver\" }}\nkeys: [id]\nsequence_by: updated_at\ntie_breakers: [_ingested_at]\noverlap: {overlap}\nmax_future_skew: 5m\ndeletes: {{ column: op, values: [D], mode: {delete_mode} }}\ncolumns: {{ exclude: [op] }}\nquarantine: {{ uri: \"{l}/quarantine\"{quarantine_extra} }}\n",
@@ -165,5 +212,7 @@ pub fn quarantine(dir: &Path) -> PathBuf {
 
 /// RFC 3339 of a microsecond timestamp, for TIDEMARK_FAKE_NOW.
 pub fn rfc3339(us: i64) -> String {
-    chrono::DateTime::from_timestamp_micros(us).expect("in range").to_rfc3339()
+    chrono::DateTime::from_timestamp_micros(us)
+        .expect("in range")
+        .to_rfc3339()
 }
