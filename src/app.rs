@@ -35,7 +35,7 @@ pub enum AppError {
         action: &'static str,
         uri: String,
         #[source]
-        source: deltalake::DeltaTableError,
+        source: Box<deltalake::DeltaTableError>,
     },
 }
 
@@ -100,7 +100,7 @@ pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
         .map_err(|source| AppError::Delta {
             action: "cannot read the log of",
             uri: args.table.clone(),
-            source,
+            source: Box::new(source),
         })?;
     if args.output == OutputFormat::Json {
         return Ok(serde_json::to_string(&entries).unwrap_or_default() + "\n");
@@ -175,7 +175,7 @@ pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
         .map_err(|source| AppError::Delta {
             action: "cannot restore",
             uri: args.table.clone(),
-            source,
+            source: Box::new(source),
         })?;
     let undo = format!(
         "tidemark restore {} --version {}",

@@ -12,7 +12,11 @@ pub struct Cli {
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
     /// Log filter (tracing syntax, e.g. `info`, `tidemark=debug`); RUST_LOG wins when set.
-    #[arg(long, global = true, default_value = "tidemark=info,warn")]
+    #[arg(
+        long,
+        global = true,
+        default_value = "tidemark=info,deltalake_core::operations::merge=error,warn"
+    )]
     pub log_level: String,
     #[command(subcommand)]
     pub command: Command,

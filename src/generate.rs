@@ -166,7 +166,7 @@ pub enum GenerateError {
     Delta {
         path: String,
         #[source]
-        source: DeltaTableError,
+        source: Box<DeltaTableError>,
     },
     /// Building the Arrow batches failed (a bug: the schema is fixed).
     #[error("could not build Arrow record batches: {0}")]
@@ -182,7 +182,7 @@ impl<T> AtPath<T> for Result<T, DeltaTableError> {
     fn at(self, path: &str) -> Result<T, GenerateError> {
         self.map_err(|source| GenerateError::Delta {
             path: path.to_string(),
-            source,
+            source: Box::new(source),
         })
     }
 }

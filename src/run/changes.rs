@@ -6,7 +6,7 @@
 //! same content order as the dedup, so incremental runs agree with a full reload.
 
 use std::cmp::Ordering;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use arrow::array::{RecordBatch, UInt32Array};
 use arrow::row::OwnedRow;
@@ -62,6 +62,7 @@ pub async fn detect(
     target_uri: &str,
     layout: &Layout,
     winners: &RecordBatch,
+    already_conflicting: &HashSet<Box<[u8]>>,
 ) -> Result<ChangeSet, RunError> {
     let enc = RowEncoders::new(layout).map_err(RunError::arrow("compare"))?;
     let existing = target_rows(ctx, target, target_uri, layout, winners, &enc).await?;
@@ -84,7 +85,10 @@ pub async fn detect(
             Some(t) => {
                 let tuple_cmp = e.tuples.row(i).cmp(&t.tuple.row());
                 let content_differs = e.contents.row(i) != t.content.row();
-                if tuple_cmp == Ordering::Equal && content_differs {
+                if tuple_cmp == Ordering::Equal
+                    && content_differs
+                    && !already_conflicting.contains(e.keys.row(i).as_ref())
+                {
                     cs.conflicts += 1;
                 }
                 let newer = tuple_cmp.then_with(|| e.contents.row(i).cmp(&t.content.row()))

@@ -4,6 +4,7 @@
 //! newest first; this pass keeps the first row of each key and counts what it drops. It holds one
 //! key's state at a time, so a full reload of any size streams through it.
 
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use arrow::array::{Array, RecordBatch, UInt32Array};
@@ -159,6 +160,7 @@ pub struct Deduper {
     enc: RowEncoders,
     current: Option<Current>,
     counts: DedupCounts,
+    conflict_keys: HashSet<Box<[u8]>>,
 }
 
 impl Deduper {
@@ -168,6 +170,7 @@ impl Deduper {
             enc: RowEncoders::new(layout)?,
             current: None,
             counts: DedupCounts::default(),
+            conflict_keys: HashSet::new(),
         })
     }
 
@@ -205,6 +208,7 @@ impl Deduper {
                 {
                     c.conflict_counted = true;
                     self.counts.conflicts += 1;
+                    self.conflict_keys.insert(c.key.row().as_ref().into());
                 }
             }
         }
@@ -215,6 +219,12 @@ impl Deduper {
     /// The counts so far.
     pub fn counts(&self) -> DedupCounts {
         self.counts
+    }
+
+    /// Encoded keys that had a conflict (conflicts are rare, so this stays small); the
+    /// comparison with the target uses it not to count the same conflict twice.
+    pub fn conflict_keys(&self) -> &HashSet<Box<[u8]>> {
+        &self.conflict_keys
     }
 }
 

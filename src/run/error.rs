@@ -15,7 +15,7 @@ pub enum RunError {
     Query {
         phase: &'static str,
         #[source]
-        source: datafusion::error::DataFusionError,
+        source: Box<datafusion::error::DataFusionError>,
     },
     /// A Delta operation failed.
     #[error("{phase}: {uri}: {source}")]
@@ -23,7 +23,7 @@ pub enum RunError {
         phase: &'static str,
         uri: String,
         #[source]
-        source: deltalake::DeltaTableError,
+        source: Box<deltalake::DeltaTableError>,
     },
     /// Arrow compute failed (a bug or an unsupported type).
     #[error("{phase}: {source}")]
@@ -56,7 +56,10 @@ impl RunError {
     pub(crate) fn query(
         phase: &'static str,
     ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self {
-        move |source| RunError::Query { phase, source }
+        move |source| RunError::Query {
+            phase,
+            source: Box::new(source),
+        }
     }
 
     pub(crate) fn delta<'u>(
@@ -66,7 +69,7 @@ impl RunError {
         move |source| RunError::Delta {
             phase,
             uri: uri.to_string(),
-            source,
+            source: Box::new(source),
         }
     }
 

@@ -478,7 +478,15 @@ impl<'a> Run<'a> {
         self.end_phase("dedup");
 
         // compare
-        let cs = changes::detect(&self.ctx, &target, &self.p.target_uri, layout, &winners).await?;
+        let cs = changes::detect(
+            &self.ctx,
+            &target,
+            &self.p.target_uri,
+            layout,
+            &winners,
+            deduper.conflict_keys(),
+        )
+        .await?;
         self.summary.num_conflicts += cs.conflicts;
         self.summary.num_inserted = cs.inserted;
         self.summary.num_updated = cs.updated;

@@ -96,10 +96,7 @@ async fn known_hashes(
     let q = RunError::query("quarantine");
     table
         .update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta(
-            "quarantine",
-            &table.table_url().to_string(),
-        ))?;
+        .map_err(RunError::delta("quarantine", table.table_url().as_ref()))?;
     let provider = table.table_provider().await.map_err(q)?;
     if provider.schema().field_with_name(ROW_HASH_COLUMN).is_err() {
         return Ok(HashSet::new());
