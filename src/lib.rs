@@ -11,6 +11,7 @@ pub mod cli;
 pub mod clock;
 pub mod config;
 pub mod error;
+pub mod failpoint;
 pub mod generate;
 pub mod lake;
 pub mod report;

@@ -43,6 +43,9 @@ pub enum RunError {
     /// The existing target does not have the columns this pipeline produces.
     #[error("target {uri} does not match the pipeline: {diff}. If the pipeline changed on purpose, rebuild with `tidemark run <pipeline> --full-reload`")]
     TargetSchema { uri: String, diff: String },
+    /// A failpoint armed for testing fired.
+    #[error(transparent)]
+    Injected(#[from] crate::failpoint::Injected),
     /// The target holds the same key twice: it was corrupted outside tidemark.
     #[error("target {uri} holds {count} duplicate key(s) (first: {first}); an incremental merge cannot fix that. Rebuild with --full-reload, or restore a good version (`tidemark history`, `tidemark restore`)")]
     DuplicateTargetKeys {
@@ -86,6 +89,7 @@ impl Classify for RunError {
             RunError::Query { source, .. } => classify_datafusion(source),
             RunError::Delta { source, .. } => classify_delta(source),
             RunError::Arrow { .. } => ErrorClass::Internal,
+            RunError::Injected(_) => ErrorClass::Retryable,
             RunError::QuarantineLimit { .. }
             | RunError::TargetSchema { .. }
             | RunError::DuplicateTargetKeys { .. } => ErrorClass::BadData,

@@ -137,11 +137,19 @@ impl<'a> Run<'a> {
         }
     }
 
-    fn end_phase(&mut self, name: &str) {
+    /// Records a phase's time, and is the place where fault-injection tests stop a run
+    /// (failpoint `<mode>.after_<phase>`, e.g. `incremental.after_read`, `full_reload.after_write`).
+    fn end_phase(&mut self, name: &str) -> Result<(), RunError> {
         let ms = self.phase_started.elapsed().as_millis() as u64;
         info!(phase = name, ms, "phase done");
         *self.phases.entry(name.to_string()).or_default() += ms;
         self.phase_started = Instant::now();
+        let mode = match self.summary.mode {
+            RunMode::Incremental => "incremental",
+            RunMode::Bootstrap | RunMode::FullReload => "full_reload",
+        };
+        crate::failpoint::hit(&format!("{mode}.after_{name}"))?;
+        Ok(())
     }
 
     fn warn(&mut self, message: String) {
@@ -338,7 +346,7 @@ impl<'a> Run<'a> {
                 .saturating_sub(to_micros(self.p.overlap))
         });
         info!(watermark = ?watermark, previous_source_version = ?previous, source_version = self.summary.source_version, "planned incremental run");
-        self.end_phase("plan");
+        self.end_phase("plan")?;
 
         // read: the overlap slice, plus every row landed since the previous run behind it.
         let behind = |lo: Option<i64>| -> Expr {
@@ -431,7 +439,7 @@ impl<'a> Run<'a> {
         });
         let mem = MemTable::try_new(schema, vec![batches]).map_err(q("read"))?;
         let input = self.ctx.read_table(Arc::new(mem)).map_err(q("read"))?;
-        self.end_phase("read");
+        self.end_phase("read")?;
 
         // validate
         let due = self
@@ -453,7 +461,7 @@ impl<'a> Run<'a> {
             .map_err(q("validate"))?;
         self.quarantine(rejected).await?;
         self.summary.num_deferred = split.deferred.count().await.map_err(q("validate"))? as u64;
-        self.end_phase("validate");
+        self.end_phase("validate")?;
 
         // dedup
         let sorted = split
@@ -475,7 +483,7 @@ impl<'a> Run<'a> {
         self.summary.num_conflicts = counts.conflicts;
         let winners = arrow::compute::concat_batches(&layout.canonical, &winners)
             .map_err(RunError::arrow("dedup"))?;
-        self.end_phase("dedup");
+        self.end_phase("dedup")?;
 
         // compare
         let cs = changes::detect(
@@ -494,10 +502,11 @@ impl<'a> Run<'a> {
         self.summary.num_unchanged = cs.unchanged;
         let before = watermark.map(|w| w.timestamp_micros());
         self.summary.watermark_after = before.max(cs.max_sequence).and_then(micros_to_time);
-        self.end_phase("compare");
+        self.end_phase("compare")?;
 
         // commit
         if !cs.is_empty() && !self.opts.dry_run {
+            crate::failpoint::hit("incremental.before_commit")?;
             let props = self.commit_properties();
             let (table, metrics) = apply::merge(
                 &self.ctx,
@@ -512,7 +521,7 @@ impl<'a> Run<'a> {
             self.summary.target_version = table.version();
             self.summary.num_files_added = metrics.num_target_files_added as u64;
             self.summary.num_files_removed = metrics.num_target_files_removed as u64;
-            self.end_phase("commit");
+            self.end_phase("commit")?;
         }
         Ok(self.finish())
     }
@@ -529,7 +538,7 @@ impl<'a> Run<'a> {
             t.update_datafusion_session(&self.ctx.state())
                 .map_err(RunError::delta("plan", &self.p.target_uri))?;
         }
-        self.end_phase("plan");
+        self.end_phase("plan")?;
         let input = self.ctx.read_table(source_provider).map_err(q("read"))?;
         let due = self
             .now
@@ -537,10 +546,10 @@ impl<'a> Run<'a> {
             .saturating_add(to_micros(self.p.max_future_skew));
         let split = validate::split(input.clone(), layout, seq_type, due)?;
         self.summary.num_source_rows_read = input.count().await.map_err(q("read"))? as u64;
-        self.end_phase("read");
+        self.end_phase("read")?;
         self.quarantine(split.rejected).await?;
         self.summary.num_deferred = split.deferred.count().await.map_err(q("validate"))? as u64;
-        self.end_phase("validate");
+        self.end_phase("validate")?;
 
         let sorted = split
             .valid
@@ -580,7 +589,7 @@ impl<'a> Run<'a> {
             while let Some(b) = stream.next().await {
                 b.map_err(q("dedup"))?;
             }
-            self.end_phase("dedup");
+            self.end_phase("dedup")?;
         } else {
             // The counts of a streamed reload are known only after the write; its commit
             // carries what is known before it, and delta-rs adds the written row count.
@@ -599,7 +608,7 @@ impl<'a> Run<'a> {
             .instrument(info_span!("commit"))
             .await?;
             self.summary.target_version = table.version();
-            self.end_phase("write");
+            self.end_phase("write")?;
             let (added, removed) = last_commit_files(&table).await;
             self.summary.num_files_added = added;
             self.summary.num_files_removed = removed;

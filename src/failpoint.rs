@@ -1,0 +1,99 @@
+//! Named fault-injection points, compiled in only with the `failpoints` cargo feature.
+//!
+//! Reliability is proved by crashing a run at every phase and checking that a rerun converges.
+//! In builds with the feature, `TIDEMARK_FAILPOINTS="name=action[;name=action]"` arms points:
+//!
+//! | action | effect |
+//! | --- | --- |
+//! | `error` | the point returns a retryable error |
+//! | `error*N` | the first N hits return an error, later hits pass (retry tests) |
+//! | `panic` | the process panics at the point |
+//! | `abort` | the process aborts (no destructors, like `kill -9`) |
+//! | `exit(C)` | the process exits with code C |
+//! | `sleep(MS)` | the point waits MS milliseconds (to widen race windows) |
+//!
+//! Without the feature every point compiles to nothing.
+
+/// An armed `error` failpoint fired.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("injected failure at failpoint `{0}` (TIDEMARK_FAILPOINTS); rerun without it")]
+pub struct Injected(pub String);
+
+/// Environment variable that arms failpoints.
+pub const ENV: &str = "TIDEMARK_FAILPOINTS";
+
+#[cfg(feature = "failpoints")]
+mod imp {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use super::{Injected, ENV};
+
+    static HITS: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
+
+    fn action_for(name: &str) -> Option<String> {
+        let spec = std::env::var(ENV).ok()?;
+        spec.split(';').find_map(|part| {
+            let (n, a) = part.split_once('=')?;
+            (n.trim() == name).then(|| a.trim().to_string())
+        })
+    }
+
+    pub fn hit(name: &str) -> Result<(), Injected> {
+        let Some(action) = action_for(name) else {
+            return Ok(());
+        };
+        let count = {
+            let mut guard = HITS.lock().unwrap_or_else(|e| e.into_inner());
+            let map = guard.get_or_insert_with(HashMap::new);
+            let c = map.entry(name.to_string()).or_insert(0);
+            *c += 1;
+            *c
+        };
+        tracing::warn!(failpoint = name, action = %action, hit = count, "failpoint reached");
+        if action == "error" {
+            return Err(Injected(name.to_string()));
+        }
+        if let Some(n) = action.strip_prefix("error*") {
+            let limit: u64 = n.parse().unwrap_or(1);
+            return if count <= limit {
+                Err(Injected(name.to_string()))
+            } else {
+                Ok(())
+            };
+        }
+        if action == "panic" {
+            panic!("failpoint {name}: panic");
+        }
+        if action == "abort" {
+            std::process::abort();
+        }
+        if let Some(code) = action
+            .strip_prefix("exit(")
+            .and_then(|r| r.strip_suffix(')'))
+        {
+            std::process::exit(code.parse().unwrap_or(1));
+        }
+        if let Some(ms) = action
+            .strip_prefix("sleep(")
+            .and_then(|r| r.strip_suffix(')'))
+        {
+            std::thread::sleep(std::time::Duration::from_millis(ms.parse().unwrap_or(0)));
+        }
+        Ok(())
+    }
+}
+
+/// Passes through unless the point is armed (only possible with the `failpoints` feature).
+#[inline]
+pub fn hit(name: &str) -> Result<(), Injected> {
+    #[cfg(feature = "failpoints")]
+    {
+        imp::hit(name)
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        Ok(())
+    }
+}
