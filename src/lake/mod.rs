@@ -1,0 +1,20 @@
+//! Delta access: opening tables, reading the log's statistics and commit entries, and the
+//! metadata tidemark writes into its own commits.
+//!
+//! Everything here reads the Delta log; data files are only read through DataFusion scans that
+//! the `run` module plans.
+
+mod error;
+mod log;
+mod open;
+mod restore;
+
+pub use error::LakeError;
+pub use log::{
+    files_added_between, max_from_stats, read_commits, AddedFiles, CommitEntry, StatsMax,
+};
+pub use open::{create_url, open_if_exists, open_required, table_url};
+pub use restore::{restore, RestoreOutcome};
+
+/// Key under which tidemark stores its run facts in the Delta `commitInfo`.
+pub const COMMIT_INFO_KEY: &str = "tidemark";
