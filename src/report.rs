@@ -67,6 +67,11 @@ pub struct RunSummary {
     pub num_unchanged: u64,
     pub num_files_added: u64,
     pub num_files_removed: u64,
+    /// Times the run lost a commit race to another writer and planned again.
+    pub num_replans: u32,
+    /// True when nothing was left to do because an earlier run already applied this source
+    /// version (for example a run whose success response was lost).
+    pub already_applied: bool,
     pub duration_ms: u64,
     /// Milliseconds per phase, in the order they ran.
     pub phases_ms: BTreeMap<String, u64>,
@@ -97,6 +102,10 @@ impl RunSummary {
         let outcome = match (self.dry_run, self.target_version) {
             (true, _) => "dry run: nothing written".to_string(),
             (false, Some(v)) => format!("committed target version {v}"),
+            (false, None) if self.already_applied => format!(
+                "source version {} was already applied: no commit",
+                self.source_version
+            ),
             (false, None) => "nothing to change: no commit".to_string(),
         };
         let _ = writeln!(

@@ -545,7 +545,7 @@ async fn hard_delete_removes_the_row() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(
         out.stdout.starts_with("test incremental run ")
-            && out.stdout.contains("nothing to change: no commit"),
+            && out.stdout.contains("was already applied: no commit"),
         "{}",
         out.stdout
     );

@@ -32,6 +32,8 @@ struct RawPipeline {
     deletes: Option<RawDeletes>,
     columns: Option<RawColumns>,
     quarantine: RawQuarantine,
+    #[serde(default)]
+    on_schema_change: SchemaChange,
 }
 
 #[derive(Debug, Deserialize)]
@@ -84,6 +86,18 @@ pub enum DeleteMode {
     Hard,
 }
 
+/// What an incremental run does when the source has columns the target lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SchemaChange {
+    /// Stop with a clear error naming the new columns (nothing is written).
+    #[default]
+    Fail,
+    /// Add the new columns to the target (nullable) in the run's own commit. Dropped or
+    /// retyped columns are still errors: they would silently lose or change data.
+    AddNewColumns,
+}
+
 /// Which source rows mean "this key was deleted".
 #[derive(Debug, Clone, PartialEq)]
 pub struct Deletes {
@@ -115,6 +129,7 @@ pub struct Pipeline {
     pub deletes: Option<Deletes>,
     pub exclude: Vec<String>,
     pub quarantine: Quarantine,
+    pub on_schema_change: SchemaChange,
     /// The file it came from, for error messages.
     pub path: PathBuf,
     text: String,
@@ -343,6 +358,7 @@ impl Ctx<'_> {
             max_future_skew,
             deletes,
             exclude,
+            on_schema_change: raw.on_schema_change,
             path: self.path.to_path_buf(),
             text: self.text.to_string(),
         })

@@ -5,6 +5,8 @@
 //! the `run` module plans.
 
 mod error;
+#[cfg(feature = "failpoints")]
+mod faulty;
 mod log;
 mod open;
 mod restore;
@@ -13,7 +15,7 @@ pub use error::LakeError;
 pub use log::{
     files_added_between, max_from_stats, read_commits, AddedFiles, CommitEntry, StatsMax,
 };
-pub use open::{create_url, open_if_exists, open_required, table_url};
+pub use open::{builder, create_url, open_if_exists, open_required, table_url};
 pub use restore::{restore, RestoreOutcome};
 
 /// Key under which tidemark stores its run facts in the Delta `commitInfo`.

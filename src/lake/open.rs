@@ -1,4 +1,4 @@
-use deltalake::{DeltaTable, DeltaTableError};
+use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use url::Url;
 
 use super::LakeError;
@@ -22,6 +22,16 @@ fn strip_file_scheme(uri: &str) -> &str {
     uri.strip_prefix("file://").unwrap_or(uri)
 }
 
+/// A table builder for `url`. Every table tidemark touches is opened through here, so the
+/// fault-injection store (failpoints builds only) sits under all of them.
+pub fn builder(url: Url) -> Result<DeltaTableBuilder, DeltaTableError> {
+    #[cfg(feature = "failpoints")]
+    if let Some(store) = super::faulty::store_for(&url) {
+        return Ok(DeltaTableBuilder::from_url(url.clone())?.with_storage_backend(store, url));
+    }
+    DeltaTableBuilder::from_url(url)
+}
+
 /// Opens the table at `uri`, or `None` when there is no Delta table there yet.
 pub async fn open_if_exists(uri: &str) -> Result<Option<DeltaTable>, LakeError> {
     let url = match table_url(uri) {
@@ -34,7 +44,8 @@ pub async fn open_if_exists(uri: &str) -> Result<Option<DeltaTable>, LakeError> 
             })
         }
     };
-    match deltalake::open_table(url).await {
+    let builder = builder(url).map_err(|e| LakeError::delta("cannot open", uri, e))?;
+    match builder.load().await {
         Ok(t) => Ok(Some(t)),
         Err(DeltaTableError::NotATable(_)) | Err(DeltaTableError::InvalidTableLocation(_)) => {
             Ok(None)

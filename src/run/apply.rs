@@ -34,6 +34,7 @@ pub async fn merge(
     layout: &Layout,
     changes: Vec<RecordBatch>,
     props: CommitProperties,
+    add_new_columns: bool,
 ) -> Result<(DeltaTable, MergeMetrics), RunError> {
     let d = RunError::delta;
     let changes = changes
@@ -65,6 +66,7 @@ pub async fn merge(
         .with_source_alias("s")
         .with_target_alias("t")
         .with_commit_properties(props)
+        .with_merge_schema(add_new_columns)
         .with_session_state(Arc::new(ctx.state()));
     if layout.hard_deletes() {
         builder = builder
@@ -105,7 +107,7 @@ pub async fn overwrite(
     let size = NonZeroU64::new(file_size);
     let table = match target {
         Some(t) => t,
-        None => deltalake::DeltaTableBuilder::from_url(lake::create_url(uri)?)
+        None => lake::builder(lake::create_url(uri)?)
             .and_then(|b| b.build())
             .map_err(d("write", uri))?,
     };

@@ -40,9 +40,16 @@ pub enum RunError {
         limit: String,
         uri: String,
     },
-    /// The existing target does not have the columns this pipeline produces.
-    #[error("target {uri} does not match the pipeline: {diff}. If the pipeline changed on purpose, rebuild with `tidemark run <pipeline> --full-reload`")]
-    TargetSchema { uri: String, diff: String },
+    /// The source's columns changed in a way the pipeline's `on_schema_change` does not allow.
+    #[error("schema change in {uri}: {message}")]
+    SchemaDrift { uri: String, message: String },
+    /// Another writer committed to the target after this run planned.
+    #[error("another writer committed version {found} of {uri} after this run planned against version {planned}; rerun the same command (it plans again from the new version)")]
+    Conflict {
+        uri: String,
+        planned: u64,
+        found: u64,
+    },
     /// A failpoint armed for testing fired.
     #[error(transparent)]
     Injected(#[from] crate::failpoint::Injected),
@@ -81,6 +88,26 @@ impl RunError {
     }
 }
 
+impl RunError {
+    /// Whether the run lost a commit race: planning again from the new snapshot is safe and
+    /// will not overwrite the winner.
+    pub fn is_commit_conflict(&self) -> bool {
+        use deltalake::kernel::transaction::TransactionError as T;
+        match self {
+            RunError::Conflict { .. } => true,
+            RunError::Delta { source, .. } => matches!(
+                source.as_ref(),
+                deltalake::DeltaTableError::Transaction {
+                    source: T::CommitConflict(_)
+                        | T::MaxCommitAttempts(_)
+                        | T::VersionAlreadyExists(_)
+                } | deltalake::DeltaTableError::VersionAlreadyExists(_)
+            ),
+            _ => false,
+        }
+    }
+}
+
 impl Classify for RunError {
     fn class(&self) -> ErrorClass {
         match self {
@@ -89,9 +116,9 @@ impl Classify for RunError {
             RunError::Query { source, .. } => classify_datafusion(source),
             RunError::Delta { source, .. } => classify_delta(source),
             RunError::Arrow { .. } => ErrorClass::Internal,
-            RunError::Injected(_) => ErrorClass::Retryable,
+            RunError::Injected(_) | RunError::Conflict { .. } => ErrorClass::Retryable,
             RunError::QuarantineLimit { .. }
-            | RunError::TargetSchema { .. }
+            | RunError::SchemaDrift { .. }
             | RunError::DuplicateTargetKeys { .. } => ErrorClass::BadData,
         }
     }

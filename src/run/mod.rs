@@ -63,11 +63,29 @@ pub async fn run(
 ) -> Result<RunSummary, RunError> {
     let run_id = uuid::Uuid::now_v7().to_string();
     let span = info_span!("run", run_id = %run_id, pipeline = %pipeline.name);
-    Run::new(pipeline, opts, clock.now(), engine, run_id)
-        .execute()
-        .instrument(span)
-        .await
+    let mut replans = 0;
+    loop {
+        let attempt = Run::new(pipeline, opts, clock.now(), engine, run_id.clone())
+            .execute()
+            .instrument(span.clone())
+            .await;
+        match attempt {
+            Err(e) if e.is_commit_conflict() && replans < MAX_REPLANS => {
+                replans += 1;
+                warn!(parent: &span, error = %e, replans, "another writer committed first; planning the run again from the new snapshot");
+            }
+            Ok(mut summary) => {
+                summary.num_replans = replans;
+                return Ok(summary);
+            }
+            Err(e) => return Err(e),
+        }
+    }
 }
+
+/// How often a run that lost a commit race is planned again before it gives up with the
+/// retryable exit code. Each re-plan reads the winner's commit, so the loser never overwrites it.
+pub const MAX_REPLANS: u32 = 3;
 
 struct Run<'a> {
     p: &'a Pipeline,
@@ -121,6 +139,8 @@ impl<'a> Run<'a> {
             num_unchanged: 0,
             num_files_added: 0,
             num_files_removed: 0,
+            num_replans: 0,
+            already_applied: false,
             duration_ms: 0,
             phases_ms: BTreeMap::new(),
             warnings: Vec::new(),
@@ -236,6 +256,28 @@ impl<'a> Run<'a> {
             .map_err(RunError::delta("plan", &self.p.target_uri))
     }
 
+    /// Fails with a (re-plannable) conflict when another writer committed to the target after
+    /// this run read it. delta-rs' own conflict check covers the remaining window up to the
+    /// commit (a winning commit with this pipeline's app id is always a conflict).
+    async fn ensure_unchanged(&self, target: &DeltaTable) -> Result<(), RunError> {
+        let Some(planned) = target.version() else {
+            return Ok(());
+        };
+        let latest = target
+            .log_store()
+            .get_latest_version(planned)
+            .await
+            .map_err(RunError::delta("commit", &self.p.target_uri))?;
+        if latest != planned {
+            return Err(RunError::Conflict {
+                uri: self.p.target_uri.clone(),
+                planned,
+                found: latest,
+            });
+        }
+        Ok(())
+    }
+
     /// `max(sequence)` of the target: from log statistics, scanning only when some file lacks them.
     async fn watermark(
         &mut self,
@@ -293,36 +335,73 @@ impl<'a> Run<'a> {
         Ok(micros.and_then(micros_to_time))
     }
 
-    fn check_target_schema(
+    /// Compares the target's columns with what the pipeline now produces. New source columns
+    /// are returned (to be added by the merge) when `on_schema_change: add_new_columns`;
+    /// dropped or retyped columns are always errors, because merging would silently lose or
+    /// change data.
+    fn schema_drift(
         &self,
         target_schema: &arrow::datatypes::Schema,
         layout: &Layout,
-    ) -> Result<(), RunError> {
-        let have: Vec<&str> = target_schema
+    ) -> Result<Vec<String>, RunError> {
+        use crate::config::pipeline::DELETED_COLUMN;
+        use crate::config::SchemaChange;
+        let drift = |message: String| RunError::SchemaDrift {
+            uri: self.p.target_uri.clone(),
+            message,
+        };
+        let produced = |c: &str| layout.target_columns.iter().any(|t| t == c);
+        let dropped: Vec<&str> = target_schema
             .fields()
             .iter()
             .map(|f| f.name().as_str())
+            .filter(|c| !produced(c))
             .collect();
-        let want: Vec<&str> = layout.target_columns.iter().map(String::as_str).collect();
-        let missing: Vec<&str> = want.iter().filter(|c| !have.contains(c)).copied().collect();
-        let extra: Vec<&str> = have.iter().filter(|c| !want.contains(c)).copied().collect();
-        if missing.is_empty() && extra.is_empty() {
-            return Ok(());
+        if !dropped.is_empty() {
+            return Err(drift(format!(
+                "column(s) {} are in the target but the pipeline no longer produces them (dropped from the source, or newly excluded); tidemark never drops target columns on its own: restore them upstream, or rebuild with `--full-reload` if the change is intended",
+                dropped.join(", ")
+            )));
         }
-        let mut diff = Vec::new();
-        if !missing.is_empty() {
-            diff.push(format!("the target lacks {}", missing.join(", ")));
+        let mut retyped = Vec::new();
+        let mut added = Vec::new();
+        for c in &layout.target_columns {
+            let want = layout
+                .canonical
+                .field_with_name(c)
+                .map(|f| storage::storage_type(f.data_type()))
+                .map_err(|e| RunError::arrow("plan")(e))?;
+            match target_schema.field_with_name(c) {
+                Ok(f) => {
+                    let have = storage::storage_type(f.data_type());
+                    if have != want {
+                        retyped.push(format!(
+                            "`{c}` is {have} in the target but {want} in the source"
+                        ));
+                    }
+                }
+                Err(_) if c == DELETED_COLUMN => {
+                    return Err(drift(format!(
+                        "the pipeline now writes soft-delete tombstones but the target has no `{DELETED_COLUMN}` column; rebuild with `--full-reload`"
+                    )));
+                }
+                Err(_) => added.push(c.clone()),
+            }
         }
-        if !extra.is_empty() {
-            diff.push(format!(
-                "the target has {} which the pipeline does not produce",
-                extra.join(", ")
-            ));
+        if !retyped.is_empty() {
+            return Err(drift(format!(
+                "column type changed: {}; nothing was written. Cast the column back upstream, or rebuild with `--full-reload` if the new type is intended",
+                retyped.join("; ")
+            )));
         }
-        Err(RunError::TargetSchema {
-            uri: self.p.target_uri.clone(),
-            diff: diff.join("; "),
-        })
+        if !added.is_empty() && self.p.on_schema_change == SchemaChange::Fail {
+            return Err(drift(format!(
+                "the source has new column(s) {} that the target lacks; set `on_schema_change: add_new_columns` in {} to add them, list them in `columns.exclude`, or rebuild with `--full-reload`",
+                added.join(", "),
+                self.p.path.display()
+            )));
+        }
+        Ok(added)
     }
 
     async fn incremental(
@@ -335,7 +414,13 @@ impl<'a> Run<'a> {
     ) -> Result<RunSummary, RunError> {
         let q = RunError::query;
         let target_provider = target.table_provider().await.map_err(q("plan"))?;
-        self.check_target_schema(&target_provider.schema(), layout)?;
+        let new_columns = self.schema_drift(&target_provider.schema(), layout)?;
+        if !new_columns.is_empty() {
+            self.warn(format!(
+                "adding new source column(s) {} to the target (on_schema_change: add_new_columns)",
+                new_columns.join(", ")
+            ));
+        }
         let watermark = self.watermark(&target, layout).await?;
         self.summary.watermark_before = watermark;
         let previous = self.previous_source_version(&target).await?;
@@ -503,10 +588,13 @@ impl<'a> Run<'a> {
         let before = watermark.map(|w| w.timestamp_micros());
         self.summary.watermark_after = before.max(cs.max_sequence).and_then(micros_to_time);
         self.end_phase("compare")?;
+        self.summary.already_applied =
+            cs.is_empty() && previous == Some(self.summary.source_version as i64);
 
         // commit
         if !cs.is_empty() && !self.opts.dry_run {
             crate::failpoint::hit("incremental.before_commit")?;
+            self.ensure_unchanged(&target).await?;
             let props = self.commit_properties();
             let (table, metrics) = apply::merge(
                 &self.ctx,
@@ -515,6 +603,7 @@ impl<'a> Run<'a> {
                 layout,
                 cs.rows,
                 props,
+                !new_columns.is_empty(),
             )
             .instrument(info_span!("commit"))
             .await?;
@@ -593,6 +682,9 @@ impl<'a> Run<'a> {
         } else {
             // The counts of a streamed reload are known only after the write; its commit
             // carries what is known before it, and delta-rs adds the written row count.
+            if let Some(t) = &target {
+                self.ensure_unchanged(t).await?;
+            }
             let props = self.commit_properties();
             let plan = winners.into_unoptimized_plan();
             let ctx = self.ctx.clone();

@@ -72,7 +72,7 @@ pub async fn store(
     if !dry_run && new > 0 {
         let table = match existing {
             Some(t) => t,
-            None => deltalake::DeltaTableBuilder::from_url(lake::create_url(uri)?)
+            None => lake::builder(lake::create_url(uri)?)
                 .and_then(|b| b.build())
                 .map_err(RunError::delta("quarantine", uri))?,
         };

@@ -1,0 +1,126 @@
+//! An object store that stops at storage failpoints (only with the `failpoints` feature).
+//!
+//! Crashes inside delta-rs cannot be reached by the run's own failpoints: "while data files are
+//! written" and "after the data files, before the commit" happen inside a MERGE or WRITE. This
+//! wrapper sits under every table tidemark opens and fires `store.put_data` before each data
+//! file and `store.put_commit` before each `_delta_log` commit file.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::stream::BoxStream;
+use object_store::path::Path;
+use object_store::{
+    CopyOptions, GetOptions, GetResult, ListResult, MultipartUpload, ObjectMeta, ObjectStore,
+    PutMultipartOptions, PutOptions, PutPayload, PutResult, RenameOptions, Result,
+};
+
+/// Wraps the real store; see the module docs.
+#[derive(Debug)]
+pub struct FaultyStore {
+    inner: Arc<dyn ObjectStore>,
+}
+
+impl FaultyStore {
+    pub fn new(inner: Arc<dyn ObjectStore>) -> Self {
+        FaultyStore { inner }
+    }
+
+    fn check(location: &Path) -> Result<()> {
+        let p = location.as_ref();
+        let point = if p.contains("_delta_log/") && p.ends_with(".json") {
+            "store.put_commit"
+        } else if p.ends_with(".parquet") && !p.contains("_delta_log/") {
+            "store.put_data"
+        } else {
+            return Ok(());
+        };
+        crate::failpoint::hit(point).map_err(|e| object_store::Error::Generic {
+            store: "FaultyStore",
+            source: Box::new(e),
+        })
+    }
+}
+
+impl fmt::Display for FaultyStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "FaultyStore({})", self.inner)
+    }
+}
+
+#[async_trait]
+impl ObjectStore for FaultyStore {
+    async fn put_opts(
+        &self,
+        location: &Path,
+        payload: PutPayload,
+        opts: PutOptions,
+    ) -> Result<PutResult> {
+        Self::check(location)?;
+        self.inner.put_opts(location, payload, opts).await
+    }
+
+    async fn put_multipart_opts(
+        &self,
+        location: &Path,
+        opts: PutMultipartOptions,
+    ) -> Result<Box<dyn MultipartUpload>> {
+        Self::check(location)?;
+        self.inner.put_multipart_opts(location, opts).await
+    }
+
+    async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        self.inner.get_opts(location, options).await
+    }
+
+    async fn get_ranges(
+        &self,
+        location: &Path,
+        ranges: &[std::ops::Range<u64>],
+    ) -> Result<Vec<bytes::Bytes>> {
+        self.inner.get_ranges(location, ranges).await
+    }
+
+    fn delete_stream(
+        &self,
+        locations: BoxStream<'static, Result<Path>>,
+    ) -> BoxStream<'static, Result<Path>> {
+        self.inner.delete_stream(locations)
+    }
+
+    fn list(&self, prefix: Option<&Path>) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list(prefix)
+    }
+
+    fn list_with_offset(
+        &self,
+        prefix: Option<&Path>,
+        offset: &Path,
+    ) -> BoxStream<'static, Result<ObjectMeta>> {
+        self.inner.list_with_offset(prefix, offset)
+    }
+
+    async fn list_with_delimiter(&self, prefix: Option<&Path>) -> Result<ListResult> {
+        self.inner.list_with_delimiter(prefix).await
+    }
+
+    async fn copy_opts(&self, from: &Path, to: &Path, options: CopyOptions) -> Result<()> {
+        self.inner.copy_opts(from, to, options).await
+    }
+
+    async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
+        self.inner.rename_opts(from, to, options).await
+    }
+}
+
+/// The store to use under a table at `url`: the faulty wrapper for local tables when
+/// failpoints are armed, otherwise none (delta-rs picks its own).
+pub fn store_for(url: &url::Url) -> Option<Arc<dyn ObjectStore>> {
+    if url.scheme() != "file" || std::env::var(crate::failpoint::ENV).is_err() {
+        return None;
+    }
+    Some(Arc::new(FaultyStore::new(Arc::new(
+        object_store::local::LocalFileSystem::new(),
+    ))))
+}
