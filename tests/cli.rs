@@ -6,7 +6,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use arrow::array::{Array, AsArray};
@@ -19,7 +18,6 @@ use serde_json::Value;
 /// The instant the binary believes it is, unless a test moves it.
 const NOW: i64 = T0 + 12 * HOUR;
 /// `max_future_skew` of the test pipeline.
-const SKEW: i64 = 5 * MIN;
 
 // ---------------------------------------------------------------------------------------------
 // helpers
@@ -144,34 +142,6 @@ fn null_seq(id: &str, ing: i64, val: i64) -> Change {
 
 /// Newest version per key over every valid row due at `now` (independent of tidemark): the
 /// greatest (sequence, tie-breaker, content) tuple wins.
-fn oracle(all: &[Change], now: i64, hard: bool) -> Vec<TargetRow> {
-    let mut best: BTreeMap<String, &Change> = BTreeMap::new();
-    let rank = |c: &Change| (c.seq, c.ing, c.val, c.op == "D");
-    for c in all {
-        let (Some(id), Some(seq)) = (&c.id, c.seq) else {
-            continue;
-        };
-        if seq > now + SKEW {
-            continue;
-        }
-        match best.get(id) {
-            Some(b) if rank(b) >= rank(c) => {}
-            _ => {
-                best.insert(id.clone(), c);
-            }
-        }
-    }
-    best.into_values()
-        .filter(|c| !(hard && c.op == "D"))
-        .map(|c| TargetRow {
-            id: c.id.clone().unwrap_or_default(),
-            seq: c.seq.unwrap_or_default(),
-            ing: c.ing,
-            val: c.val,
-            deleted: (!hard).then_some(c.op == "D"),
-        })
-        .collect()
-}
 
 /// A string column of a Delta table, whatever its physical string type.
 async fn string_column(path: &Path, column: &str) -> Vec<Option<String>> {

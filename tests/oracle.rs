@@ -5,8 +5,6 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-
 use chrono::{TimeZone, Utc};
 use common::*;
 use proptest::prelude::*;
@@ -14,8 +12,6 @@ use tidemark::clock::FixedClock;
 use tidemark::config::{Pipeline, Vars};
 use tidemark::report::RunSummary;
 use tidemark::run::{run, Engine, RunOptions};
-
-const SKEW: i64 = 5 * MIN;
 
 /// What to do after a batch lands.
 #[derive(Debug, Clone, Copy)]
@@ -92,35 +88,6 @@ fn to_change(e: &Event) -> Change {
     }
 }
 
-/// Newest valid, due version per key: greatest (seq, ing), then greatest content
-/// (val with null lowest, then deleted), exactly as documented.
-fn oracle(rows: &[Change], now: i64) -> Vec<TargetRow> {
-    let mut best: BTreeMap<String, TargetRow> = BTreeMap::new();
-    let rank = |r: &TargetRow| (r.seq, r.ing, r.val.map_or((0, 0), |v| (1, v)), r.deleted);
-    for c in rows {
-        let (Some(id), Some(seq)) = (&c.id, c.seq) else {
-            continue;
-        };
-        if seq > now + SKEW {
-            continue;
-        }
-        let row = TargetRow {
-            id: id.clone(),
-            seq,
-            ing: c.ing,
-            val: c.val,
-            deleted: Some(c.op == "D"),
-        };
-        match best.get(id) {
-            Some(b) if rank(b) >= rank(&row) => {}
-            _ => {
-                best.insert(id.clone(), row);
-            }
-        }
-    }
-    best.into_values().collect()
-}
-
 async fn run_once(p: &Pipeline, now: i64, full_reload: bool) -> RunSummary {
     let clock = FixedClock(Utc.timestamp_micros(now).single().expect("time"));
     let opts = RunOptions {
@@ -156,7 +123,7 @@ async fn check_scenario(events: Vec<Event>, actions: Vec<Action>) -> Result<(), 
             continue; // nothing has landed yet: there is no source table to run on
         }
         let summary = run_once(&pipeline, now, matches!(action, Action::FullReload)).await;
-        let expected = oracle(&landed, now);
+        let expected = oracle(&landed, now, false);
         let actual = read_target(&silver(dir.path())).await;
         prop_assert_eq!(
             &actual,
@@ -275,7 +242,10 @@ async fn restore_then_incremental_converges() {
         }
     }
     let now = T0 + 3 * HOUR;
-    assert_eq!(read_target(&silver(dir.path())).await, oracle(&landed, now));
+    assert_eq!(
+        read_target(&silver(dir.path())).await,
+        oracle(&landed, now, false)
+    );
 
     let url =
         deltalake::table::builder::parse_table_uri(silver(dir.path()).to_str().expect("utf8"))
@@ -295,7 +265,7 @@ async fn restore_then_incremental_converges() {
     let s = run_once(&pipeline, now, false).await;
     assert_eq!(
         read_target(&silver(dir.path())).await,
-        oracle(&landed, now),
+        oracle(&landed, now, false),
         "{}",
         s.to_json()
     );

@@ -216,3 +216,38 @@ pub fn rfc3339(us: i64) -> String {
         .expect("in range")
         .to_rfc3339()
 }
+
+/// `max_future_skew` of the test pipeline, in microseconds.
+pub const SKEW: i64 = 5 * MIN;
+
+/// The oracle: newest valid, due version per key — greatest `(seq, ing)`, then greatest
+/// content (val with null lowest, then deleted) — computed independently of tidemark.
+/// With `hard`, deleted winners are absent and there is no `_deleted` column.
+pub fn oracle(all: &[Change], now: i64, hard: bool) -> Vec<TargetRow> {
+    let mut best: std::collections::BTreeMap<String, &Change> = std::collections::BTreeMap::new();
+    let rank = |c: &Change| (c.seq, c.ing, c.val, c.op == "D");
+    for c in all {
+        let (Some(id), Some(seq)) = (&c.id, c.seq) else {
+            continue;
+        };
+        if seq > now + SKEW {
+            continue;
+        }
+        match best.get(id) {
+            Some(b) if rank(b) >= rank(c) => {}
+            _ => {
+                best.insert(id.clone(), c);
+            }
+        }
+    }
+    best.into_values()
+        .filter(|c| !(hard && c.op == "D"))
+        .map(|c| TargetRow {
+            id: c.id.clone().unwrap_or_default(),
+            seq: c.seq.unwrap_or_default(),
+            ing: c.ing,
+            val: c.val,
+            deleted: (!hard).then_some(c.op == "D"),
+        })
+        .collect()
+}
