@@ -17,7 +17,6 @@ use serde_json::Value;
 
 /// The instant the binary believes it is, unless a test moves it.
 const NOW: i64 = T0 + 12 * HOUR;
-/// `max_future_skew` of the test pipeline.
 
 // ---------------------------------------------------------------------------------------------
 // helpers
@@ -139,9 +138,6 @@ fn null_seq(id: &str, ing: i64, val: i64) -> Change {
         op: "U".into(),
     }
 }
-
-/// Newest version per key over every valid row due at `now` (independent of tidemark): the
-/// greatest (sequence, tie-breaker, content) tuple wins.
 
 /// A string column of a Delta table, whatever its physical string type.
 async fn string_column(path: &Path, column: &str) -> Vec<Option<String>> {
