@@ -6,7 +6,7 @@ use chrono::{SecondsFormat, TimeZone, Utc};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
-    Command, DemoArgs, GenerateArgs, HistoryArgs, OutputFormat, RestoreArgs, RunArgs,
+    Command, DemoArgs, GenerateArgs, HistoryArgs, MaintainArgs, OutputFormat, RestoreArgs, RunArgs,
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
@@ -27,6 +27,8 @@ pub enum AppError {
     Run(#[from] RunError),
     #[error(transparent)]
     Generate(#[from] GenerateError),
+    #[error(transparent)]
+    Maintain(#[from] lake::MaintainError),
     /// The command line asks for something impossible.
     #[error("{0}")]
     Usage(String),
@@ -56,6 +58,8 @@ impl Classify for AppError {
                 GenerateError::Arrow(_) => ErrorClass::Internal,
             },
             AppError::Usage(_) => ErrorClass::Usage,
+            AppError::Maintain(lake::MaintainError::UnsafeRetention { .. }) => ErrorClass::Usage,
+            AppError::Maintain(lake::MaintainError::Delta(e)) => classify_delta(e),
             AppError::Delta { source, .. } => classify_delta(source),
         }
     }
@@ -69,6 +73,7 @@ pub async fn dispatch(command: Command, clock: &dyn Clock) -> Result<String, App
         Command::Restore(args) => restore(args).await,
         Command::Generate(args) => generate_command(args).await,
         Command::Demo(args) => demo(args, clock).await,
+        Command::Maintain(args) => maintain(args).await,
     }
 }
 
@@ -204,6 +209,56 @@ pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
                 ));
             }
             out.push_str(&format!("to undo: {undo}\n"));
+            out
+        }
+    })
+}
+
+/// `tidemark maintain`.
+pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
+    let (uri, file_size) = match resolve_pipeline_path(&args.table, &args.pipelines_dir) {
+        Ok(path) => {
+            let vars = Vars::from_args(&args.vars).map_err(ConfigError::BadVarArg)?;
+            let p = Pipeline::load(&path, &vars)?;
+            (p.target_uri, Some(p.target_file_size))
+        }
+        Err(_) => (args.table.clone(), None),
+    };
+    let table = lake::open_required(&uri, "maintained").await?;
+    let report = lake::maintain(
+        table,
+        &lake::MaintainOptions {
+            compact: !args.no_compact,
+            target_file_size: file_size,
+            retention: args.retention,
+            dry_run: args.dry_run,
+        },
+    )
+    .await?;
+    Ok(match args.output {
+        OutputFormat::Json => serde_json::to_string(&report).unwrap_or_default() + "\n",
+        OutputFormat::Text => {
+            let mut out = format!(
+                "{}{uri}: version {} -> {}\n",
+                if report.dry_run { "dry run: " } else { "" },
+                report.version_before.map_or("-".into(), |v| v.to_string()),
+                report.version_after.map_or("-".into(), |v| v.to_string()),
+            );
+            out.push_str(&format!(
+                "  compacted {} small files into {}; checkpoint at version {}\n",
+                report.files_compacted,
+                report.files_written,
+                report
+                    .checkpoint_version
+                    .map_or("-".into(), |v| v.to_string())
+            ));
+            out.push_str(&format!(
+                "  vacuum (retention {} h): {} files {}; {} unreferenced files kept inside the retention (removed by recent commits, or orphans of recent crashes; a later maintain removes them)\n",
+                report.retention_hours,
+                report.files_vacuumed,
+                if report.dry_run { "would be deleted" } else { "deleted" },
+                report.files_unreferenced_within_retention
+            ));
             out
         }
     })

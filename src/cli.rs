@@ -49,6 +49,8 @@ pub enum Command {
     Generate(GenerateArgs),
     /// The first command to try: sample data under ./lake, then one run per call.
     Demo(DemoArgs),
+    /// Compact small files, write a checkpoint and vacuum unreferenced files safely.
+    Maintain(MaintainArgs),
 }
 
 #[derive(Debug, Args)]
@@ -114,6 +116,29 @@ pub struct GenerateArgs {
     /// With --next-hour: how many hours to append.
     #[arg(long, default_value_t = 1, requires = "next_hour")]
     pub hours: u32,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct MaintainArgs {
+    /// A pipeline (its target table is maintained) or a table path/URI.
+    pub table: String,
+    /// Set a variable used as ${var.NAME} in the pipeline (repeatable).
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub vars: Vec<String>,
+    /// Vacuum files unreferenced for longer than this (e.g. 168h, 30days); at least the
+    /// table's delta.deletedFileRetentionDuration (7 days by default), which is the default.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub retention: Option<std::time::Duration>,
+    /// Skip compaction (checkpoint and vacuum only).
+    #[arg(long)]
+    pub no_compact: bool,
+    /// Report what would be compacted and vacuumed; change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    #[arg(long, default_value = "pipelines")]
+    pub pipelines_dir: PathBuf,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

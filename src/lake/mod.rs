@@ -8,6 +8,7 @@ mod error;
 #[cfg(feature = "failpoints")]
 mod faulty;
 mod log;
+mod maintain;
 mod open;
 mod restore;
 
@@ -15,6 +16,7 @@ pub use error::LakeError;
 pub use log::{
     files_added_between, max_from_stats, read_commits, AddedFiles, CommitEntry, StatsMax,
 };
+pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
 pub use open::{builder, create_url, open_if_exists, open_required, table_url};
 pub use restore::{restore, RestoreOutcome};
 
