@@ -8,6 +8,7 @@
 
 mod apply;
 mod changes;
+mod cow;
 mod dedup;
 mod error;
 mod layout;
@@ -140,6 +141,8 @@ impl<'a> Run<'a> {
             num_files_added: 0,
             num_files_removed: 0,
             num_replans: 0,
+            num_files_candidate: 0,
+            num_rows_copied: 0,
             already_applied: false,
             duration_ms: 0,
             phases_ms: BTreeMap::new(),
@@ -570,49 +573,140 @@ impl<'a> Run<'a> {
             .map_err(RunError::arrow("dedup"))?;
         self.end_phase("dedup")?;
 
-        // compare
+        let before = watermark.map(|w| w.timestamp_micros());
+        if new_columns.is_empty() {
+            self.apply_copy_on_write(target, layout, &winners, &deduper, previous, before)
+                .await?;
+        } else {
+            self.apply_with_merge(target, layout, &winners, &deduper, previous, before)
+                .await?;
+        }
+        Ok(self.finish())
+    }
+
+    fn record_outcome(
+        &mut self,
+        counts: [u64; 5],
+        max_sequence: Option<i64>,
+        before: Option<i64>,
+        previous: Option<i64>,
+    ) {
+        let [inserted, updated, deleted, unchanged, conflicts] = counts;
+        self.summary.num_conflicts += conflicts;
+        self.summary.num_inserted = inserted;
+        self.summary.num_updated = updated;
+        self.summary.num_deleted = deleted;
+        self.summary.num_unchanged = unchanged;
+        self.summary.watermark_after = before.max(max_sequence).and_then(micros_to_time);
+        self.summary.already_applied = inserted + updated + deleted == 0
+            && previous == Some(self.summary.source_version as i64);
+    }
+
+    /// The normal path: only files holding a changed key are read fully and rewritten.
+    async fn apply_copy_on_write(
+        &mut self,
+        target: DeltaTable,
+        layout: &Layout,
+        winners: &RecordBatch,
+        deduper: &Deduper,
+        previous: Option<i64>,
+        before: Option<i64>,
+    ) -> Result<(), RunError> {
+        let applied = cow::apply(
+            &self.ctx,
+            &target,
+            &self.p.target_uri,
+            layout,
+            winners,
+            deduper.conflict_keys(),
+            self.opts.dry_run,
+        )
+        .instrument(info_span!("apply"))
+        .await?;
+        self.record_outcome(
+            [
+                applied.inserted,
+                applied.updated,
+                applied.deleted,
+                applied.unchanged,
+                applied.conflicts,
+            ],
+            applied.max_sequence,
+            before,
+            previous,
+        );
+        self.summary.num_files_candidate = applied.files_candidate;
+        self.summary.num_rows_copied = applied.rows_copied;
+        self.end_phase("compare")?;
+        if applied.is_empty() || self.opts.dry_run {
+            return Ok(());
+        }
+        crate::failpoint::hit("incremental.before_commit")?;
+        self.ensure_unchanged(&target).await?;
+        self.summary.num_files_added = applied.files_added;
+        self.summary.num_files_removed = applied.files_removed;
+        let props = self.commit_properties();
+        let version = cow::commit(&target, &self.p.target_uri, applied, props)
+            .instrument(info_span!("commit"))
+            .await?;
+        self.summary.target_version = Some(version);
+        self.end_phase("commit")
+    }
+
+    /// Schema evolution (`on_schema_change: add_new_columns`) goes through delta-rs' MERGE,
+    /// which adds the new columns to the table metadata in the same commit.
+    async fn apply_with_merge(
+        &mut self,
+        target: DeltaTable,
+        layout: &Layout,
+        winners: &RecordBatch,
+        deduper: &Deduper,
+        previous: Option<i64>,
+        before: Option<i64>,
+    ) -> Result<(), RunError> {
         let cs = changes::detect(
             &self.ctx,
             &target,
             &self.p.target_uri,
             layout,
-            &winners,
+            winners,
             deduper.conflict_keys(),
         )
         .await?;
-        self.summary.num_conflicts += cs.conflicts;
-        self.summary.num_inserted = cs.inserted;
-        self.summary.num_updated = cs.updated;
-        self.summary.num_deleted = cs.deleted;
-        self.summary.num_unchanged = cs.unchanged;
-        let before = watermark.map(|w| w.timestamp_micros());
-        self.summary.watermark_after = before.max(cs.max_sequence).and_then(micros_to_time);
+        self.record_outcome(
+            [
+                cs.inserted,
+                cs.updated,
+                cs.deleted,
+                cs.unchanged,
+                cs.conflicts,
+            ],
+            cs.max_sequence,
+            before,
+            previous,
+        );
         self.end_phase("compare")?;
-        self.summary.already_applied =
-            cs.is_empty() && previous == Some(self.summary.source_version as i64);
-
-        // commit
-        if !cs.is_empty() && !self.opts.dry_run {
-            crate::failpoint::hit("incremental.before_commit")?;
-            self.ensure_unchanged(&target).await?;
-            let props = self.commit_properties();
-            let (table, metrics) = apply::merge(
-                &self.ctx,
-                target,
-                &self.p.target_uri,
-                layout,
-                cs.rows,
-                props,
-                !new_columns.is_empty(),
-            )
-            .instrument(info_span!("commit"))
-            .await?;
-            self.summary.target_version = table.version();
-            self.summary.num_files_added = metrics.num_target_files_added as u64;
-            self.summary.num_files_removed = metrics.num_target_files_removed as u64;
-            self.end_phase("commit")?;
+        if cs.is_empty() || self.opts.dry_run {
+            return Ok(());
         }
-        Ok(self.finish())
+        crate::failpoint::hit("incremental.before_commit")?;
+        self.ensure_unchanged(&target).await?;
+        let props = self.commit_properties();
+        let (table, metrics) = apply::merge(
+            &self.ctx,
+            target,
+            &self.p.target_uri,
+            layout,
+            cs.rows,
+            props,
+            true,
+        )
+        .instrument(info_span!("commit"))
+        .await?;
+        self.summary.target_version = table.version();
+        self.summary.num_files_added = metrics.num_target_files_added as u64;
+        self.summary.num_files_removed = metrics.num_target_files_removed as u64;
+        self.end_phase("commit")
     }
 
     async fn full(

@@ -1,0 +1,520 @@
+//! Copy-on-write apply for incremental runs: touch only the files that hold a changed key.
+//!
+//! A MERGE by key scans every target file whose key range overlaps the slice's; with a thin tail
+//! of old keys (refunds, chargebacks) that is most of the table. Here the run decides itself:
+//!
+//! 1. **Candidates** — files whose key statistics can hold one of the slice's keys (a binary
+//!    search of the sorted slice keys per file, from the log, no data read).
+//! 2. **Probe** — read only the key and ordering columns of the candidates: a slice row whose
+//!    tuple is older than the target's is settled here; files holding a newer (or equal-tuple)
+//!    version become "touched".
+//! 3. **Rewrite** — read each touched file fully, one at a time, replace the rows that lose,
+//!    and write it again; new keys go to one new file.
+//! 4. **Commit** — the removes and adds, the run facts and the source version, in one commit.
+//!
+//! Memory holds the slice plus one target file at a time.
+
+use std::cmp::Ordering;
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::row::{RowConverter, Rows, SortField};
+use datafusion::prelude::{ident, SessionContext};
+use deltalake::delta_datafusion::FileSelection;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::Action;
+use deltalake::protocol::DeltaOperation;
+use deltalake::writer::{DeltaWriter, RecordBatchWriter};
+use deltalake::DeltaTable;
+use futures::StreamExt;
+
+use super::dedup::RowEncoders;
+use super::layout::Layout;
+use super::storage::{cast_to, storage_batch};
+use super::RunError;
+
+/// What applying the slice did (or would do).
+#[derive(Debug, Default)]
+pub struct Applied {
+    pub inserted: u64,
+    pub updated: u64,
+    pub deleted: u64,
+    pub unchanged: u64,
+    pub conflicts: u64,
+    /// Largest sequence among the applied rows that stay live (soft deletes: all of them).
+    pub max_sequence: Option<i64>,
+    pub files_candidate: u64,
+    pub files_rewritten: u64,
+    pub files_added: u64,
+    pub files_removed: u64,
+    /// Rows copied unchanged into rewritten files: the cost of copy-on-write.
+    pub rows_copied: u64,
+    actions: Vec<Action>,
+}
+
+impl Applied {
+    /// Whether the commit would change anything.
+    pub fn is_empty(&self) -> bool {
+        self.actions.is_empty()
+    }
+}
+
+struct FileInfo {
+    path: String,
+}
+
+/// Where each winner stands after the probe.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Found {
+    /// Not in the target (yet): an insert, unless a hard delete.
+    Absent,
+    /// In this file, and the target's version is newer: nothing to do.
+    Older,
+    /// In this file, with an older or equal tuple: decided while rewriting the file.
+    Decide(usize),
+}
+
+fn key_converter(layout: &Layout, names: &[String]) -> Result<RowConverter, RunError> {
+    RowConverter::new(
+        names
+            .iter()
+            .map(|n| {
+                layout
+                    .canonical
+                    .field_with_name(n)
+                    .map(|f| SortField::new(f.data_type().clone()))
+                    .map_err(|e| RunError::arrow("apply")(e))
+            })
+            .collect::<Result<Vec<_>, _>>()?,
+    )
+    .map_err(RunError::arrow("apply"))
+}
+
+fn sub_schema(layout: &Layout, names: &[String]) -> Result<SchemaRef, RunError> {
+    Ok(Arc::new(Schema::new(
+        names
+            .iter()
+            .map(|n| {
+                layout
+                    .canonical
+                    .field_with_name(n)
+                    .map(|f| f.as_ref().clone())
+                    .map_err(|e| RunError::arrow("apply")(e))
+            })
+            .collect::<Result<Vec<Field>, _>>()?,
+    )))
+}
+
+/// Files whose statistics for the first key column admit at least one of `sorted_keys`
+/// (encoded in storage type, ascending). Files without usable statistics are candidates.
+fn candidates(
+    target: &DeltaTable,
+    uri: &str,
+    layout: &Layout,
+    winners: &RecordBatch,
+) -> Result<Vec<FileInfo>, RunError> {
+    let d = RunError::delta("apply", uri);
+    let adds = target
+        .snapshot()
+        .map_err(d)?
+        .add_actions_table(true)
+        .map_err(RunError::delta("apply", uri))?;
+    let first = &layout.keys[0];
+    let paths = adds
+        .column_by_name("path")
+        .map(|c| arrow::compute::cast(c, &DataType::Utf8))
+        .transpose()
+        .map_err(RunError::arrow("apply"))?;
+    let Some(paths) = paths else {
+        return Ok(Vec::new());
+    };
+    let paths = paths.as_string::<i32>();
+    let key_type = layout
+        .canonical
+        .field_with_name(first)
+        .map(|f| super::storage::storage_type(f.data_type()))
+        .map_err(|e| RunError::arrow("apply")(e))?;
+    let conv = RowConverter::new(vec![SortField::new(key_type.clone())])
+        .map_err(RunError::arrow("apply"))?;
+    let slice_keys = winners
+        .column_by_name(first)
+        .map(|c| arrow::compute::cast(c, &key_type))
+        .transpose()
+        .map_err(RunError::arrow("apply"))?;
+    let Some(slice_keys) = slice_keys else {
+        return Ok(Vec::new());
+    };
+    let encoded = conv
+        .convert_columns(&[slice_keys])
+        .map_err(RunError::arrow("apply"))?;
+    let mut sorted: Vec<Box<[u8]>> = encoded.iter().map(|r| r.as_ref().into()).collect();
+    sorted.sort_unstable();
+    let bound = |name: String| -> Result<Option<Rows>, RunError> {
+        let Some(col) = adds.column_by_name(&name) else {
+            return Ok(None);
+        };
+        let col = arrow::compute::cast(col, &key_type).map_err(RunError::arrow("apply"))?;
+        Ok(Some(
+            conv.convert_columns(&[col])
+                .map_err(RunError::arrow("apply"))?,
+        ))
+    };
+    let mins = bound(format!("min.{first}"))?;
+    let maxs = bound(format!("max.{first}"))?;
+    let raw_max = adds.column_by_name(&format!("max.{first}")).cloned();
+    let mut out = Vec::new();
+    for i in 0..adds.num_rows() {
+        let lo = mins
+            .as_ref()
+            .filter(|_| stat_valid(&adds, &format!("min.{first}"), i))
+            .map(|m| m.row(i));
+        let hi = maxs
+            .as_ref()
+            .filter(|_| {
+                stat_valid(&adds, &format!("max.{first}"), i)
+                    && !possibly_truncated(raw_max.as_ref(), i)
+            })
+            .map(|m| m.row(i));
+        let start = match lo {
+            Some(lo) => sorted.partition_point(|k| k.as_ref() < lo.as_ref()),
+            None => 0,
+        };
+        let admits = match (start < sorted.len(), hi) {
+            (false, _) => false,
+            (true, Some(hi)) => sorted[start].as_ref() <= hi.as_ref(),
+            (true, None) => true,
+        };
+        if admits {
+            out.push(FileInfo {
+                path: paths.value(i).to_string(),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn stat_valid(adds: &RecordBatch, name: &str, i: usize) -> bool {
+    adds.column_by_name(name).is_some_and(|c| c.is_valid(i))
+}
+
+/// String statistics may be cut to a prefix by some writers; a long max is then not an upper
+/// bound, so such a file is treated as unbounded above.
+fn possibly_truncated(max: Option<&arrow::array::ArrayRef>, i: usize) -> bool {
+    let Some(max) = max else { return false };
+    match arrow::compute::cast(max, &DataType::Utf8) {
+        Ok(s)
+            if matches!(
+                max.data_type(),
+                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+            ) =>
+        {
+            let s = s.as_string::<i32>();
+            s.is_valid(i) && s.value(i).chars().count() >= 32
+        }
+        _ => false,
+    }
+}
+
+async fn read_file(
+    ctx: &SessionContext,
+    target: &DeltaTable,
+    path: &str,
+    columns: Vec<datafusion::prelude::Expr>,
+) -> Result<Vec<RecordBatch>, RunError> {
+    let q = RunError::query;
+    let provider = target
+        .table_provider()
+        .with_file_selection(FileSelection::from_file_paths([path.to_string()]))
+        .await
+        .map_err(q("apply"))?;
+    let mut stream = ctx
+        .read_table(provider)
+        .and_then(|df| df.select(columns))
+        .map_err(q("apply"))?
+        .execute_stream()
+        .await
+        .map_err(q("apply"))?;
+    let mut out = Vec::new();
+    while let Some(b) = stream.next().await {
+        out.push(b.map_err(q("apply"))?);
+    }
+    Ok(out)
+}
+
+/// Decides and (unless `dry_run`) writes the changes of `winners` against `target`.
+pub async fn apply(
+    ctx: &SessionContext,
+    target: &DeltaTable,
+    uri: &str,
+    layout: &Layout,
+    winners: &RecordBatch,
+    already_conflicting: &HashSet<Box<[u8]>>,
+    dry_run: bool,
+) -> Result<Applied, RunError> {
+    let mut out = Applied::default();
+    if winners.num_rows() == 0 {
+        return Ok(out);
+    }
+    let enc = RowEncoders::new(layout).map_err(RunError::arrow("apply"))?;
+    let w = enc.encode(winners).map_err(RunError::arrow("apply"))?;
+    let mut index: HashMap<Box<[u8]>, usize> = HashMap::with_capacity(winners.num_rows());
+    for i in 0..winners.num_rows() {
+        index.insert(w.keys.row(i).as_ref().into(), i);
+    }
+    let mut found = vec![Found::Absent; winners.num_rows()];
+
+    // 1-2: candidates, probed on key and ordering columns only.
+    let files = candidates(target, uri, layout, winners)?;
+    out.files_candidate = files.len() as u64;
+    let probe_cols: Vec<String> = layout
+        .keys
+        .iter()
+        .chain(layout.order.iter())
+        .cloned()
+        .collect();
+    let probe_schema = sub_schema(layout, &probe_cols)?;
+    let key_conv = key_converter(layout, &layout.keys)?;
+    let tuple_conv = key_converter(layout, &layout.order)?;
+    let mut touched: BTreeMap<usize, ()> = BTreeMap::new();
+    let mut seen_in: HashMap<usize, usize> = HashMap::new();
+    for (f, file) in files.iter().enumerate() {
+        let cols = probe_cols.iter().map(ident).collect();
+        for batch in read_file(ctx, target, &file.path, cols).await? {
+            let batch = cast_to(&batch, &probe_schema).map_err(RunError::arrow("apply"))?;
+            let nk = layout.keys.len();
+            let keys = key_conv
+                .convert_columns(&batch.columns()[..nk])
+                .map_err(RunError::arrow("apply"))?;
+            let tuples = tuple_conv
+                .convert_columns(&batch.columns()[nk..])
+                .map_err(RunError::arrow("apply"))?;
+            for r in 0..batch.num_rows() {
+                let Some(&i) = index.get(keys.row(r).as_ref()) else {
+                    continue;
+                };
+                if let Some(prev) = seen_in.insert(i, f) {
+                    return Err(RunError::DuplicateTargetKeys {
+                        uri: uri.to_string(),
+                        count: 1,
+                        first: format!(
+                            "a key of this run's slice is in both {} and {}",
+                            files[prev].path, file.path
+                        ),
+                    });
+                }
+                found[i] = match w.tuples.row(i).cmp(&tuples.row(r)) {
+                    Ordering::Less => Found::Older,
+                    _ => {
+                        touched.insert(f, ());
+                        Found::Decide(f)
+                    }
+                };
+            }
+        }
+    }
+
+    // 3: rewrite touched files one at a time.
+    let hard = layout.hard_deletes();
+    let target_schema = sub_schema(layout, &layout.target_columns)?;
+    let mut adds: Vec<Action> = Vec::new();
+    let mut removes: Vec<Action> = Vec::new();
+    let views: HashMap<String, deltalake::kernel::Remove> = if touched.is_empty() {
+        HashMap::new()
+    } else {
+        target
+            .snapshot()
+            .map_err(RunError::delta("apply", uri))?
+            .log_data()
+            .iter()
+            .map(|v| (v.path().to_string(), v.remove_action(true)))
+            .collect()
+    };
+    for &f in touched.keys() {
+        let path = &files[f].path;
+        let mut replaced = 0u64;
+        let mut copied = 0u64;
+        let mut rewritten: Vec<RecordBatch> = Vec::new();
+        for batch in read_file(ctx, target, path, layout.target_exprs()).await? {
+            let batch = cast_to(&batch, &layout.canonical).map_err(RunError::arrow("apply"))?;
+            let t = enc.encode(&batch).map_err(RunError::arrow("apply"))?;
+            // For each row: keep it, or take winner i in its place, or drop it (hard delete).
+            let mut pieces: Vec<(bool, u32)> = Vec::with_capacity(batch.num_rows());
+            for r in 0..batch.num_rows() {
+                let Some(&i) = index.get(t.keys.row(r).as_ref()) else {
+                    pieces.push((false, r as u32));
+                    continue;
+                };
+                if found[i] != Found::Decide(f) {
+                    pieces.push((false, r as u32));
+                    continue;
+                }
+                let tuple_cmp = w.tuples.row(i).cmp(&t.tuples.row(r));
+                let content_cmp = w.contents.row(i).cmp(&t.contents.row(r));
+                if tuple_cmp == Ordering::Equal
+                    && content_cmp != Ordering::Equal
+                    && !already_conflicting.contains(w.keys.row(i).as_ref())
+                {
+                    out.conflicts += 1;
+                }
+                if tuple_cmp.then(content_cmp) != Ordering::Greater {
+                    found[i] = Found::Older;
+                    pieces.push((false, r as u32));
+                    continue;
+                }
+                let deleted = w.is_deleted(i);
+                match (deleted, t.is_deleted(r)) {
+                    (true, false) => out.deleted += 1,
+                    _ => out.updated += 1,
+                }
+                if !(deleted && hard) {
+                    out.max_sequence = out.max_sequence.max(w.sequence_micros(i));
+                    pieces.push((true, i as u32));
+                }
+                replaced += 1;
+            }
+            copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
+            rewritten.push(assemble(&batch, winners, &pieces, &target_schema)?);
+        }
+        if replaced == 0 {
+            continue;
+        }
+        out.files_rewritten += 1;
+        out.rows_copied += copied;
+        if !dry_run {
+            adds.extend(write_files(target, uri, &target_schema, rewritten).await?);
+            let remove = views
+                .get(path.as_str())
+                .cloned()
+                .ok_or_else(|| RunError::Delta {
+                    phase: "apply",
+                    uri: uri.to_string(),
+                    source: Box::new(deltalake::DeltaTableError::Generic(format!(
+                        "file {path} is not in the snapshot"
+                    ))),
+                })?;
+            removes.push(Action::Remove(remove));
+        }
+    }
+
+    // New keys: one new file, in key order.
+    let mut inserts: Vec<u32> = Vec::new();
+    // (winners arrive sorted by key from the dedup)
+    for (i, _) in found.iter().enumerate().filter(|(_, f)| **f == Found::Absent) {
+        let deleted = w.is_deleted(i);
+        if deleted && hard {
+            out.unchanged += 1;
+            continue;
+        }
+        if deleted {
+            out.deleted += 1;
+        } else {
+            out.inserted += 1;
+        }
+        out.max_sequence = out.max_sequence.max(w.sequence_micros(i));
+        inserts.push(i as u32);
+    }
+    out.unchanged += found.iter().filter(|f| **f == Found::Older).count() as u64;
+    if !inserts.is_empty() && !dry_run {
+        let rows = arrow::compute::take_record_batch(winners, &UInt32Array::from(inserts))
+            .map_err(RunError::arrow("apply"))?;
+        let rows = cast_to(&rows, &target_schema).map_err(RunError::arrow("apply"))?;
+        adds.extend(write_files(target, uri, &target_schema, vec![rows]).await?);
+    }
+    out.files_added = adds.len() as u64;
+    out.files_removed = removes.len() as u64;
+    out.actions = removes.into_iter().chain(adds).collect();
+    Ok(out)
+}
+
+/// Builds the rewritten batch: `(false, r)` keeps row `r` of `batch`, `(true, i)` takes winner `i`.
+fn assemble(
+    batch: &RecordBatch,
+    winners: &RecordBatch,
+    pieces: &[(bool, u32)],
+    schema: &SchemaRef,
+) -> Result<RecordBatch, RunError> {
+    let a = RunError::arrow("apply");
+    let batch = cast_to(batch, schema).map_err(RunError::arrow("apply"))?;
+    let winners = cast_to(winners, schema).map_err(RunError::arrow("apply"))?;
+    let columns = (0..schema.fields().len())
+        .map(|c| {
+            let sources: [&dyn Array; 2] = [batch.column(c).as_ref(), winners.column(c).as_ref()];
+            let idx: Vec<(usize, usize)> = pieces
+                .iter()
+                .map(|(w, i)| (usize::from(*w), *i as usize))
+                .collect();
+            arrow::compute::interleave(&sources, &idx)
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(a)?;
+    RecordBatch::try_new(schema.clone(), columns).map_err(RunError::arrow("apply"))
+}
+
+async fn write_files(
+    target: &DeltaTable,
+    uri: &str,
+    schema: &SchemaRef,
+    batches: Vec<RecordBatch>,
+) -> Result<Vec<Action>, RunError> {
+    let d = |source| RunError::Delta {
+        phase: "apply",
+        uri: uri.to_string(),
+        source: Box::new(source),
+    };
+    let mut writer = RecordBatchWriter::for_table(target).map_err(d)?;
+    for b in batches {
+        if b.num_rows() == 0 {
+            continue;
+        }
+        let b = storage_batch(&b).map_err(RunError::arrow("apply"))?;
+        let b = cast_to(
+            &b,
+            &Arc::new(Schema::new(
+                schema
+                    .fields()
+                    .iter()
+                    .map(|f| {
+                        f.as_ref()
+                            .clone()
+                            .with_data_type(super::storage::storage_type(f.data_type()))
+                    })
+                    .collect::<Vec<_>>(),
+            )),
+        )
+        .map_err(RunError::arrow("apply"))?;
+        writer.write(b).await.map_err(d)?;
+    }
+    Ok(writer
+        .flush()
+        .await
+        .map_err(d)?
+        .into_iter()
+        .map(Action::Add)
+        .collect())
+}
+
+/// Commits the removes and adds of `applied` in one commit with `props`.
+pub async fn commit(
+    target: &DeltaTable,
+    uri: &str,
+    applied: Applied,
+    props: CommitProperties,
+) -> Result<u64, RunError> {
+    let d = RunError::delta("commit", uri);
+    let snapshot = target.snapshot().map_err(d)?;
+    let operation = DeltaOperation::Merge {
+        predicate: None,
+        merge_predicate: Some("key match (tidemark copy-on-write)".to_string()),
+        matched_predicates: vec![],
+        not_matched_predicates: vec![],
+        not_matched_by_source_predicates: vec![],
+    };
+    let finalized = CommitBuilder::from(props)
+        .with_actions(applied.actions)
+        .build(Some(snapshot), target.log_store(), operation)
+        .await
+        .map_err(RunError::delta("commit", uri))?;
+    Ok(finalized.version())
+}
