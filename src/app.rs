@@ -220,9 +220,13 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
         Ok(path) => {
             let vars = Vars::from_args(&args.vars).map_err(ConfigError::BadVarArg)?;
             let p = Pipeline::load(&path, &vars)?;
-            (p.target_uri, Some(p.target_file_size))
+            (p.target_uri, Some((p.target_file_size, p.keys)))
         }
         Err(_) => (args.table.clone(), None),
+    };
+    let (file_size, cluster_keys) = match file_size {
+        Some((size, keys)) => (Some(size), Some(keys)),
+        None => (None, None),
     };
     let table = lake::open_required(&uri, "maintained").await?;
     let report = lake::maintain(
@@ -230,6 +234,7 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
         &lake::MaintainOptions {
             compact: !args.no_compact,
             target_file_size: file_size,
+            cluster_keys,
             retention: args.retention,
             dry_run: args.dry_run,
         },

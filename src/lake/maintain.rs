@@ -17,6 +17,9 @@ pub struct MaintainOptions {
     pub compact: bool,
     /// Target file size for compaction; `None` = the table's `delta.targetFileSize`.
     pub target_file_size: Option<u64>,
+    /// Business key columns: compaction then sorts small files by key (keeping the clustering
+    /// incremental runs rely on); without them, Delta's bin-packing compaction is used.
+    pub cluster_keys: Option<Vec<String>>,
     /// Vacuum files unreferenced for longer than this; `None` = the table's
     /// `delta.deletedFileRetentionDuration` (7 days by default), which is also the minimum.
     pub retention: Option<Duration>,
@@ -85,19 +88,29 @@ pub async fn maintain(
     let mut table = table;
     let mut files_compacted = 0;
     let mut files_written = 0;
-    if opts.compact && !opts.dry_run {
-        let size = opts
-            .target_file_size
-            .and_then(NonZeroU64::new)
-            .unwrap_or_else(|| config.target_file_size());
-        let (t, metrics) = table
-            .optimize()
-            .with_type(OptimizeType::Compact)
-            .with_target_size(size)
-            .await?;
-        files_compacted = metrics.num_files_removed;
-        files_written = metrics.num_files_added;
-        table = t;
+    let size = opts
+        .target_file_size
+        .and_then(NonZeroU64::new)
+        .unwrap_or_else(|| config.target_file_size());
+    if opts.compact {
+        if let Some(keys) = &opts.cluster_keys {
+            let (done, version) =
+                super::compact_clustered(&table, keys, size.get(), opts.dry_run).await?;
+            files_compacted = done.files_removed;
+            files_written = done.files_added;
+            if let Some(v) = version {
+                table.update_incremental(Some(v)).await?;
+            }
+        } else if !opts.dry_run {
+            let (t, metrics) = table
+                .optimize()
+                .with_type(OptimizeType::Compact)
+                .with_target_size(size)
+                .await?;
+            files_compacted = metrics.num_files_removed;
+            files_written = metrics.num_files_added;
+            table = t;
+        }
     }
     let mut checkpoint_version = None;
     if !opts.dry_run {

@@ -4,6 +4,7 @@
 //! Everything here reads the Delta log; data files are only read through DataFusion scans that
 //! the `run` module plans.
 
+mod compact;
 mod error;
 #[cfg(feature = "failpoints")]
 mod faulty;
@@ -11,7 +12,9 @@ mod log;
 mod maintain;
 mod open;
 mod restore;
+pub mod storage;
 
+pub use compact::{compact_clustered, Compacted};
 pub use error::LakeError;
 pub use log::{
     files_added_between, max_from_stats, read_commits, AddedFiles, CommitEntry, StatsMax,

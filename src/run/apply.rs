@@ -15,10 +15,10 @@ use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
 use super::layout::Layout;
-use super::storage::storage_batch;
 use super::RunError;
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::lake;
+use crate::lake::storage::storage_batch;
 
 fn qualified(table: &str, column: &str) -> Expr {
     Expr::Column(Column::new(Some(TableReference::bare(table)), column))

@@ -19,8 +19,8 @@ use deltalake::DeltaTable;
 
 use super::dedup::RowEncoders;
 use super::layout::Layout;
-use super::storage::cast_to;
 use super::RunError;
+use crate::lake::storage::cast_to;
 
 /// The rows to merge and what they will do.
 #[derive(Debug, Default)]

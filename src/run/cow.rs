@@ -32,8 +32,8 @@ use futures::StreamExt;
 
 use super::dedup::RowEncoders;
 use super::layout::Layout;
-use super::storage::{cast_to, storage_batch};
 use super::RunError;
+use crate::lake::storage::{cast_to, storage_batch};
 
 /// What applying the slice did (or would do).
 #[derive(Debug, Default)]
@@ -134,7 +134,7 @@ fn candidates(
     let key_type = layout
         .canonical
         .field_with_name(first)
-        .map(|f| super::storage::storage_type(f.data_type()))
+        .map(|f| crate::lake::storage::storage_type(f.data_type()))
         .map_err(|e| RunError::arrow("apply")(e))?;
     let conv = RowConverter::new(vec![SortField::new(key_type.clone())])
         .map_err(RunError::arrow("apply"))?;
@@ -401,7 +401,11 @@ pub async fn apply(
     // New keys: one new file, in key order.
     let mut inserts: Vec<u32> = Vec::new();
     // (winners arrive sorted by key from the dedup)
-    for (i, _) in found.iter().enumerate().filter(|(_, f)| **f == Found::Absent) {
+    for (i, _) in found
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| **f == Found::Absent)
+    {
         let deleted = w.is_deleted(i);
         if deleted && hard {
             out.unchanged += 1;
@@ -478,7 +482,7 @@ async fn write_files(
                     .map(|f| {
                         f.as_ref()
                             .clone()
-                            .with_data_type(super::storage::storage_type(f.data_type()))
+                            .with_data_type(crate::lake::storage::storage_type(f.data_type()))
                     })
                     .collect::<Vec<_>>(),
             )),

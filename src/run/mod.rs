@@ -14,7 +14,7 @@ mod error;
 mod layout;
 mod quarantine;
 mod session;
-mod storage;
+
 mod validate;
 
 use std::collections::BTreeMap;
@@ -40,7 +40,7 @@ pub use session::Engine;
 
 use crate::clock::Clock;
 use crate::config::Pipeline;
-use crate::lake::{self, StatsMax, COMMIT_INFO_KEY};
+use crate::lake::{self, storage, StatsMax, COMMIT_INFO_KEY};
 use crate::report::{RunMode, RunSummary};
 
 /// What the caller asked for.

@@ -14,10 +14,10 @@ use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use std::sync::Arc;
 
-use super::storage::storage_batch;
 use super::validate::REASON_COLUMN;
 use super::RunError;
 use crate::lake;
+use crate::lake::storage::storage_batch;
 
 /// Fingerprint column of the quarantine table.
 pub const ROW_HASH_COLUMN: &str = "_row_hash";
