@@ -67,6 +67,21 @@ fn int_column(
     }
 }
 
+/// Total rows of a table from the `numRecords` statistics of its files; `None` when a file
+/// lacks them (then only a scan can tell).
+pub fn row_count_from_stats(table: &DeltaTable) -> Result<Option<u64>, DeltaTableError> {
+    let adds = table.snapshot()?.add_actions_table(true)?;
+    let Some(records) = int_column(&adds, "num_records")? else {
+        return Ok(None);
+    };
+    if records.null_count() > 0 {
+        return Ok(None);
+    }
+    Ok(Some(
+        records.values().iter().map(|v| (*v).max(0) as u64).sum(),
+    ))
+}
+
 /// Data files added to a table by a range of commits.
 #[derive(Debug, Clone, Default)]
 pub struct AddedFiles {

@@ -17,7 +17,8 @@ pub mod storage;
 pub use compact::{compact_clustered, Compacted};
 pub use error::LakeError;
 pub use log::{
-    files_added_between, max_from_stats, read_commits, AddedFiles, CommitEntry, StatsMax,
+    files_added_between, max_from_stats, read_commits, row_count_from_stats, AddedFiles,
+    CommitEntry, StatsMax,
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
 pub use open::{builder, create_url, open_if_exists, open_required, table_url};
