@@ -2,7 +2,7 @@
 # tidemark vs the Python peer (deltalake 1.6.6), same data, same run — issue 5's table.
 #
 #   scripts/bench.sh [--payments N] [--days D] [--reps R] [--series [HOURS]] [--series-only]
-#                    [--no-duckdb] [--regen] [--no-report]
+#                    [--no-duckdb] [--regen] [--gen-only] [--no-report]
 #
 #   scripts/bench.sh                                        # quick: 200k payments / 30 days
 #   scripts/bench.sh --payments 1000000 --days 90 --series  # 1M + a week of hourly runs
@@ -36,7 +36,7 @@ set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 SCRIPTS=$REPO/scripts
-P=200000; D=30; REPS=3; SERIES=0; SERIES_ONLY=0; DUCK=1; REGEN=0; REPORT=1
+P=200000; D=30; REPS=3; SERIES=0; SERIES_ONLY=0; DUCK=1; REGEN=0; REPORT=1; GEN_ONLY=0
 while [ $# -gt 0 ]; do
   case $1 in
     --payments) P=$2; shift 2 ;;
@@ -47,6 +47,7 @@ while [ $# -gt 0 ]; do
     --series-only) SERIES_ONLY=1; [ "$SERIES" = 0 ] && SERIES=168; shift ;;
     --no-duckdb) DUCK=0; shift ;;
     --regen) REGEN=1; shift ;;
+    --gen-only) GEN_ONLY=1; shift ;;
     --no-report) REPORT=0; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 64 ;;
@@ -77,7 +78,9 @@ if [ -z "${PEER_PYTHON:-}" ]; then
   PEER_PYTHON=$BENCH_DIR/.venv/bin/python
 fi
 PY=$PEER_PYTHON
-if [ -z "${TIDEMARK_BIN:-}" ]; then
+if [ "$GEN_ONLY" = 1 ]; then
+  TIDEMARK_BIN=/bin/true
+elif [ -z "${TIDEMARK_BIN:-}" ]; then
   log "building tidemark (cargo build --release; CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$REPO/target})"
   (cd "$REPO" && cargo build --release --quiet)
   TIDEMARK_BIN=${CARGO_TARGET_DIR:-$REPO/target}/release/tidemark
@@ -157,9 +160,13 @@ if [ "$REGEN" = 1 ] || [ ! -f "$DATA/bronze_base.complete" ]; then
 else
   log "reusing $BASE (generated earlier; --regen to redo)"
   cp "$DATA/gen.json" "$RES/gen.json"
-  [ -f "$RES/gen.time" ] || true
 fi
 mkdir -p "$W"
+[ "$GEN_ONLY" = 1 ] && { log "data ready in $DATA"; exit 0; }
+# results of an earlier run at this scale would mix with this one's
+if [ "$SERIES_ONLY" = 0 ]; then
+  find "$RES" -maxdepth 1 -type f ! -name 'gen.*' ! -name meta.json ! -name steps.log -delete
+fi
 
 # ---------------------------------------------------------------- main measurements
 if [ "$SERIES_ONLY" = 0 ]; then

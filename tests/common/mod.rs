@@ -124,9 +124,13 @@ pub async fn version(path: &Path) -> Option<u64> {
 
 /// All rows of a target written by the test pipeline, sorted.
 pub async fn read_target(path: &Path) -> Vec<TargetRow> {
-    let batches = read_all(path).await;
+    rows_of(&read_all(path).await)
+}
+
+/// Target rows of batches read from a target of the test pipeline, sorted.
+pub fn rows_of(batches: &[RecordBatch]) -> Vec<TargetRow> {
     let mut rows = Vec::new();
-    for b in &batches {
+    for b in batches {
         let id = arrow::compute::cast(b.column_by_name("id").expect("id"), &DataType::Utf8)
             .expect("cast");
         let id = id.as_string::<i32>();

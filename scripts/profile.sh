@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Profile tidemark's hourly run (and its rerun) on data that scripts/bench.sh left behind.
+#
+#   scripts/profile.sh --payments N --days D [--tool perf|callgrind] [--what inc|rerun|full]
+#
+# perf:      `perf record -e cpu-clock --call-graph dwarf` (a software clock: this VM has no
+#            hardware counters, `perf stat -e instructions` is <not supported>); sampled wall
+#            profile of the release binary; report by self time and by inclusive time of
+#            tidemark's own functions.
+# callgrind: `valgrind --tool=callgrind` instruction counts (repeatable; ~50-100x slower, use a
+#            small scale such as 200k payments).
+# Output: $BENCH_DIR/profiles/<tag>_<what>_<tool>.{data,txt,json}
+set -euo pipefail
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+P=200000; D=30; TOOL=perf; WHAT=inc
+while [ $# -gt 0 ]; do
+  case $1 in
+    --payments) P=$2; shift 2 ;;
+    --days) D=$2; shift 2 ;;
+    --tool) TOOL=$2; shift 2 ;;
+    --what) WHAT=$2; shift 2 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "unknown argument $1" >&2; exit 64 ;;
+  esac
+done
+BENCH_DIR=${BENCH_DIR:-/work/bench}
+TM=${TIDEMARK_BIN:-${CARGO_TARGET_DIR:-$REPO/target}/release/tidemark}
+PIPELINE=${TIDEMARK_PIPELINE:-$REPO/pipelines/payments.yml}
+TAG=p${P}_d${D}
+DATA=$BENCH_DIR/data/$TAG
+OUT=$BENCH_DIR/profiles; mkdir -p "$OUT"
+NAME=$OUT/${TAG}_${WHAT}_${TOOL}
+[ -d "$DATA/tm_base" ] && [ -d "$DATA/bronze" ] || { echo "run scripts/bench.sh --payments $P --days $D first" >&2; exit 66; }
+
+L=$DATA/work/profile_lake
+rm -rf "$L"; mkdir -p "$L/bronze" "$L/silver"
+ln -s "$DATA/bronze" "$L/bronze/payments_raw"
+args=(run "$PIPELINE" --output json --var "lake=$L")
+case $WHAT in
+  inc) cp -r "$DATA/tm_base" "$L/silver/payments" ;;
+  rerun) cp -r "$DATA/tm_base" "$L/silver/payments"; "$TM" "${args[@]}" > /dev/null 2>&1 ;;
+  full) args+=(--full-reload) ;;
+  *) echo "--what inc|rerun|full" >&2; exit 64 ;;
+esac
+
+case $TOOL in
+  perf)
+    perf record -q -e cpu-clock -F 999 --call-graph dwarf,32768 -o "$NAME.data" -- "$TM" "${args[@]}" > "$NAME.json" 2> "$NAME.err"
+    {
+      echo "# $TM ${args[*]}"
+      echo "# summary: $(cat "$NAME.json")"
+      echo "## self time (top 60)"
+      perf report -i "$NAME.data" --no-children --stdio --percent-limit 0.5 --sort symbol -g none 2>/dev/null | grep -v '^$' | head -80
+      echo "## inclusive time (children), tidemark and delta/datafusion/parquet frames (top 80)"
+      perf report -i "$NAME.data" --children --stdio --percent-limit 1 --sort symbol -g none 2>/dev/null | grep -v '^$' | head -100
+    } > "$NAME.txt"
+    ;;
+  callgrind)
+    valgrind --tool=callgrind --callgrind-out-file="$NAME.out" "$TM" "${args[@]}" > "$NAME.json" 2> "$NAME.err"
+    {
+      echo "# $TM ${args[*]}"
+      callgrind_annotate --inclusive=yes "$NAME.out" 2>/dev/null | head -120
+      echo "## self"
+      callgrind_annotate "$NAME.out" 2>/dev/null | head -80
+    } > "$NAME.txt"
+    ;;
+  *) echo "--tool perf|callgrind" >&2; exit 64 ;;
+esac
+rm -rf "$L"
+echo "$NAME.txt"
