@@ -44,6 +44,9 @@ fn main() {
             if class == ErrorClass::Internal {
                 eprintln!("this looks like a bug in tidemark; please report it with the log above");
             }
+            if class.is_retryable() {
+                eprintln!("this failure is transient (exit {}): rerun the same command; a rerun is harmless", class.exit_code());
+            }
             std::process::exit(class.exit_code());
         }
     }
