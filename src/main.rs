@@ -39,6 +39,9 @@ fn main() {
     match runtime.block_on(tidemark::app::dispatch(cli.command, clock.as_ref())) {
         Ok(stdout) => print!("{stdout}"),
         Err(e) => {
+            if let Some(stdout) = e.stdout() {
+                print!("{stdout}");
+            }
             let class = e.class();
             eprintln!("error: {e}");
             if class == ErrorClass::Internal {

@@ -10,5 +10,5 @@ pub mod pipeline;
 pub mod vars;
 
 pub use error::ConfigError;
-pub use pipeline::{DeleteMode, Deletes, Pipeline, Quarantine};
+pub use pipeline::{DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec};
 pub use vars::Vars;

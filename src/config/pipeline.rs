@@ -32,6 +32,7 @@ struct RawPipeline {
     deletes: Option<RawDeletes>,
     columns: Option<RawColumns>,
     quarantine: RawQuarantine,
+    reconcile: Option<RawReconcile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,6 +72,18 @@ struct RawQuarantine {
     max_fraction: Option<f64>,
 }
 
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReconcile {
+    day: Option<String>,
+    #[serde(default)]
+    group_by: Vec<String>,
+    #[serde(default)]
+    sum: Vec<String>,
+    #[serde(default)]
+    count_by: Vec<String>,
+}
+
 /// How a delete record is applied to the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -100,6 +113,21 @@ pub struct Quarantine {
     pub max_fraction: Option<f64>,
 }
 
+/// What `tidemark reconcile` aggregates, so a finance team can compare totals they recognise
+/// (per event day and currency) and not only row-by-row differences.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReconcileSpec {
+    /// Timestamp or date column whose UTC date is the "event day" of a row (default: the
+    /// sequence column).
+    pub day: String,
+    /// Columns whose values split each day into groups (e.g. currency).
+    pub group_by: Vec<String>,
+    /// Numeric columns summed per day and group (e.g. amount_cents).
+    pub sum: Vec<String>,
+    /// Columns whose values are counted per day and group (e.g. status).
+    pub count_by: Vec<String>,
+}
+
 /// A validated pipeline: everything a run needs to know, with defaults applied.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
@@ -115,6 +143,8 @@ pub struct Pipeline {
     pub deletes: Option<Deletes>,
     pub exclude: Vec<String>,
     pub quarantine: Quarantine,
+    /// What `tidemark reconcile` reports per day and group.
+    pub reconcile: ReconcileSpec,
     /// The file it came from, for error messages.
     pub path: PathBuf,
     text: String,
@@ -242,6 +272,44 @@ impl Ctx<'_> {
         })
     }
 
+    /// The `reconcile:` block with its default (day = the sequence column, nothing else). Its
+    /// columns are checked against the source schema with the pipeline's other columns.
+    fn reconcile(
+        &self,
+        raw: Option<RawReconcile>,
+        sequence_by: &str,
+    ) -> Result<ReconcileSpec, ConfigError> {
+        let Some(raw) = raw else {
+            return Ok(ReconcileSpec {
+                day: sequence_by.to_string(),
+                group_by: Vec::new(),
+                sum: Vec::new(),
+                count_by: Vec::new(),
+            });
+        };
+        for (key, list) in [
+            ("group_by", &raw.group_by),
+            ("sum", &raw.sum),
+            ("count_by", &raw.count_by),
+        ] {
+            let mut seen = std::collections::BTreeSet::new();
+            for c in list {
+                if !seen.insert(c.as_str()) {
+                    return Err(self.invalid(
+                        key,
+                        format!("`reconcile.{key}` lists `{c}` twice; list each column once"),
+                    ));
+                }
+            }
+        }
+        Ok(ReconcileSpec {
+            day: raw.day.unwrap_or_else(|| sequence_by.to_string()),
+            group_by: raw.group_by,
+            sum: raw.sum,
+            count_by: raw.count_by,
+        })
+    }
+
     fn build(&self, raw: RawPipeline, vars: &Vars) -> Result<Pipeline, ConfigError> {
         if raw.name.is_empty()
             || !raw
@@ -333,6 +401,7 @@ impl Ctx<'_> {
                 ));
             }
         }
+        let reconcile = self.reconcile(raw.reconcile, &raw.sequence_by)?;
         let target_file_size = match &raw.target.file_size {
             Some(v) => parse_bytes(v).ok_or_else(|| {
                 self.invalid(
@@ -374,6 +443,7 @@ impl Ctx<'_> {
             max_future_skew,
             deletes,
             exclude,
+            reconcile,
             path: self.path.to_path_buf(),
             text: self.text.to_string(),
         })
@@ -591,6 +661,26 @@ quarantine: { uri: "${var.lake}/quarantine/payments" }
         assert!(overlapping("/a/b/../c", "/a/c/d"));
         assert!(!overlapping("/a/bronze", "/a/bronze2"));
         assert!(!overlapping("s3://x/bronze", "s3://x/silver"));
+    }
+
+    #[test]
+    fn reconcile_block_defaults_to_the_sequence_day() {
+        let p = parse(GOOD).unwrap();
+        assert_eq!(p.reconcile.day, "updated_at");
+        assert!(p.reconcile.group_by.is_empty() && p.reconcile.sum.is_empty());
+        let p = parse(&format!(
+            "{GOOD}reconcile: {{ day: created_at, group_by: [currency], sum: [amount_cents], count_by: [status] }}\n"
+        ))
+        .unwrap();
+        assert_eq!(p.reconcile.day, "created_at");
+        assert_eq!(p.reconcile.sum, vec!["amount_cents"]);
+        let err = parse(&format!("{GOOD}reconcile: {{ sum: [a, a] }}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("p.yml:13:") && err.contains("lists `a` twice"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -7,14 +7,14 @@
 //! reads the whole source and replaces the target in one commit.
 
 mod apply;
-mod changes;
-mod dedup;
+pub(crate) mod changes;
+pub(crate) mod dedup;
 mod error;
 mod layout;
 mod quarantine;
 mod session;
-mod storage;
-mod validate;
+pub(crate) mod storage;
+pub(crate) mod validate;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -298,31 +298,13 @@ impl<'a> Run<'a> {
         target_schema: &arrow::datatypes::Schema,
         layout: &Layout,
     ) -> Result<(), RunError> {
-        let have: Vec<&str> = target_schema
-            .fields()
-            .iter()
-            .map(|f| f.name().as_str())
-            .collect();
-        let want: Vec<&str> = layout.target_columns.iter().map(String::as_str).collect();
-        let missing: Vec<&str> = want.iter().filter(|c| !have.contains(c)).copied().collect();
-        let extra: Vec<&str> = have.iter().filter(|c| !want.contains(c)).copied().collect();
-        if missing.is_empty() && extra.is_empty() {
-            return Ok(());
+        match layout.target_schema_diff(target_schema) {
+            None => Ok(()),
+            Some(diff) => Err(RunError::TargetSchema {
+                uri: self.p.target_uri.clone(),
+                diff,
+            }),
         }
-        let mut diff = Vec::new();
-        if !missing.is_empty() {
-            diff.push(format!("the target lacks {}", missing.join(", ")));
-        }
-        if !extra.is_empty() {
-            diff.push(format!(
-                "the target has {} which the pipeline does not produce",
-                extra.join(", ")
-            ));
-        }
-        Err(RunError::TargetSchema {
-            uri: self.p.target_uri.clone(),
-            diff: diff.join("; "),
-        })
     }
 
     async fn incremental(
@@ -442,10 +424,7 @@ impl<'a> Run<'a> {
         self.end_phase("read")?;
 
         // validate
-        let due = self
-            .now
-            .timestamp_micros()
-            .saturating_add(to_micros(self.p.max_future_skew));
+        let due = validate::due_micros(self.now, self.p.max_future_skew);
         let split = validate::split(input, layout, seq_type, due)?;
         self.summary.num_late_rows = split
             .valid
@@ -540,10 +519,7 @@ impl<'a> Run<'a> {
         }
         self.end_phase("plan")?;
         let input = self.ctx.read_table(source_provider).map_err(q("read"))?;
-        let due = self
-            .now
-            .timestamp_micros()
-            .saturating_add(to_micros(self.p.max_future_skew));
+        let due = validate::due_micros(self.now, self.p.max_future_skew);
         let split = validate::split(input.clone(), layout, seq_type, due)?;
         self.summary.num_source_rows_read = input
             .count()
