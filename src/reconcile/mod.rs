@@ -29,6 +29,7 @@ use crate::config::pipeline::DELETED_COLUMN;
 use crate::config::Pipeline;
 use crate::error::{Classify, ErrorClass};
 use crate::lake;
+use crate::run::changes::{render_key, render_value};
 use crate::run::storage::cast_to;
 use crate::run::{validate, Deduper, Engine, Layout, RunError};
 
@@ -347,11 +348,11 @@ impl Cursor {
     }
 
     /// Whether the row under the cursor repeats the previous key; an error when keys go down.
-    fn repeats_previous(&self, key_idx: &[usize]) -> Result<bool, ReconcileError> {
+    fn repeats_previous(&self, keys: &[String]) -> Result<bool, ReconcileError> {
         match self.previous_key().map(|p| p.cmp(&self.key())) {
             Some(Ordering::Greater) => Err(ReconcileError::Unsorted {
                 side: self.name,
-                key: report::render_key(&self.loaded().batch, self.row, key_idx),
+                key: render_key(&self.loaded().batch, keys, self.row),
             }),
             Some(Ordering::Equal) => Ok(true),
             _ => Ok(false),
@@ -419,6 +420,7 @@ impl Encoders {
 /// The merge-join of the two sides and what it found.
 pub(crate) struct Join {
     schema: SchemaRef,
+    keys: Vec<String>,
     enc: Encoders,
     agg: Aggregator,
     limit: usize,
@@ -444,6 +446,7 @@ impl Join {
             .collect();
         Ok(Join {
             schema: layout.canonical.clone(),
+            keys: layout.keys.clone(),
             agg: Aggregator::new(layout, &p.reconcile)?,
             enc,
             limit,
@@ -471,14 +474,14 @@ impl Join {
         loop {
             let has_e = e.ready(&self.enc, &mut self.agg).await?;
             let has_t = t.ready(&self.enc, &mut self.agg).await?;
-            if has_e && e.repeats_previous(&self.enc.key_idx)? {
+            if has_e && e.repeats_previous(&self.keys)? {
                 // The deduper emits one row per key; anything else is a bug, not a finding.
                 return Err(ReconcileError::Unsorted {
                     side: e.name,
-                    key: report::render_key(&e.loaded().batch, e.row, &self.enc.key_idx),
+                    key: render_key(&e.loaded().batch, &self.keys, e.row),
                 });
             }
-            if has_t && t.repeats_previous(&self.enc.key_idx)? {
+            if has_t && t.repeats_previous(&self.keys)? {
                 self.record(DiffKind::DuplicateInTarget, &t, None)?;
                 t.advance();
                 continue;
@@ -531,12 +534,7 @@ impl Join {
         };
         let bucket = self.agg.bucket_of(batch, at.row).map_err(arrow_err)?;
         self.listed.push(DiffKey::new(
-            kind,
-            batch,
-            at.row,
-            &self.enc.key_idx,
-            bucket,
-            columns,
+            kind, batch, at.row, &self.keys, bucket, columns,
         ));
         Ok(())
     }
@@ -551,8 +549,8 @@ impl Join {
     ) -> Result<Vec<CellDiff>, ReconcileError> {
         let mut out = Vec::new();
         for (i, name) in self.enc.value_idx.iter().zip(&self.value_names) {
-            let e = report::render_cell(expected.column(*i), e_row).map_err(arrow_err)?;
-            let a = report::render_cell(actual.column(*i), a_row).map_err(arrow_err)?;
+            let e = render_value(expected.column(*i), e_row).map_err(arrow_err)?;
+            let a = render_value(actual.column(*i), a_row).map_err(arrow_err)?;
             if e != a {
                 out.push(CellDiff {
                     column: name.clone(),

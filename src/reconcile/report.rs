@@ -3,9 +3,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use arrow::array::{Array, RecordBatch};
-use arrow::error::ArrowError;
-use arrow::util::display::{ArrayFormatter, FormatOptions};
+use arrow::array::RecordBatch;
 use chrono::{DateTime, NaiveDate, SecondsFormat, Utc};
 use serde::Serialize;
 use serde_json::Value;
@@ -13,6 +11,7 @@ use serde_json::Value;
 use super::stats::{BucketKey, BucketStats, SumValue};
 use super::Join;
 use crate::config::Pipeline;
+use crate::run::changes::{render_key, render_value};
 
 /// How one key differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -114,66 +113,29 @@ impl DiffKey {
         kind: DiffKind,
         batch: &RecordBatch,
         row: usize,
-        key_idx: &[usize],
+        keys: &[String],
         bucket: BucketKey,
         columns: Vec<CellDiff>,
     ) -> Self {
-        let schema = batch.schema();
-        let key = key_idx
+        let key = keys
             .iter()
-            .map(|i| {
-                (
-                    schema.field(*i).name().clone(),
-                    render_cell(batch.column(*i), row).unwrap_or(None),
-                )
+            .map(|k| {
+                let value = batch
+                    .column_by_name(k)
+                    .and_then(|c| render_value(c.as_ref(), row).ok().flatten());
+                (k.clone(), value)
             })
             .collect();
         DiffKey {
             kind,
             key,
-            key_text: render_key(batch, row, key_idx),
+            key_text: render_key(batch, keys, row),
             bucket,
             day: None,
             group: BTreeMap::new(),
             columns,
         }
     }
-}
-
-/// A value as people read it; `None` for null. Long values are cut (a differing 1 MB string
-/// is still reported, not printed).
-pub(crate) fn render_cell(col: &dyn Array, row: usize) -> Result<Option<String>, ArrowError> {
-    const MAX: usize = 120;
-    if col.is_null(row) {
-        return Ok(None);
-    }
-    let f = ArrayFormatter::try_new(col, &FormatOptions::default())?;
-    let s = f.value(row).to_string();
-    let chars = s.chars().count();
-    Ok(Some(if chars > MAX {
-        format!(
-            "{}… ({chars} characters)",
-            s.chars().take(MAX).collect::<String>()
-        )
-    } else {
-        s
-    }))
-}
-
-/// `k1=v1, k2=v2` for the key columns of a row.
-pub(crate) fn render_key(batch: &RecordBatch, row: usize, key_idx: &[usize]) -> String {
-    let schema = batch.schema();
-    key_idx
-        .iter()
-        .map(|i| {
-            let v = render_cell(batch.column(*i), row)
-                .ok()
-                .flatten()
-                .map_or_else(|| "null".to_string(), |v| format!("{v:?}"));
-            format!("{}={v}", schema.field(*i).name())
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// One side's aggregates of a bucket (or of the whole table), as reported.
