@@ -23,7 +23,7 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use assert_cmd::Command;
-use common::{rfc3339, HOUR, T0};
+use common::{exec, rfc3339, Out, HOUR, T0};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
@@ -46,23 +46,6 @@ fn tidemark(dir: &Path) -> Command {
         .env("NO_COLOR", "1")
         .env_remove("RUST_BACKTRACE");
     c
-}
-
-/// What one invocation printed.
-#[derive(Debug)]
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn exec(c: &mut Command) -> Out {
-    let out = c.output().expect("spawn tidemark");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
 }
 
 // ---------------------------------------------------------------------------------------------

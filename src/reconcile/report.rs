@@ -41,9 +41,13 @@ impl DiffKind {
 /// How many keys differ, by kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct DiffCounts {
+    /// Keys a full reload would write that the target lacks (lost rows).
     pub missing_in_target: u64,
+    /// Target keys a full reload would not write (rows that should not be there).
     pub unexpected_in_target: u64,
+    /// Keys on both sides whose values differ.
     pub different: u64,
+    /// Extra target rows for a key already seen (corruption no merge can repair).
     pub duplicate_in_target: u64,
 }
 

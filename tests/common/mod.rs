@@ -216,3 +216,21 @@ pub fn rfc3339(us: i64) -> String {
         .expect("in range")
         .to_rfc3339()
 }
+
+/// What one invocation of the binary printed.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs a prepared command and captures its exit code and output.
+pub fn exec(c: &mut assert_cmd::Command) -> Out {
+    let out = c.output().expect("spawn tidemark");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
