@@ -6,7 +6,8 @@ use chrono::{SecondsFormat, TimeZone, Utc};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
-    Command, DemoArgs, GenerateArgs, HistoryArgs, MaintainArgs, OutputFormat, RestoreArgs, RunArgs,
+    Command, DemoArgs, GenerateArgs, HistoryArgs, MaintainArgs, OutputFormat, ReconcileArgs,
+    RestoreArgs, RunArgs,
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
@@ -14,6 +15,7 @@ use crate::config::{ConfigError, Pipeline, Vars};
 use crate::error::{classify_delta, Classify, ErrorClass};
 use crate::generate::{self, GenerateError, GenerateMode, GenerateOptions, GenerateReport};
 use crate::lake::{self, LakeError};
+use crate::reconcile::{self, ReconcileError, ReconcileOptions};
 use crate::run::{self, Engine, RunError, RunOptions};
 
 /// Any failure of a command.
@@ -29,6 +31,8 @@ pub enum AppError {
     Generate(#[from] GenerateError),
     #[error(transparent)]
     Maintain(#[from] lake::MaintainError),
+    #[error(transparent)]
+    Reconcile(#[from] ReconcileError),
     /// The command line asks for something impossible.
     #[error("{0}")]
     Usage(String),
@@ -61,6 +65,18 @@ impl Classify for AppError {
             AppError::Maintain(lake::MaintainError::UnsafeRetention { .. }) => ErrorClass::Usage,
             AppError::Maintain(lake::MaintainError::Delta(e)) => classify_delta(e),
             AppError::Delta { source, .. } => classify_delta(source),
+            AppError::Reconcile(e) => e.class(),
+        }
+    }
+}
+
+impl AppError {
+    /// Output that belongs on stdout although the command failed (the report of a
+    /// reconciliation that found differences).
+    pub fn stdout(&self) -> Option<&str> {
+        match self {
+            AppError::Reconcile(e) => e.stdout(),
+            _ => None,
         }
     }
 }
@@ -74,6 +90,7 @@ pub async fn dispatch(command: Command, clock: &dyn Clock) -> Result<String, App
         Command::Generate(args) => generate_command(args).await,
         Command::Demo(args) => demo(args, clock).await,
         Command::Maintain(args) => maintain(args).await,
+        Command::Reconcile(args) => reconcile_command(args, clock).await,
     }
 }
 
@@ -95,6 +112,19 @@ pub async fn run_command(args: RunArgs, clock: &dyn Clock) -> Result<String, App
         OutputFormat::Json => summary.to_json() + "\n",
         OutputFormat::Text => summary.to_text(),
     })
+}
+
+/// `tidemark reconcile`: prints the report; fails with exit 65 (after printing it) when the
+/// target differs from the newest rows of its source.
+pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result<String, AppError> {
+    let pipeline = load_pipeline(&args.pipeline, &args.pipelines_dir, &args.vars)?;
+    let opts = ReconcileOptions { limit: args.limit };
+    let report = reconcile::reconcile(&pipeline, &opts, clock, &Engine::default()).await?;
+    let rendered = match args.output {
+        OutputFormat::Json => report.to_json() + "\n",
+        OutputFormat::Text => report.to_text(),
+    };
+    Ok(report.into_result(rendered)?)
 }
 
 /// `tidemark history`.

@@ -51,6 +51,8 @@ pub enum Command {
     Demo(DemoArgs),
     /// Compact small files, write a checkpoint and vacuum unreferenced files safely.
     Maintain(MaintainArgs),
+    /// Compare the target with the newest row per key of its whole source (exit 65 if they differ).
+    Reconcile(ReconcileArgs),
 }
 
 #[derive(Debug, Args)]
@@ -153,4 +155,21 @@ pub struct DemoArgs {
     pub pipeline: PathBuf,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct ReconcileArgs {
+    /// Pipeline YAML path, or the name of a file in the pipelines directory.
+    pub pipeline: String,
+    /// Set a variable used as ${var.NAME} (repeatable).
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub vars: Vec<String>,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// How many differing keys to list (all are counted).
+    #[arg(long, default_value_t = crate::reconcile::DEFAULT_LIMIT)]
+    pub limit: usize,
+    /// Where pipeline names are looked up.
+    #[arg(long, default_value = "pipelines")]
+    pub pipelines_dir: PathBuf,
 }

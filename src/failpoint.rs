@@ -11,6 +11,7 @@
 //! | `abort` | the process aborts (no destructors, like `kill -9`) |
 //! | `exit(C)` | the process exits with code C |
 //! | `sleep(MS)` | the point waits MS milliseconds (to widen race windows) |
+//! | `pause(DIR)` | the point creates `DIR/reached`, then waits (up to 2 minutes) until `DIR/go` exists: tests order two processes exactly |
 //!
 //! Without the feature every point compiles to nothing.
 
@@ -73,6 +74,18 @@ mod imp {
             .and_then(|r| r.strip_suffix(')'))
         {
             std::process::exit(code.parse().unwrap_or(1));
+        }
+        if let Some(dir) = action
+            .strip_prefix("pause(")
+            .and_then(|r| r.strip_suffix(')'))
+        {
+            let dir = std::path::Path::new(dir);
+            let _ = std::fs::write(dir.join("reached"), std::process::id().to_string());
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            while !dir.join("go").exists() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            return Ok(());
         }
         if let Some(ms) = action
             .strip_prefix("sleep(")

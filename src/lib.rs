@@ -14,5 +14,6 @@ pub mod error;
 pub mod failpoint;
 pub mod generate;
 pub mod lake;
+pub mod reconcile;
 pub mod report;
 pub mod run;

@@ -37,14 +37,35 @@ fn main() {
         }
     };
     match runtime.block_on(tidemark::app::dispatch(cli.command, clock.as_ref())) {
-        Ok(stdout) => print!("{stdout}"),
+        Ok(stdout) => write_stdout(&stdout),
         Err(e) => {
+            if let Some(stdout) = e.stdout() {
+                write_stdout(stdout);
+            }
             let class = e.class();
             eprintln!("error: {e}");
             if class == ErrorClass::Internal {
                 eprintln!("this looks like a bug in tidemark; please report it with the log above");
             }
+            if class.is_retryable() {
+                eprintln!("this failure is transient (exit {}): rerun the same command; a rerun is harmless", class.exit_code());
+            }
             std::process::exit(class.exit_code());
+        }
+    }
+}
+
+/// Prints a command's output. A reader that went away (`tidemark reconcile ... | head`) is not an
+/// error of the command; any other failure to write is local I/O (exit 74), never a panic.
+fn write_stdout(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => {}
+        Err(e) => {
+            eprintln!("error: cannot write the output to stdout: {e}");
+            std::process::exit(ErrorClass::Io.exit_code());
         }
     }
 }

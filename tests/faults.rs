@@ -410,21 +410,23 @@ fn concurrent_runs_commit_once_and_the_loser_replans() {
         .success());
     rt.block_on(append(&bronze(dir.path()), &rows[1]));
     let now = batch_time(1);
+    let pause = Pause::new();
     let slow = command(
         &pipeline,
         now,
         false,
-        Some("incremental.before_commit=sleep(2500)".into()),
+        Some(pause.at("incremental.before_commit")),
     )
     .spawn()
     .expect("spawn");
-    std::thread::sleep(Duration::from_millis(300));
+    pause.wait_reached();
     let fast = output(&mut command(&pipeline, now, false, None));
     assert!(
         fast.status.success(),
         "{}",
         String::from_utf8_lossy(&fast.stderr)
     );
+    pause.release();
     let slow = slow.wait_with_output().expect("wait");
     assert!(
         slow.status.success(),
@@ -464,15 +466,16 @@ fn run_against_reload_and_source_appender() {
         .success());
     rt.block_on(append(&bronze(dir.path()), &rows[1]));
     let now = batch_time(1);
+    let pause = Pause::new();
     let slow = command(
         &pipeline,
         now,
         false,
-        Some("incremental.after_read=sleep(2000)".into()),
+        Some(pause.at("incremental.after_read")),
     )
     .spawn()
     .expect("spawn");
-    std::thread::sleep(Duration::from_millis(300));
+    pause.wait_reached();
     // While the run sleeps with its source version pinned: the source grows and the target is
     // rebuilt by a full reload.
     rt.block_on(append(&bronze(dir.path()), &rows[2]));
@@ -482,6 +485,7 @@ fn run_against_reload_and_source_appender() {
         "{}",
         String::from_utf8_lossy(&reload.stderr)
     );
+    pause.release();
     let slow = slow.wait_with_output().expect("wait");
     assert!(
         slow.status.success(),

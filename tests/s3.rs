@@ -46,20 +46,44 @@ fn s3s_fs_binary() -> PathBuf {
 fn start_server() -> Server {
     let root = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(root.path().join("lake")).expect("bucket dir");
-    let port = TcpListener::bind("127.0.0.1:0").expect("free port").local_addr().expect("addr").port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .expect("free port")
+        .local_addr()
+        .expect("addr")
+        .port();
     let child = Command::new(s3s_fs_binary())
-        .args(["--host", "127.0.0.1", "--port", &port.to_string(), "--access-key", ACCESS_KEY, "--secret-key", SECRET_KEY])
+        .args([
+            "--host",
+            "127.0.0.1",
+            "--port",
+            &port.to_string(),
+            "--access-key",
+            ACCESS_KEY,
+            "--secret-key",
+            SECRET_KEY,
+        ])
         .arg(root.path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
-        .unwrap_or_else(|e| panic!("cannot start s3s-fs ({e}); run the tests with scripts/test.sh, which installs it"));
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot start s3s-fs ({e}); run the tests with scripts/test.sh, which installs it"
+            )
+        });
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "s3s-fs did not start listening on port {port}");
+        assert!(
+            Instant::now() < deadline,
+            "s3s-fs did not start listening on port {port}"
+        );
         std::thread::sleep(Duration::from_millis(50));
     }
-    Server { child, endpoint: format!("http://127.0.0.1:{port}"), _root: root }
+    Server {
+        child,
+        endpoint: format!("http://127.0.0.1:{port}"),
+        _root: root,
+    }
 }
 
 fn storage_options(server: &Server) -> HashMap<String, String> {
@@ -74,23 +98,39 @@ fn storage_options(server: &Server) -> HashMap<String, String> {
 
 async fn open_or_new(url: &str, opts: &HashMap<String, String>) -> deltalake::DeltaTable {
     let url = url::Url::parse(url).expect("url");
-    let builder = deltalake::DeltaTableBuilder::from_url(url).expect("builder").with_storage_options(opts.clone());
-    match builder.clone().load().await {
+    let builder = || {
+        deltalake::DeltaTableBuilder::from_url(url.clone())
+            .expect("builder")
+            .with_storage_options(opts.clone())
+    };
+    match builder().load().await {
         Ok(t) => t,
-        Err(_) => builder.build().expect("table"),
+        Err(_) => builder().build().expect("table"),
     }
 }
 
 async fn append_s3(url: &str, opts: &HashMap<String, String>, changes: &[Change]) {
-    open_or_new(url, opts).await.write(vec![batch(changes)]).with_save_mode(SaveMode::Append).await.expect("append to s3 source");
+    open_or_new(url, opts)
+        .await
+        .write(vec![batch(changes)])
+        .with_save_mode(SaveMode::Append)
+        .await
+        .expect("append to s3 source");
 }
 
 async fn read_target_s3(url: &str, opts: &HashMap<String, String>) -> Vec<TargetRow> {
     let table = open_or_new(url, opts).await;
     let ctx = datafusion::prelude::SessionContext::new();
-    table.update_datafusion_session(&ctx.state()).expect("register store");
+    table
+        .update_datafusion_session(&ctx.state())
+        .expect("register store");
     let provider = table.table_provider().await.expect("provider");
-    let batches = ctx.read_table(provider).expect("read").collect().await.expect("collect");
+    let batches = ctx
+        .read_table(provider)
+        .expect("read")
+        .collect()
+        .await
+        .expect("collect");
     rows_of(&batches)
 }
 
@@ -107,7 +147,10 @@ fn run(server: &Server, pipeline: &Path, now: i64, failpoint: Option<&str>) -> C
     for (k, v) in storage_options(server) {
         cmd.env(k, v);
     }
-    cmd.env("TIDEMARK_FAKE_NOW", rfc3339(now)).env("RUST_LOG", "debug").env("NO_COLOR", "1").env_remove("TIDEMARK_FAILPOINTS");
+    cmd.env("TIDEMARK_FAKE_NOW", rfc3339(now))
+        .env("RUST_LOG", "debug")
+        .env("NO_COLOR", "1")
+        .env_remove("TIDEMARK_FAILPOINTS");
     if let Some(fp) = failpoint {
         cmd.env("TIDEMARK_FAILPOINTS", fp);
     }
@@ -116,13 +159,24 @@ fn run(server: &Server, pipeline: &Path, now: i64, failpoint: Option<&str>) -> C
 }
 
 fn assert_no_secret(out: &Output) {
-    let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    assert!(!all.contains(SECRET_KEY), "the secret key was printed:\n{all}");
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        !all.contains(SECRET_KEY),
+        "the secret key was printed:\n{all}"
+    );
 }
 
 fn ok(out: Output) -> serde_json::Value {
     assert_no_secret(&out);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("json summary")
 }
 
@@ -133,9 +187,18 @@ async fn incremental_runs_on_s3_converge_commit_once_and_never_print_secrets() {
     let dir = tempfile::tempdir().expect("tempdir");
     let p = pipeline(dir.path());
     let batches = [
-        vec![Change::upsert("a", T0 + 40 * MIN, T0 + 41 * MIN, 1), Change::upsert("b", T0 + 50 * MIN, T0 + 51 * MIN, 1)],
-        vec![Change::upsert("c", T0 - HOUR, T0 + 2 * HOUR, 1), Change::delete("a", T0 + 90 * MIN, T0 + 2 * HOUR)],
-        vec![Change::upsert("b", T0 + 150 * MIN, T0 + 3 * HOUR, 2), Change::upsert("a", T0 + 30 * MIN, T0 + 3 * HOUR, 9)],
+        vec![
+            Change::upsert("a", T0 + 40 * MIN, T0 + 41 * MIN, 1),
+            Change::upsert("b", T0 + 50 * MIN, T0 + 51 * MIN, 1),
+        ],
+        vec![
+            Change::upsert("c", T0 - HOUR, T0 + 2 * HOUR, 1),
+            Change::delete("a", T0 + 90 * MIN, T0 + 2 * HOUR),
+        ],
+        vec![
+            Change::upsert("b", T0 + 150 * MIN, T0 + 3 * HOUR, 2),
+            Change::upsert("a", T0 + 30 * MIN, T0 + 3 * HOUR, 9),
+        ],
     ];
     let mut landed = Vec::new();
     for (i, b) in batches.iter().enumerate() {
@@ -146,7 +209,11 @@ async fn incremental_runs_on_s3_converge_commit_once_and_never_print_secrets() {
         if i == 1 {
             assert_eq!(s["num_late_rows"], 1, "{s}");
         }
-        assert_eq!(read_target_s3("s3://lake/silver", &opts).await, oracle(&landed, now, false), "after batch {i}: {s}");
+        assert_eq!(
+            read_target_s3("s3://lake/silver", &opts).await,
+            oracle(&landed, now, false),
+            "after batch {i}: {s}"
+        );
     }
 
     // Two runs at once: the slow one finds the target moved, re-plans, commits nothing.
@@ -154,17 +221,44 @@ async fn incremental_runs_on_s3_converge_commit_once_and_never_print_secrets() {
     let more = vec![Change::upsert("d", now - MIN, now, 1)];
     append_s3("s3://lake/bronze", &opts, &more).await;
     landed.extend(more);
-    let slow = run(&server, &p, now, Some("incremental.before_commit=sleep(2500)")).spawn().expect("spawn");
-    std::thread::sleep(Duration::from_millis(500));
+    let pause = Pause::new();
+    // The slow run logs at debug level to a file (a full pipe would block it at its pause).
+    let slow_log = dir.path().join("slow.log");
+    let slow = run(
+        &server,
+        &p,
+        now,
+        Some(&pause.at("incremental.before_commit")),
+    )
+    .stderr(std::fs::File::create(&slow_log).expect("log file"))
+    .spawn()
+    .expect("spawn");
+    pause.wait_reached();
     let fast = ok(run(&server, &p, now, None).output().expect("run"));
-    let slow = ok(slow.wait_with_output().expect("wait"));
+    pause.release();
+    let slow = slow.wait_with_output().expect("wait");
+    let slow_log = std::fs::read_to_string(&slow_log).expect("read log");
+    assert!(!slow_log.contains(SECRET_KEY), "the secret key was logged");
+    let slow = ok(slow);
     assert!(fast["target_version"].is_u64(), "{fast}");
-    assert!(slow["target_version"].is_null() && slow["num_replans"] == 1, "{slow}");
-    assert_eq!(read_target_s3("s3://lake/silver", &opts).await, oracle(&landed, now, false));
+    assert!(
+        slow["target_version"].is_null() && slow["num_replans"] == 1,
+        "{slow}"
+    );
+    assert_eq!(
+        read_target_s3("s3://lake/silver", &opts).await,
+        oracle(&landed, now, false)
+    );
 
     // A failing run (a bucket that does not exist) still keeps the secret out of its error.
     let bad = dir.path().join("bad.yml");
-    std::fs::write(&bad, std::fs::read_to_string(&p).expect("read").replace("s3://lake/bronze", "s3://missing-bucket/bronze")).expect("write");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&p)
+            .expect("read")
+            .replace("s3://lake/bronze", "s3://missing-bucket/bronze"),
+    )
+    .expect("write");
     let out = run(&server, &bad, now, None).output().expect("run");
     assert_no_secret(&out);
     assert!(!out.status.success());

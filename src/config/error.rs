@@ -11,6 +11,9 @@ pub enum ConfigError {
         path: PathBuf,
         source: std::io::Error,
     },
+    /// The file is not UTF-8 text (saved in a legacy encoding, or not a text file at all).
+    #[error("cannot read {path}: it is not UTF-8 text; save it as UTF-8 (YAML files must be)")]
+    NotUtf8 { path: PathBuf },
     /// No pipeline file matches the name given on the command line.
     #[error("no pipeline named {name:?}: looked for {tried}; pass a path to a YAML file or one of: {available}")]
     PipelineNotFound {

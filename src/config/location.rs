@@ -6,20 +6,22 @@
 /// 1-based line of the first non-comment line that defines `key:` (at any indentation, also
 /// inside a flow mapping like `source: { uri: ... }`). Falls back to line 1.
 pub fn line_of_key(text: &str, key: &str) -> usize {
+    lines_of_key(text, key).next().unwrap_or(1)
+}
+
+/// 1-based lines of every definition of `key:`, in order (see [`line_of_key`]).
+pub fn lines_of_key<'t>(text: &'t str, key: &str) -> impl Iterator<Item = usize> + 't {
     let needle = format!("{key}:");
-    for (i, line) in text.lines().enumerate() {
+    text.lines().enumerate().filter_map(move |(i, line)| {
         let code = strip_comment(line);
         let trimmed = code.trim_start();
-        if trimmed.starts_with(&needle)
+        (trimmed.starts_with(&needle)
             || trimmed.starts_with(&format!("- {needle}"))
             || code.contains(&format!("{{ {needle}"))
             || code.contains(&format!(", {needle}"))
-            || code.contains(&format!("{{{needle}"))
-        {
-            return i + 1;
-        }
-    }
-    1
+            || code.contains(&format!("{{{needle}")))
+        .then_some(i + 1)
+    })
 }
 
 /// 1-based line of the first non-comment occurrence of `fragment`. Falls back to line 1.
@@ -41,8 +43,20 @@ fn strip_comment(line: &str) -> &str {
     line
 }
 
-/// The valid key closest to `unknown`, if any is close enough to be a plausible typo.
+/// The valid key closest to `unknown`, if any is close enough to be a plausible typo: one edit
+/// or swap of neighbouring letters away (`dya` → `day`, which Jaro-Winkler alone misses on short
+/// keys), else the most similar key by Jaro-Winkler.
 pub fn nearest<'a>(unknown: &str, valid: impl IntoIterator<Item = &'a str>) -> Option<&'a str> {
+    let valid: Vec<&str> = valid.into_iter().collect();
+    let one_edit = valid
+        .iter()
+        .filter(|v| strsim::osa_distance(unknown, v) <= 1)
+        .min_by(|a, b| {
+            strsim::jaro_winkler(unknown, b).total_cmp(&strsim::jaro_winkler(unknown, a))
+        });
+    if let Some(v) = one_edit {
+        return Some(v);
+    }
     valid
         .into_iter()
         .map(|v| (strsim::jaro_winkler(unknown, v), v))
@@ -58,6 +72,10 @@ pub fn explain_serde_message(message: &str) -> String {
         Some(i) => &message[..i],
         None => message,
     };
+    if let Some(rest) = message.strip_prefix("duplicate field `") {
+        let field = rest.split('`').next().unwrap_or_default();
+        return format!("`{field}` is given more than once; keep one of them");
+    }
     let Some(start) = message.find("unknown field `") else {
         return message.to_string();
     };
@@ -96,6 +114,11 @@ mod tests {
         assert_eq!(
             explain_serde_message(msg),
             "unknown key `overlaps` (did you mean `overlap`?)"
+        );
+        let msg = "unknown field `dya`, expected one of `day`, `group_by`, `sum`, `count_by`";
+        assert_eq!(
+            explain_serde_message(msg),
+            "unknown key `dya` (did you mean `day`?)"
         );
         let msg = "unknown field `zzz`, expected `uri`";
         assert_eq!(

@@ -10,5 +10,5 @@ pub mod pipeline;
 pub mod vars;
 
 pub use error::ConfigError;
-pub use pipeline::{DeleteMode, Deletes, Pipeline, Quarantine, SchemaChange};
+pub use pipeline::{DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec, SchemaChange};
 pub use vars::Vars;

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::location::{explain_serde_message, line_of_key, line_of_text};
+use super::location::{explain_serde_message, line_of_key, line_of_text, lines_of_key};
 use super::{ConfigError, Vars};
 
 /// Default for `max_future_skew`: how far past the run's start a sequence value may lie before
@@ -34,6 +34,7 @@ struct RawPipeline {
     quarantine: RawQuarantine,
     #[serde(default)]
     on_schema_change: SchemaChange,
+    reconcile: Option<RawReconcile>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -71,6 +72,18 @@ struct RawQuarantine {
     uri: String,
     max_rows: Option<u64>,
     max_fraction: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReconcile {
+    day: Option<String>,
+    #[serde(default)]
+    group_by: Vec<String>,
+    #[serde(default)]
+    sum: Vec<String>,
+    #[serde(default)]
+    count_by: Vec<String>,
 }
 
 /// How a delete record is applied to the target.
@@ -114,6 +127,21 @@ pub struct Quarantine {
     pub max_fraction: Option<f64>,
 }
 
+/// What `tidemark reconcile` aggregates, so a finance team can compare totals they recognise
+/// (per event day and currency) and not only row-by-row differences.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReconcileSpec {
+    /// Timestamp or date column whose UTC date is the "event day" of a row (default: the
+    /// sequence column).
+    pub day: String,
+    /// Columns whose values split each day into groups (e.g. currency).
+    pub group_by: Vec<String>,
+    /// Numeric columns summed per day and group (e.g. amount_cents).
+    pub sum: Vec<String>,
+    /// Columns whose values are counted per day and group (e.g. status).
+    pub count_by: Vec<String>,
+}
+
 /// A validated pipeline: everything a run needs to know, with defaults applied.
 #[derive(Debug, Clone)]
 pub struct Pipeline {
@@ -130,6 +158,8 @@ pub struct Pipeline {
     pub exclude: Vec<String>,
     pub quarantine: Quarantine,
     pub on_schema_change: SchemaChange,
+    /// What `tidemark reconcile` reports per day and group.
+    pub reconcile: ReconcileSpec,
     /// The file it came from, for error messages.
     pub path: PathBuf,
     text: String,
@@ -141,19 +171,35 @@ pub const DELETED_COLUMN: &str = "_deleted";
 impl Pipeline {
     /// Reads, substitutes and validates a pipeline file.
     pub fn load(path: &Path, vars: &Vars) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
+        let text = std::fs::read_to_string(path).map_err(|source| {
+            if source.kind() == std::io::ErrorKind::InvalidData {
+                ConfigError::NotUtf8 {
+                    path: path.to_path_buf(),
+                }
+            } else {
+                ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            }
         })?;
         Self::parse(path, &text, vars)
     }
 
     /// Parses pipeline text; `path` is only used in messages.
     pub fn parse(path: &Path, text: &str, vars: &Vars) -> Result<Self, ConfigError> {
-        let raw: RawPipeline = serde_yaml::from_str(text).map_err(|e| ConfigError::Invalid {
-            path: path.to_path_buf(),
-            line: e.location().map(|l| l.line()).unwrap_or(1),
-            message: explain_serde_message(&e.to_string()),
+        let raw: RawPipeline = serde_yaml::from_str(text).map_err(|e| {
+            let message = e.to_string();
+            // serde locates a repeated key at the start of its mapping: point at the repeat.
+            let repeated = message
+                .strip_prefix("duplicate field `")
+                .and_then(|r| r.split('`').next())
+                .and_then(|key| lines_of_key(text, key).nth(1));
+            ConfigError::Invalid {
+                path: path.to_path_buf(),
+                line: repeated.or(e.location().map(|l| l.line())).unwrap_or(1),
+                message: explain_serde_message(&message),
+            }
         })?;
         let ctx = Ctx { path, text };
         ctx.build(raw, vars)
@@ -238,6 +284,44 @@ impl Ctx<'_> {
                 key,
                 format!("`{key}: {value}` is not a duration ({e}); write it like 15m, 2h or 1h30m"),
             )
+        })
+    }
+
+    /// The `reconcile:` block with its default (day = the sequence column, nothing else). Its
+    /// columns are checked against the source schema with the pipeline's other columns.
+    fn reconcile(
+        &self,
+        raw: Option<RawReconcile>,
+        sequence_by: &str,
+    ) -> Result<ReconcileSpec, ConfigError> {
+        let Some(raw) = raw else {
+            return Ok(ReconcileSpec {
+                day: sequence_by.to_string(),
+                group_by: Vec::new(),
+                sum: Vec::new(),
+                count_by: Vec::new(),
+            });
+        };
+        for (key, list) in [
+            ("group_by", &raw.group_by),
+            ("sum", &raw.sum),
+            ("count_by", &raw.count_by),
+        ] {
+            let mut seen = std::collections::BTreeSet::new();
+            for c in list {
+                if !seen.insert(c.as_str()) {
+                    return Err(self.invalid(
+                        key,
+                        format!("`reconcile.{key}` lists `{c}` twice; list each column once"),
+                    ));
+                }
+            }
+        }
+        Ok(ReconcileSpec {
+            day: raw.day.unwrap_or_else(|| sequence_by.to_string()),
+            group_by: raw.group_by,
+            sum: raw.sum,
+            count_by: raw.count_by,
         })
     }
 
@@ -332,6 +416,7 @@ impl Ctx<'_> {
                 ));
             }
         }
+        let reconcile = self.reconcile(raw.reconcile, &raw.sequence_by)?;
         let target_file_size = match &raw.target.file_size {
             Some(v) => parse_bytes(v).ok_or_else(|| {
                 self.invalid(
@@ -341,12 +426,27 @@ impl Ctx<'_> {
             })?,
             None => DEFAULT_TARGET_FILE_SIZE,
         };
+        let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
+        let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
+        let quarantine_uri = self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?;
+        for (key, uri, other_key, other) in [
+            ("target", &target_uri, "source", &source_uri),
+            ("quarantine", &quarantine_uri, "source", &source_uri),
+            ("quarantine", &quarantine_uri, "target", &target_uri),
+        ] {
+            if overlapping(uri, other) {
+                return Err(self.invalid(
+                    key,
+                    format!("`{key}.uri` ({uri}) is the same table as `{other_key}.uri` ({other}), or inside it: writing it would overwrite or mix with the {other_key}. Give each table its own location"),
+                ));
+            }
+        }
         Ok(Pipeline {
-            source_uri: self.substitute("source.uri", &raw.source.uri, vars)?,
-            target_uri: self.substitute("target.uri", &raw.target.uri, vars)?,
+            source_uri,
+            target_uri,
             target_file_size,
             quarantine: Quarantine {
-                uri: self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?,
+                uri: quarantine_uri,
                 max_rows: raw.quarantine.max_rows,
                 max_fraction: raw.quarantine.max_fraction,
             },
@@ -359,10 +459,37 @@ impl Ctx<'_> {
             deletes,
             exclude,
             on_schema_change: raw.on_schema_change,
+            reconcile,
             path: self.path.to_path_buf(),
             text: self.text.to_string(),
         })
     }
+}
+
+/// Whether two table URIs name the same location or one lies inside the other (compared by path
+/// components, after `file://` is dropped and local paths are made absolute).
+fn overlapping(a: &str, b: &str) -> bool {
+    fn normal(uri: &str) -> PathBuf {
+        let s = uri.strip_prefix("file://").unwrap_or(uri);
+        let p = if s.contains("://") {
+            PathBuf::from(s)
+        } else {
+            std::path::absolute(s).unwrap_or_else(|_| PathBuf::from(s))
+        };
+        let mut out = PathBuf::new();
+        for c in p.components() {
+            match c {
+                std::path::Component::CurDir => {}
+                std::path::Component::ParentDir => {
+                    out.pop();
+                }
+                other => out.push(other),
+            }
+        }
+        out
+    }
+    let (a, b) = (normal(a), normal(b));
+    a.starts_with(&b) || b.starts_with(&a)
 }
 
 /// Parses sizes like `8MiB`, `64MB`, `1GiB`, `1048576`. Sizes under 1 MiB are refused: Delta
@@ -477,6 +604,15 @@ quarantine: { uri: "${var.lake}/quarantine/payments" }
     }
 
     #[test]
+    fn a_repeated_key_points_at_its_second_line() {
+        let err = parse(&format!("{GOOD}overlap: 1h\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("p.yml:13:"), "{err}");
+        assert!(err.contains("`overlap` is given more than once"), "{err}");
+    }
+
+    #[test]
     fn missing_required_key_is_an_error() {
         let text = GOOD.replace("sequence_by: updated_at\n", "");
         let err = parse(&text).unwrap_err().to_string();
@@ -524,6 +660,43 @@ quarantine: { uri: "${var.lake}/quarantine/payments" }
             .unwrap_err()
             .to_string();
         assert!(err.contains("`keys` is empty"), "{err}");
+    }
+
+    #[test]
+    fn tables_must_not_overlap() {
+        let err = parse(&GOOD.replace("/silver/payments", "/bronze/payments_raw"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("p.yml:5:"), "{err}");
+        assert!(err.contains("same table as `source.uri`"), "{err}");
+        let err = parse(&GOOD.replace("/quarantine/payments", "/silver/payments/q"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`quarantine.uri`"), "{err}");
+        assert!(overlapping("file:///a/b/", "/a/b"));
+        assert!(overlapping("/a/b/../c", "/a/c/d"));
+        assert!(!overlapping("/a/bronze", "/a/bronze2"));
+        assert!(!overlapping("s3://x/bronze", "s3://x/silver"));
+    }
+
+    #[test]
+    fn reconcile_block_defaults_to_the_sequence_day() {
+        let p = parse(GOOD).unwrap();
+        assert_eq!(p.reconcile.day, "updated_at");
+        assert!(p.reconcile.group_by.is_empty() && p.reconcile.sum.is_empty());
+        let p = parse(&format!(
+            "{GOOD}reconcile: {{ day: created_at, group_by: [currency], sum: [amount_cents], count_by: [status] }}\n"
+        ))
+        .unwrap();
+        assert_eq!(p.reconcile.day, "created_at");
+        assert_eq!(p.reconcile.sum, vec!["amount_cents"]);
+        let err = parse(&format!("{GOOD}reconcile: {{ sum: [a, a] }}\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("p.yml:13:") && err.contains("lists `a` twice"),
+            "{err}"
+        );
     }
 
     #[test]

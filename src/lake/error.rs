@@ -13,6 +13,17 @@ pub enum LakeError {
     /// The URI cannot be turned into a location.
     #[error("{uri:?} is not a usable table location: {reason}")]
     BadUri { uri: String, reason: String },
+    /// A local table location that cannot be created (a path through a regular file, no
+    /// permission): nothing was written.
+    #[error("cannot create a table at {uri}: {reason}; check the URI in the pipeline (and `--var`) and that this directory can be created")]
+    CannotCreate { uri: String, reason: String },
+    /// A location that holds other files but no Delta table: creating a table there would mix
+    /// tidemark's files with someone else's (and a later vacuum could delete theirs).
+    #[error("{uri} is not a Delta table but is not empty either (it holds {example}); tidemark will not create a table among other files. Point the pipeline's URI (`target.uri` / `quarantine.uri`) at an empty or new location, or move those files away")]
+    NotEmpty { uri: String, example: String },
+    /// The table's `_delta_log` cannot be read: a commit file is damaged or missing.
+    #[error("the Delta log of {uri} is damaged: {reason}. tidemark will neither read nor write this table until it is repaired: put back the damaged or missing file under {uri}/_delta_log from a backup (or from the producer, for a source). For a target you may instead move the table aside and rerun: the run rebuilds it from the whole source")]
+    CorruptLog { uri: String, reason: String },
     /// Any other delta-rs failure, with what we were doing.
     #[error("{action} {uri}: {source}")]
     Delta {
@@ -37,7 +48,10 @@ impl LakeError {
 impl Classify for LakeError {
     fn class(&self) -> ErrorClass {
         match self {
-            LakeError::NotFound { .. } => ErrorClass::Unavailable,
+            LakeError::NotFound { .. }
+            | LakeError::CannotCreate { .. }
+            | LakeError::NotEmpty { .. } => ErrorClass::Unavailable,
+            LakeError::CorruptLog { .. } => ErrorClass::BadData,
             LakeError::BadUri { .. } => ErrorClass::Config,
             LakeError::Delta { source, .. } => classify_delta(source),
         }

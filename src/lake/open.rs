@@ -8,12 +8,72 @@ pub fn table_url(uri: &str) -> Result<Url, DeltaTableError> {
     deltalake::table::builder::parse_table_uri(strip_file_scheme(uri))
 }
 
-/// The URL of a location we are about to create a table in; creates local directories.
+/// The URL of a location we are about to create a table in; creates local directories. A local
+/// location must be new, empty, or hold only what an interrupted tidemark write leaves behind.
 pub fn create_url(uri: &str) -> Result<Url, LakeError> {
+    if let Some(path) = local_path(uri) {
+        std::fs::create_dir_all(&path).map_err(|e| LakeError::CannotCreate {
+            uri: uri.to_string(),
+            reason: e.to_string(),
+        })?;
+        if let Some(example) = foreign_entry(&path) {
+            return Err(LakeError::NotEmpty {
+                uri: uri.to_string(),
+                example,
+            });
+        }
+    }
     deltalake::ensure_table_uri(strip_file_scheme(uri)).map_err(|e| LakeError::BadUri {
         uri: uri.to_string(),
         reason: e.to_string(),
     })
+}
+
+/// The local directory a URI names, if it is local (a plain path or `file://`).
+fn local_path(uri: &str) -> Option<std::path::PathBuf> {
+    let path = strip_file_scheme(uri);
+    (!path.contains("://")).then(|| std::path::PathBuf::from(path))
+}
+
+/// The first entry of `dir` that a Delta writer would not have put there: anything but
+/// `_delta_log` and `part-*.parquet` data files (which a crashed write leaves as orphans, and a
+/// rerun must be able to write next to).
+fn foreign_entry(dir: &std::path::Path) -> Option<String> {
+    let entries = std::fs::read_dir(dir).ok()?;
+    entries.filter_map(Result::ok).find_map(|e| {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let ours =
+            name == "_delta_log" || (name.starts_with("part-") && name.ends_with(".parquet"));
+        (!ours).then_some(name)
+    })
+}
+
+/// Whether a failure to open a table means its log is damaged, rather than the storage being
+/// out of reach (the object store's or the OS's own error somewhere in the chain).
+fn is_damaged_log(err: &DeltaTableError) -> bool {
+    if matches!(
+        err,
+        DeltaTableError::ObjectStore { .. } | DeltaTableError::Io { .. }
+    ) {
+        return false;
+    }
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = source {
+        if e.downcast_ref::<deltalake::ObjectStoreError>().is_some()
+            || e.downcast_ref::<std::io::Error>().is_some()
+        {
+            return false;
+        }
+        source = e.source();
+    }
+    matches!(
+        err,
+        DeltaTableError::KernelError(_)
+            | DeltaTableError::InvalidJsonLog { .. }
+            | DeltaTableError::InvalidVersion(_)
+            | DeltaTableError::Generic(_)
+            | DeltaTableError::MetadataError(_)
+    )
 }
 
 fn strip_file_scheme(uri: &str) -> &str {
@@ -50,6 +110,10 @@ pub async fn open_if_exists(uri: &str) -> Result<Option<DeltaTable>, LakeError> 
         Err(DeltaTableError::NotATable(_)) | Err(DeltaTableError::InvalidTableLocation(_)) => {
             Ok(None)
         }
+        Err(e) if is_damaged_log(&e) => Err(LakeError::CorruptLog {
+            uri: uri.to_string(),
+            reason: shorten(&e.to_string()),
+        }),
         Err(e) => Err(LakeError::delta("cannot open", uri, e)),
     }
 }
@@ -63,5 +127,15 @@ pub async fn open_required(uri: &str, role: &'static str) -> Result<DeltaTable, 
             uri: uri.to_string(),
             reason: "no Delta table (no _delta_log) at that location".to_string(),
         }),
+    }
+}
+
+/// The first few hundred characters of an upstream message: some embed whole debug dumps of
+/// log paths, which would bury the advice that follows them.
+fn shorten(message: &str) -> String {
+    const MAX: usize = 240;
+    match message.char_indices().nth(MAX) {
+        Some((i, _)) => format!("{}…", &message[..i]),
+        None => message.to_string(),
     }
 }

@@ -8,8 +8,10 @@
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
-use arrow::array::{RecordBatch, UInt32Array};
+use arrow::array::{Array, RecordBatch, UInt32Array};
+use arrow::error::ArrowError;
 use arrow::row::OwnedRow;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
 use datafusion::common::JoinType;
 use datafusion::functions_aggregate::expr_fn::{max, min};
 use datafusion::logical_expr::lit;
@@ -193,7 +195,7 @@ async fn target_rows(
             if out.insert(key, row).is_some() {
                 duplicates += 1;
                 if first_duplicate.is_none() {
-                    first_duplicate = Some(render_key(&batch, layout, i));
+                    first_duplicate = Some(render_key(&batch, &layout.keys, i));
                 }
             }
         }
@@ -208,15 +210,36 @@ async fn target_rows(
     Ok(out)
 }
 
-fn render_key(batch: &RecordBatch, layout: &Layout, row: usize) -> String {
-    let opts = arrow::util::display::FormatOptions::default();
-    layout
-        .keys
-        .iter()
-        .filter_map(|k| {
-            let col = batch.column_by_name(k)?;
-            let f = arrow::util::display::ArrayFormatter::try_new(col.as_ref(), &opts).ok()?;
-            Some(format!("{k}={}", f.value(row)))
+/// A value as people read it in messages and reports: `None` for null, long values cut (a
+/// 1 MB payload is still reported, not printed).
+pub(crate) fn render_value(col: &dyn Array, row: usize) -> Result<Option<String>, ArrowError> {
+    const MAX: usize = 120;
+    if col.is_null(row) {
+        return Ok(None);
+    }
+    let f = ArrayFormatter::try_new(col, &FormatOptions::default())?;
+    let s = f.value(row).to_string();
+    let chars = s.chars().count();
+    Ok(Some(if chars > MAX {
+        format!(
+            "{}… ({chars} characters)",
+            s.chars().take(MAX).collect::<String>()
+        )
+    } else {
+        s
+    }))
+}
+
+/// `k1="v1", k2=null` for the key columns of a row. Values are quoted and escaped, so control
+/// characters, RTL marks and trailing spaces in a key show in the message.
+pub(crate) fn render_key(batch: &RecordBatch, keys: &[String], row: usize) -> String {
+    keys.iter()
+        .map(|k| {
+            let v = batch
+                .column_by_name(k)
+                .and_then(|c| render_value(c.as_ref(), row).ok().flatten())
+                .map_or_else(|| "null".to_string(), |v| format!("{v:?}"));
+            format!("{k}={v}")
         })
         .collect::<Vec<_>>()
         .join(", ")

@@ -298,10 +298,20 @@ pub async fn apply(
                     return Err(RunError::DuplicateTargetKeys {
                         uri: uri.to_string(),
                         count: 1,
-                        first: format!(
-                            "a key of this run's slice is in both {} and {}",
-                            files[prev].path, file.path
-                        ),
+                        first: if prev == f {
+                            format!(
+                                "{} (twice in {})",
+                                super::changes::render_key(winners, &layout.keys, i),
+                                file.path
+                            )
+                        } else {
+                            format!(
+                                "{} (in {} and {})",
+                                super::changes::render_key(winners, &layout.keys, i),
+                                files[prev].path,
+                                file.path
+                            )
+                        },
                     });
                 }
                 found[i] = match w.tuples.row(i).cmp(&tuples.row(r)) {

@@ -235,6 +235,16 @@ pub struct DedupPartition {
     input: Mutex<Option<SendableRecordBatchStream>>,
     deduper: Arc<Mutex<Option<Deduper>>>,
     counts: Arc<Mutex<DedupCounts>>,
+    input_error: InputError,
+}
+
+/// The first error of the sorted input, kept with its type: a consumer such as the Delta writer
+/// reports stream errors as text, which would lose what kind of failure it was.
+pub type InputError = Arc<Mutex<Option<DataFusionError>>>;
+
+/// Takes the recorded input error, if any.
+pub fn take_error(slot: &InputError) -> Option<DataFusionError> {
+    slot.lock().ok().and_then(|mut g| g.take())
 }
 
 impl std::fmt::Debug for DedupPartition {
@@ -251,7 +261,13 @@ impl DedupPartition {
             input: Mutex::new(Some(input)),
             deduper: Arc::new(Mutex::new(Some(Deduper::new(layout)?))),
             counts: Arc::new(Mutex::new(DedupCounts::default())),
+            input_error: Arc::new(Mutex::new(None)),
         })
+    }
+
+    /// A handle to the first error the input stream returned (see [`take_error`]).
+    pub fn input_error(&self) -> InputError {
+        self.input_error.clone()
     }
 
     /// A handle to the counts, filled in as the stream is consumed.
@@ -277,9 +293,20 @@ impl PartitionStream for DedupPartition {
             ));
         };
         let counts = self.counts.clone();
+        let input_error = self.input_error.clone();
         let stream = input.map(move |batch| {
+            let batch = match batch {
+                Ok(b) => b,
+                Err(e) => {
+                    let text = e.to_string();
+                    if let Ok(mut slot) = input_error.lock() {
+                        slot.get_or_insert(e);
+                    }
+                    return Err(DataFusionError::Execution(text));
+                }
+            };
             let out = deduper
-                .push(&batch?)
+                .push(&batch)
                 .map_err(|e| DataFusionError::ArrowError(Box::new(e), None))?;
             if let Ok(mut c) = counts.lock() {
                 *c = deduper.counts();

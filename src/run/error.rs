@@ -53,6 +53,14 @@ pub enum RunError {
     /// A failpoint armed for testing fired.
     #[error(transparent)]
     Injected(#[from] crate::failpoint::Injected),
+    /// A data file of the source could not be read: its log references a file that is missing
+    /// or is not Parquet. Nothing was written to the target.
+    #[error("cannot read the source table {uri}: {source}. A data file its log references is missing or damaged: repair the source (restore it to a good version, or have the producer re-deliver those rows), then rerun; the target was not changed")]
+    SourceRead {
+        uri: String,
+        #[source]
+        source: Box<datafusion::error::DataFusionError>,
+    },
     /// The target holds the same key twice: it was corrupted outside tidemark.
     #[error("target {uri} holds {count} duplicate key(s) (first: {first}); an incremental merge cannot fix that. Rebuild with --full-reload, or restore a good version (`tidemark history`, `tidemark restore`)")]
     DuplicateTargetKeys {
@@ -80,6 +88,27 @@ impl RunError {
             phase,
             uri: uri.to_string(),
             source: Box::new(source),
+        }
+    }
+
+    /// For queries that scan the source: a failure to read one of its data files becomes
+    /// [`RunError::SourceRead`] (naming the table and the repair), anything else a query error.
+    pub(crate) fn scan<'u>(
+        phase: &'static str,
+        uri: &'u str,
+    ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self + 'u {
+        move |source| {
+            if file_error_class(&source).is_some() {
+                RunError::SourceRead {
+                    uri: uri.to_string(),
+                    source: Box::new(source),
+                }
+            } else {
+                RunError::Query {
+                    phase,
+                    source: Box::new(source),
+                }
+            }
         }
     }
 
@@ -113,7 +142,9 @@ impl Classify for RunError {
         match self {
             RunError::Config(e) => e.class(),
             RunError::Lake(e) => e.class(),
-            RunError::Query { source, .. } => classify_datafusion(source),
+            RunError::Query { source, .. } | RunError::SourceRead { source, .. } => {
+                classify_datafusion(source)
+            }
             RunError::Delta { source, .. } => classify_delta(source),
             RunError::Arrow { .. } => ErrorClass::Internal,
             RunError::Injected(_) | RunError::Conflict { .. } => ErrorClass::Retryable,
@@ -124,8 +155,34 @@ impl Classify for RunError {
     }
 }
 
+/// The class of a failure to read a data file, found anywhere in an error's chain: a file that
+/// is missing (the log references it) or is not Parquet is bad data; a file that may not be read
+/// is unavailable; other storage failures are I/O. `None` when no file was involved.
+fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<ErrorClass> {
+    use deltalake::ObjectStoreError as O;
+    let mut found = None;
+    let mut next = Some(e);
+    while let Some(e) = next {
+        if let Some(o) = e.downcast_ref::<O>() {
+            return Some(match o {
+                O::NotFound { .. } => ErrorClass::BadData,
+                O::PermissionDenied { .. } | O::Unauthenticated { .. } => ErrorClass::Unavailable,
+                _ => ErrorClass::Io,
+            });
+        }
+        if e.downcast_ref::<parquet::errors::ParquetError>().is_some() {
+            found = Some(ErrorClass::BadData);
+        }
+        next = e.source();
+    }
+    found
+}
+
 fn classify_datafusion(e: &datafusion::error::DataFusionError) -> ErrorClass {
     use datafusion::error::DataFusionError as D;
+    if let Some(class) = file_error_class(e) {
+        return class;
+    }
     match e {
         D::ResourcesExhausted(_) | D::IoError(_) => ErrorClass::Io,
         D::ObjectStore(_) => ErrorClass::Unavailable,

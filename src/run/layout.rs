@@ -91,6 +91,7 @@ impl Layout {
                 ),
             ));
         }
+        check_reconcile(p, source, &missing)?;
 
         let mut fields: Vec<Field> = source
             .fields()
@@ -197,14 +198,43 @@ impl Layout {
     /// greatest content, nulls lowest). The choice among equal tuples therefore depends only on
     /// the rows' values: the same on every run and every machine.
     pub fn dedup_sort(&self) -> Vec<SortExpr> {
-        let keys = self.keys.iter().map(|k| ident(k).sort(true, true));
+        let keys = self.key_sort();
         let newest_first = self
             .order
             .iter()
             .chain(self.content.iter())
             .filter(|c| sortable(self.canonical.field_with_name(c).map(|f| f.data_type())))
             .map(|c| ident(c).sort(false, false));
-        keys.chain(newest_first).collect()
+        keys.into_iter().chain(newest_first).collect()
+    }
+
+    /// Key order: every key column ascending, nulls first — the order the dedup emits winners
+    /// in, and in which `reconcile` reads the target to merge-join the two.
+    pub fn key_sort(&self) -> Vec<SortExpr> {
+        self.keys
+            .iter()
+            .map(|k| ident(k).sort(true, true))
+            .collect()
+    }
+
+    /// How an existing target's columns differ from the ones this pipeline writes, in words;
+    /// `None` when they are the same set. A run and `reconcile` refuse such a target alike.
+    pub fn target_schema_diff(&self, target: &Schema) -> Option<String> {
+        let have: Vec<&str> = target.fields().iter().map(|f| f.name().as_str()).collect();
+        let want: Vec<&str> = self.target_columns.iter().map(String::as_str).collect();
+        let missing: Vec<&str> = want.iter().filter(|c| !have.contains(c)).copied().collect();
+        let extra: Vec<&str> = have.iter().filter(|c| !want.contains(c)).copied().collect();
+        let mut diff = Vec::new();
+        if !missing.is_empty() {
+            diff.push(format!("the target lacks {}", missing.join(", ")));
+        }
+        if !extra.is_empty() {
+            diff.push(format!(
+                "the target has {} which the pipeline does not produce",
+                extra.join(", ")
+            ));
+        }
+        (!diff.is_empty()).then(|| diff.join("; "))
     }
 
     /// Indices of the named columns in the canonical schema.
@@ -224,6 +254,55 @@ impl Layout {
             .cloned()
             .collect()
     }
+}
+
+/// The `reconcile:` columns must exist in the source, reach the target (not excluded), and have
+/// a type their role can use; checked with the pipeline's other columns so a typo surfaces on the
+/// next hourly run, not during an incident.
+fn check_reconcile(
+    p: &Pipeline,
+    source: &Schema,
+    missing: &dyn Fn(&str, &str) -> ConfigError,
+) -> Result<(), ConfigError> {
+    let r = &p.reconcile;
+    let roles = std::iter::once(("day", &r.day))
+        .chain(r.group_by.iter().map(|c| ("group_by", c)))
+        .chain(r.sum.iter().map(|c| ("sum", c)))
+        .chain(r.count_by.iter().map(|c| ("count_by", c)));
+    for (key, col) in roles {
+        let Ok(field) = source.field_with_name(col) else {
+            return Err(missing(key, col));
+        };
+        if p.exclude.contains(col) {
+            return Err(p.error_at(
+                key,
+                format!("`reconcile.{key}` names `{col}`, which `columns.exclude` keeps out of the target; reconcile compares target columns, so pick another column or stop excluding it"),
+            ));
+        }
+        let dt = field.data_type();
+        let fits = match key {
+            "day" => matches!(
+                dt,
+                DataType::Timestamp(_, _) | DataType::Date32 | DataType::Date64
+            ),
+            "sum" => {
+                dt.is_integer() || dt.is_floating() || matches!(dt, DataType::Decimal128(_, _))
+            }
+            _ => !dt.is_nested(),
+        };
+        if !fits {
+            let want = match key {
+                "day" => "a timestamp or a date",
+                "sum" => "an integer, floating-point or decimal(≤38) number",
+                _ => "a plain (not nested) value",
+            };
+            return Err(p.error_at(
+                key,
+                format!("`reconcile.{key}` column `{col}` has type {dt}; it must be {want}"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 fn sortable<E>(dt: Result<&DataType, E>) -> bool {

@@ -7,15 +7,14 @@
 //! reads the whole source and replaces the target in one commit.
 
 mod apply;
-mod changes;
+pub(crate) mod changes;
 mod cow;
-mod dedup;
+pub(crate) mod dedup;
 mod error;
 mod layout;
 mod quarantine;
 mod session;
-
-mod validate;
+pub(crate) mod validate;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -514,7 +513,7 @@ impl<'a> Run<'a> {
             .collect()
             .instrument(info_span!("read"))
             .await
-            .map_err(q("read"))?;
+            .map_err(RunError::scan("read", &self.p.source_uri))?;
         self.summary.num_source_rows_read = changes::row_count(&batches);
         let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| {
             let mut fields: Vec<arrow::datatypes::Field> = source_provider
@@ -535,10 +534,7 @@ impl<'a> Run<'a> {
         self.end_phase("read")?;
 
         // validate
-        let due = self
-            .now
-            .timestamp_micros()
-            .saturating_add(to_micros(self.p.max_future_skew));
+        let due = validate::due_micros(self.now, self.p.max_future_skew);
         let split = validate::split(input, layout, seq_type, due)?;
         self.summary.num_late_rows = split
             .valid
@@ -728,18 +724,23 @@ impl<'a> Run<'a> {
         }
         self.end_phase("plan")?;
         let input = self.ctx.read_table(source_provider).map_err(q("read"))?;
-        let due = self
-            .now
-            .timestamp_micros()
-            .saturating_add(to_micros(self.p.max_future_skew));
+        let due = validate::due_micros(self.now, self.p.max_future_skew);
         let split = validate::split(input.clone(), layout, seq_type, due)?;
         self.summary.num_source_rows_read = match self.source_rows {
             Some(rows) => rows,
-            None => input.count().await.map_err(q("read"))? as u64,
+            None => input
+                .count()
+                .await
+                .map_err(RunError::scan("read", &self.p.source_uri))? as u64,
         };
         self.end_phase("read")?;
         self.quarantine(split.rejected).await?;
-        self.summary.num_deferred = split.deferred.count().await.map_err(q("validate"))? as u64;
+        self.summary.num_deferred = split
+            .deferred
+            .count()
+            .await
+            .map_err(RunError::scan("validate", &self.p.source_uri))?
+            as u64;
         self.end_phase("validate")?;
 
         let sorted = split
@@ -751,6 +752,7 @@ impl<'a> Run<'a> {
         let partition =
             dedup::DedupPartition::new(layout, stream).map_err(RunError::arrow("dedup"))?;
         let counts = partition.counts();
+        let scan_error = partition.input_error();
         let table = StreamingTable::try_new(partition.schema_ref(), vec![Arc::new(partition)])
             .map_err(q("dedup"))?;
         let mut winners = self.ctx.read_table(Arc::new(table)).map_err(q("dedup"))?;
@@ -778,7 +780,12 @@ impl<'a> Run<'a> {
         if self.opts.dry_run {
             let mut stream = winners.execute_stream().await.map_err(q("dedup"))?;
             while let Some(b) = stream.next().await {
-                b.map_err(q("dedup"))?;
+                if let Err(e) = b {
+                    return Err(match dedup::take_error(&scan_error) {
+                        Some(source) => RunError::scan("read", &self.p.source_uri)(source),
+                        None => q("dedup")(e),
+                    });
+                }
             }
             self.end_phase("dedup")?;
         } else {
@@ -790,7 +797,7 @@ impl<'a> Run<'a> {
             let props = self.commit_properties();
             let plan = winners.into_unoptimized_plan();
             let ctx = self.ctx.clone();
-            let table = apply::overwrite(
+            let written = apply::overwrite(
                 &ctx,
                 target,
                 &self.p.target_uri,
@@ -800,7 +807,13 @@ impl<'a> Run<'a> {
                 props,
             )
             .instrument(info_span!("commit"))
-            .await?;
+            .await;
+            // The write streams the source through the dedup; when it failed because the source
+            // could not be read, that is the error to report (the stream only carries its text).
+            let table = match (written, dedup::take_error(&scan_error)) {
+                (Err(_), Some(e)) => return Err(RunError::scan("read", &self.p.source_uri)(e)),
+                (written, _) => written?,
+            };
             self.summary.target_version = table.version();
             self.end_phase("write")?;
             let (added, removed) = last_commit_files(&table).await;
@@ -825,7 +838,7 @@ impl<'a> Run<'a> {
         let batches: Vec<RecordBatch> = rejected
             .collect()
             .await
-            .map_err(RunError::query("validate"))?;
+            .map_err(RunError::scan("validate", &self.p.source_uri))?;
         let outcome = quarantine::store(
             &self.ctx,
             &self.p.quarantine.uri,

@@ -1,6 +1,7 @@
 //! Validation: which rows may be merged now, which are rejected, which must wait.
 
 use arrow::datatypes::DataType;
+use chrono::{DateTime, Utc};
 use datafusion::logical_expr::{lit, when, Expr};
 use datafusion::prelude::{ident, DataFrame};
 
@@ -18,6 +19,12 @@ pub struct Split {
     pub rejected: DataFrame,
     /// Valid rows whose sequence lies beyond `now + max_future_skew`: merged by a later run.
     pub deferred: DataFrame,
+}
+
+/// The latest sequence value (µs) a run starting at `now` merges: later rows are deferred.
+pub fn due_micros(now: DateTime<Utc>, max_future_skew: std::time::Duration) -> i64 {
+    let skew = i64::try_from(max_future_skew.as_micros()).unwrap_or(i64::MAX);
+    now.timestamp_micros().saturating_add(skew)
 }
 
 /// Splits `input` (source rows) for a run that started at `due_micros - max_future_skew`.

@@ -255,3 +255,62 @@ pub fn oracle(all: &[Change], now: i64, hard: bool) -> Vec<TargetRow> {
         })
         .collect()
 }
+
+/// What one invocation of the binary printed.
+#[derive(Debug)]
+pub struct Out {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs a prepared command and captures its exit code and output.
+pub fn exec(c: &mut assert_cmd::Command) -> Out {
+    let out = c.output().expect("spawn tidemark");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A rendezvous with a process stopped at a `pause(DIR)` failpoint.
+pub struct Pause {
+    pub dir: tempfile::TempDir,
+}
+
+impl Pause {
+    pub fn new() -> Self {
+        Pause {
+            dir: tempfile::tempdir().expect("pause dir"),
+        }
+    }
+
+    /// The failpoint spec that pauses at `point`.
+    pub fn at(&self, point: &str) -> String {
+        format!("{point}=pause({})", self.dir.path().display())
+    }
+
+    /// Blocks until the paused process reached its failpoint (panics after 2 minutes).
+    pub fn wait_reached(&self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+        while !self.dir.path().join("reached").exists() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the paused process never reached its failpoint"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
+    /// Lets the paused process go on.
+    pub fn release(&self) {
+        std::fs::write(self.dir.path().join("go"), "").expect("release");
+    }
+}
+
+impl Default for Pause {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,747 @@
+//! `tidemark reconcile`: is the target exactly the newest version per key of its source?
+//!
+//! This is the check a finance team runs after an incident, and the oracle our own tests lean
+//! on. The expected side is computed the way a full reload computes it — the same validation
+//! (with the same clock, so future-dated rows are left out alike), the same canonical projection
+//! and sort, the same streaming [`Deduper`] — from the source version the target's last run
+//! recorded, so rows that landed since are not reported as missing. The target is read sorted by
+//! key, and the two sorted streams are merge-joined on encoded keys: memory holds one batch per
+//! side and the per-day aggregates, never a whole table.
+
+mod report;
+mod stats;
+
+use std::cmp::Ordering;
+use std::pin::Pin;
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::SchemaRef;
+use arrow::error::ArrowError;
+use arrow::row::{OwnedRow, Row, RowConverter, Rows, SortField};
+use futures::{Stream, StreamExt};
+
+pub use report::{DiffCounts, DiffKind, ReconcileReport};
+
+use self::report::{CellDiff, DiffKey};
+use self::stats::{Aggregator, Side};
+use crate::clock::Clock;
+use crate::config::pipeline::DELETED_COLUMN;
+use crate::config::Pipeline;
+use crate::error::{Classify, ErrorClass};
+use crate::lake;
+use crate::lake::storage::cast_to;
+use crate::run::changes::{render_key, render_value};
+use crate::run::{validate, Deduper, Engine, Layout, RunError};
+
+/// What the caller asked for.
+#[derive(Debug, Clone)]
+pub struct ReconcileOptions {
+    /// How many differing keys to list (all of them are counted).
+    pub limit: usize,
+}
+
+/// Default of `--limit`: enough keys to start an investigation, few enough to read.
+pub const DEFAULT_LIMIT: usize = 20;
+
+impl Default for ReconcileOptions {
+    fn default() -> Self {
+        ReconcileOptions {
+            limit: DEFAULT_LIMIT,
+        }
+    }
+}
+
+/// Why a reconciliation could not say "identical".
+#[derive(Debug, thiserror::Error)]
+pub enum ReconcileError {
+    /// Reading or validating a side failed (missing table, bad config, query error).
+    #[error(transparent)]
+    Run(#[from] RunError),
+    /// A side's rows did not come in key order: the merge-join would give wrong answers.
+    #[error("reconcile: the {side} rows did not arrive in key order (at key {key}); this is a bug in tidemark")]
+    Unsorted { side: &'static str, key: String },
+    /// The target is not what a full reload of its source would write. `stdout` holds the
+    /// rendered report, which the binary prints before this message.
+    #[error("target {target} differs from the newest row per key of its source: {keys} key(s) differ ({detail}) and {buckets} day/group bucket(s) disagree. Find the last good version with `tidemark history {target}` and `tidemark restore {target} --version N`, or rebuild the target with `tidemark run {pipeline} --full-reload` (README: Runbook)")]
+    Differs {
+        target: String,
+        pipeline: String,
+        keys: u64,
+        detail: String,
+        buckets: usize,
+        stdout: String,
+    },
+}
+
+impl Classify for ReconcileError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            ReconcileError::Run(e) => e.class(),
+            ReconcileError::Unsorted { .. } => ErrorClass::Internal,
+            ReconcileError::Differs { .. } => ErrorClass::BadData,
+        }
+    }
+}
+
+impl ReconcileError {
+    /// The report to print on stdout even though the command fails.
+    pub fn stdout(&self) -> Option<&str> {
+        match self {
+            ReconcileError::Differs { stdout, .. } => Some(stdout),
+            _ => None,
+        }
+    }
+}
+
+impl ReconcileReport {
+    /// `Ok(rendered)` when the target is identical, else the error carrying the rendered report.
+    pub fn into_result(self, rendered: String) -> Result<String, ReconcileError> {
+        if self.identical {
+            return Ok(rendered);
+        }
+        let d = &self.differing_keys;
+        Err(ReconcileError::Differs {
+            target: self.target_uri.clone(),
+            pipeline: self.pipeline_file.clone(),
+            keys: d.total(),
+            detail: d.detail(),
+            buckets: self.buckets_differing,
+            stdout: rendered,
+        })
+    }
+}
+
+type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, ReconcileError>> + Send>>;
+
+fn arrow_err(e: ArrowError) -> ReconcileError {
+    RunError::Arrow {
+        phase: "reconcile",
+        source: e,
+    }
+    .into()
+}
+
+/// Compares the target of `p` with the newest row per key of its source.
+pub async fn reconcile(
+    p: &Pipeline,
+    opts: &ReconcileOptions,
+    clock: &dyn Clock,
+    engine: &Engine,
+) -> Result<ReconcileReport, ReconcileError> {
+    let q = RunError::query;
+    let now = clock.now();
+    let ctx = engine.context();
+    let target = lake::open_required(&p.target_uri, "target")
+        .await
+        .map_err(RunError::from)?;
+    let mut source = lake::open_required(&p.source_uri, "source")
+        .await
+        .map_err(RunError::from)?;
+    let mut notes = Vec::new();
+
+    // The source as the target's last run saw it.
+    let latest = source.version().unwrap_or(0);
+    let recorded = target
+        .snapshot()
+        .map_err(RunError::delta("reconcile", &p.target_uri))?
+        .transaction_version(target.log_store().as_ref(), p.app_id())
+        .await
+        .map_err(RunError::delta("reconcile", &p.target_uri))?;
+    let basis = match recorded {
+        Some(v) if v >= 0 && (v as u64) == latest => "recorded by the target's last run",
+        Some(v) if v >= 0 && (v as u64) < latest => match source.load_version(v as u64).await {
+            Ok(()) => "recorded by the target's last run",
+            Err(e) => {
+                source = lake::open_required(&p.source_uri, "source")
+                    .await
+                    .map_err(RunError::from)?;
+                notes.push(format!("the source version the target's last run read ({v}) cannot be loaded ({e}); compared with the latest version, so rows landed since that run show as missing"));
+                "latest"
+            }
+        },
+        Some(v) => {
+            notes.push(format!("the target records source version {v} for {}, which the source does not have; compared with the latest version", p.app_id()));
+            "latest"
+        }
+        None => {
+            notes.push(format!("the target records no source version for {} (not written by this pipeline?); compared with the latest source version", p.app_id()));
+            "latest"
+        }
+    };
+    let source_version = source.version().unwrap_or(0);
+
+    // Expected: exactly what a full reload would write.
+    source
+        .update_datafusion_session(&ctx.state())
+        .map_err(RunError::delta("reconcile", &p.source_uri))?;
+    target
+        .update_datafusion_session(&ctx.state())
+        .map_err(RunError::delta("reconcile", &p.target_uri))?;
+    let source_provider = source.table_provider().await.map_err(q("reconcile"))?;
+    let source_schema = source_provider.schema();
+    let layout = Layout::new(p, &source_schema).map_err(RunError::from)?;
+    let seq_type = source_schema
+        .field_with_name(layout.sequence())
+        .map(|f| f.data_type().clone())
+        .map_err(|e| RunError::query("reconcile")(e.into()))?;
+    let input = ctx.read_table(source_provider).map_err(q("reconcile"))?;
+    let split = validate::split(
+        input,
+        &layout,
+        &seq_type,
+        validate::due_micros(now, p.max_future_skew),
+    )?;
+    let sorted = split
+        .valid
+        .select(layout.canonical_exprs())
+        .and_then(|df| df.sort(layout.dedup_sort()))
+        .map_err(q("reconcile"))?
+        .execute_stream()
+        .await
+        .map_err(q("reconcile"))?;
+    let mut deduper = Deduper::new(&layout).map_err(arrow_err)?;
+    let canonical = layout.canonical.clone();
+    let hard = layout.hard_deletes();
+    let source_uri = p.source_uri.clone();
+    let expected: BatchStream = Box::pin(sorted.map(move |batch| {
+        let batch = batch.map_err(RunError::scan("reconcile", &source_uri))?;
+        let batch = cast_to(&batch, &canonical).map_err(arrow_err)?;
+        let winners = deduper.push(&batch).map_err(arrow_err)?;
+        if hard {
+            live_only(&winners).map_err(arrow_err)
+        } else {
+            Ok(winners)
+        }
+    }));
+
+    // Actual: the target, sorted by key.
+    let target_provider = target.table_provider().await.map_err(q("reconcile"))?;
+    if let Some(diff) = layout.target_schema_diff(&target_provider.schema()) {
+        return Err(RunError::SchemaDrift {
+            uri: p.target_uri.clone(),
+            message: format!(
+                "{diff}; the target cannot be compared column by column. If the pipeline changed on purpose, rebuild with `--full-reload`"
+            ),
+        }
+        .into());
+    }
+    let actual = ctx
+        .read_table(target_provider)
+        .and_then(|df| df.select(layout.target_exprs()))
+        .and_then(|df| df.sort(layout.key_sort()))
+        .map_err(q("reconcile"))?
+        .execute_stream()
+        .await
+        .map_err(q("reconcile"))?;
+    let canonical = layout.canonical.clone();
+    let actual: BatchStream = Box::pin(actual.map(move |batch| {
+        let batch = batch.map_err(q("reconcile"))?;
+        cast_to(&batch, &canonical).map_err(arrow_err)
+    }));
+
+    let mut join = Join::new(&layout, p, opts.limit, &mut notes).map_err(arrow_err)?;
+    join.run(expected, actual).await?;
+    Ok(report::build(
+        p,
+        report::Versions {
+            source: source_version,
+            basis,
+            target: target.version(),
+        },
+        now,
+        join,
+        opts.limit,
+        notes,
+    ))
+}
+
+/// The rows of a canonical batch that are not deletes (hard-delete targets do not keep them).
+fn live_only(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
+    let Some(col) = batch.column_by_name(DELETED_COLUMN) else {
+        return Ok(batch.clone());
+    };
+    let deleted = col
+        .as_boolean_opt()
+        .ok_or_else(|| ArrowError::SchemaError(format!("{DELETED_COLUMN} is not boolean")))?;
+    let live = arrow::compute::not(deleted)?;
+    arrow::compute::filter_record_batch(batch, &live)
+}
+
+/// One batch of one side, with its keys and its other values encoded for comparison.
+struct Loaded {
+    batch: RecordBatch,
+    keys: Rows,
+    values: Rows,
+}
+
+/// A cursor over one side's key-ordered stream.
+struct Cursor {
+    name: &'static str,
+    side: Side,
+    stream: BatchStream,
+    /// The batch under the cursor (an empty one before the first `ready`).
+    cur: Loaded,
+    row: usize,
+    /// The last key of the previous batch, to check order (and find duplicates) across batches.
+    last_of_previous: Option<OwnedRow>,
+    /// Rows moved past.
+    consumed: u64,
+}
+
+impl Cursor {
+    fn new(name: &'static str, side: Side, stream: BatchStream, empty: Loaded) -> Self {
+        Cursor {
+            name,
+            side,
+            stream,
+            cur: empty,
+            row: 0,
+            last_of_previous: None,
+            consumed: 0,
+        }
+    }
+
+    /// Makes sure a row is under the cursor; false at the end of the stream. Every batch is
+    /// added to the aggregates as it is loaded, so each row is counted exactly once.
+    async fn ready(
+        &mut self,
+        enc: &Encoders,
+        agg: &mut Aggregator,
+    ) -> Result<bool, ReconcileError> {
+        loop {
+            if self.row < self.cur.batch.num_rows() {
+                return Ok(true);
+            }
+            let Some(batch) = self.stream.next().await.transpose()? else {
+                return Ok(false);
+            };
+            if batch.num_rows() == 0 {
+                continue;
+            }
+            agg.add(self.side, &batch).map_err(arrow_err)?;
+            let loaded = enc.encode(batch).map_err(arrow_err)?;
+            let previous = std::mem::replace(&mut self.cur, loaded);
+            if let Some(last) = previous.keys.num_rows().checked_sub(1) {
+                self.last_of_previous = Some(previous.keys.row(last).owned());
+            }
+            self.row = 0;
+        }
+    }
+
+    /// The batch under the cursor; its row `self.row` exists after `ready` returned true.
+    fn loaded(&self) -> &Loaded {
+        &self.cur
+    }
+
+    fn key(&self) -> Row<'_> {
+        self.loaded().keys.row(self.row)
+    }
+
+    fn values(&self) -> Row<'_> {
+        self.loaded().values.row(self.row)
+    }
+
+    fn previous_key(&self) -> Option<Row<'_>> {
+        if self.row > 0 {
+            Some(self.loaded().keys.row(self.row - 1))
+        } else {
+            self.last_of_previous.as_ref().map(OwnedRow::row)
+        }
+    }
+
+    /// Whether the row under the cursor repeats the previous key; an error when keys go down.
+    fn repeats_previous(&self, keys: &[String]) -> Result<bool, ReconcileError> {
+        match self.previous_key().map(|p| p.cmp(&self.key())) {
+            Some(Ordering::Greater) => Err(ReconcileError::Unsorted {
+                side: self.name,
+                key: render_key(&self.loaded().batch, keys, self.row),
+            }),
+            Some(Ordering::Equal) => Ok(true),
+            _ => Ok(false),
+        }
+    }
+
+    fn advance(&mut self) {
+        self.row += 1;
+        self.consumed += 1;
+    }
+}
+
+/// Encodes keys, and every other target column, into comparable rows.
+struct Encoders {
+    key_idx: Vec<usize>,
+    value_idx: Vec<usize>,
+    keys: RowConverter,
+    values: RowConverter,
+}
+
+impl Encoders {
+    /// Columns the row format cannot encode are left out of the value comparison (and named in
+    /// a note), so that reconcile still runs on exotic tables.
+    fn new(layout: &Layout, notes: &mut Vec<String>) -> Result<Self, ArrowError> {
+        let schema: &SchemaRef = &layout.canonical;
+        let field = |i: &usize| SortField::new(schema.field(*i).data_type().clone());
+        let key_idx = layout.indices(&layout.keys);
+        let mut value_idx = Vec::new();
+        for (i, f) in schema.fields().iter().enumerate() {
+            if key_idx.contains(&i) || !layout.target_columns.contains(f.name()) {
+                continue;
+            }
+            if RowConverter::supports_fields(&[field(&i)]) {
+                value_idx.push(i);
+            } else {
+                notes.push(format!(
+                    "column `{}` ({}) cannot be compared row by row and was left out of the content comparison",
+                    f.name(),
+                    f.data_type()
+                ));
+            }
+        }
+        Ok(Encoders {
+            keys: RowConverter::new(key_idx.iter().map(field).collect())?,
+            values: RowConverter::new(value_idx.iter().map(field).collect())?,
+            key_idx,
+            value_idx,
+        })
+    }
+
+    fn encode(&self, batch: RecordBatch) -> Result<Loaded, ArrowError> {
+        let cols = |idx: &[usize]| {
+            idx.iter()
+                .map(|i| batch.column(*i).clone())
+                .collect::<Vec<_>>()
+        };
+        Ok(Loaded {
+            keys: self.keys.convert_columns(&cols(&self.key_idx))?,
+            values: self.values.convert_columns(&cols(&self.value_idx))?,
+            batch,
+        })
+    }
+}
+
+/// The merge-join of the two sides and what it found.
+pub(crate) struct Join {
+    schema: SchemaRef,
+    keys: Vec<String>,
+    enc: Encoders,
+    agg: Aggregator,
+    limit: usize,
+    value_names: Vec<String>,
+    counts: DiffCounts,
+    listed: Vec<DiffKey>,
+    expected_keys: u64,
+    target_rows: u64,
+}
+
+impl Join {
+    fn new(
+        layout: &Layout,
+        p: &Pipeline,
+        limit: usize,
+        notes: &mut Vec<String>,
+    ) -> Result<Self, ArrowError> {
+        let enc = Encoders::new(layout, notes)?;
+        let value_names = enc
+            .value_idx
+            .iter()
+            .map(|i| layout.canonical.field(*i).name().clone())
+            .collect();
+        Ok(Join {
+            schema: layout.canonical.clone(),
+            keys: layout.keys.clone(),
+            agg: Aggregator::new(layout, &p.reconcile)?,
+            enc,
+            limit,
+            value_names,
+            counts: DiffCounts::default(),
+            listed: Vec::new(),
+            expected_keys: 0,
+            target_rows: 0,
+        })
+    }
+
+    async fn run(
+        &mut self,
+        expected: BatchStream,
+        actual: BatchStream,
+    ) -> Result<(), ReconcileError> {
+        let empty = || self.enc.encode(RecordBatch::new_empty(self.schema.clone()));
+        let mut e = Cursor::new(
+            "expected (source)",
+            Side::Expected,
+            expected,
+            empty().map_err(arrow_err)?,
+        );
+        let mut t = Cursor::new("target", Side::Actual, actual, empty().map_err(arrow_err)?);
+        loop {
+            let has_e = e.ready(&self.enc, &mut self.agg).await?;
+            let has_t = t.ready(&self.enc, &mut self.agg).await?;
+            if has_e && e.repeats_previous(&self.keys)? {
+                // The deduper emits one row per key; anything else is a bug, not a finding.
+                return Err(ReconcileError::Unsorted {
+                    side: e.name,
+                    key: render_key(&e.loaded().batch, &self.keys, e.row),
+                });
+            }
+            if has_t && t.repeats_previous(&self.keys)? {
+                self.record(DiffKind::DuplicateInTarget, &t, None)?;
+                t.advance();
+                continue;
+            }
+            let order = match (has_e, has_t) {
+                (false, false) => break,
+                (true, false) => Ordering::Less,
+                (false, true) => Ordering::Greater,
+                (true, true) => e.key().cmp(&t.key()),
+            };
+            match order {
+                Ordering::Less => {
+                    self.record(DiffKind::MissingInTarget, &e, None)?;
+                    e.advance();
+                }
+                Ordering::Greater => {
+                    self.record(DiffKind::UnexpectedInTarget, &t, None)?;
+                    t.advance();
+                }
+                Ordering::Equal => {
+                    if e.values() != t.values() {
+                        self.record(DiffKind::Different, &e, Some(&t))?;
+                    }
+                    e.advance();
+                    t.advance();
+                }
+            }
+        }
+        self.expected_keys = e.consumed;
+        self.target_rows = t.consumed;
+        Ok(())
+    }
+
+    /// Counts a differing key and lists it while under the limit. `at` is the row the key is
+    /// reported from; for different contents, `other` is the target's row.
+    fn record(
+        &mut self,
+        kind: DiffKind,
+        at: &Cursor,
+        other: Option<&Cursor>,
+    ) -> Result<(), ReconcileError> {
+        self.counts.add(kind);
+        if self.listed.len() >= self.limit {
+            return Ok(());
+        }
+        let batch = &at.loaded().batch;
+        let columns = match other {
+            Some(t) => self.cell_diffs(batch, at.row, &t.loaded().batch, t.row)?,
+            None => Vec::new(),
+        };
+        let bucket = self.agg.bucket_of(batch, at.row).map_err(arrow_err)?;
+        self.listed.push(DiffKey::new(
+            kind, batch, at.row, &self.keys, bucket, columns,
+        ));
+        Ok(())
+    }
+
+    /// The value columns whose values differ between two rows, rendered.
+    fn cell_diffs(
+        &self,
+        expected: &RecordBatch,
+        e_row: usize,
+        actual: &RecordBatch,
+        a_row: usize,
+    ) -> Result<Vec<CellDiff>, ReconcileError> {
+        let mut out = Vec::new();
+        for (i, name) in self.enc.value_idx.iter().zip(&self.value_names) {
+            let e = render_value(expected.column(*i), e_row).map_err(arrow_err)?;
+            let a = render_value(actual.column(*i), a_row).map_err(arrow_err)?;
+            if e != a {
+                out.push(CellDiff {
+                    column: name.clone(),
+                    expected: e,
+                    actual: a,
+                });
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{BooleanArray, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+
+    use super::*;
+    use crate::config::Vars;
+
+    const PIPELINE: &str = r#"
+name: t
+kind: cdc_merge
+source: { uri: "/nowhere/bronze" }
+target: { uri: "/nowhere/silver" }
+keys: [id]
+sequence_by: updated_at
+overlap: 15m
+deletes: { column: op, values: [D] }
+columns: { exclude: [op] }
+quarantine: { uri: "/nowhere/q" }
+reconcile: { day: updated_at, group_by: [cur], sum: [amount], count_by: [status] }
+"#;
+
+    fn layout() -> (Pipeline, Layout) {
+        let p = Pipeline::parse(std::path::Path::new("t.yml"), PIPELINE, &Vars::new())
+            .expect("pipeline");
+        let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let source = Schema::new(vec![
+            Field::new("id", DataType::Utf8, true),
+            Field::new("updated_at", ts, true),
+            Field::new("cur", DataType::Utf8, true),
+            Field::new("amount", DataType::Int64, true),
+            Field::new("status", DataType::Utf8, true),
+            Field::new("op", DataType::Utf8, true),
+        ]);
+        let layout = Layout::new(&p, &source).expect("layout");
+        (p, layout)
+    }
+
+    /// Canonical rows `(id, day offset, currency, amount, status, deleted)`.
+    fn batch(layout: &Layout, rows: &[(&str, i64, &str, i64, &str, bool)]) -> RecordBatch {
+        const DAY: i64 = 86_400_000_000;
+        RecordBatch::try_new(
+            layout.canonical.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(rows.iter().map(|r| r.1 * DAY))
+                        .with_timezone("UTC"),
+                ),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.2))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.3))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.4))),
+                Arc::new(BooleanArray::from_iter(rows.iter().map(|r| Some(r.5)))),
+            ],
+        )
+        .expect("batch")
+    }
+
+    fn stream(batches: Vec<RecordBatch>) -> BatchStream {
+        Box::pin(futures::stream::iter(batches.into_iter().map(Ok)))
+    }
+
+    async fn join(expected: Vec<RecordBatch>, actual: Vec<RecordBatch>) -> Join {
+        let (p, layout) = layout();
+        let mut notes = Vec::new();
+        let mut j = Join::new(&layout, &p, 10, &mut notes).expect("join");
+        j.run(stream(expected), stream(actual)).await.expect("run");
+        assert!(notes.is_empty(), "{notes:?}");
+        j
+    }
+
+    #[tokio::test]
+    async fn identical_sides_across_batch_boundaries_have_no_differences() {
+        let (_, l) = layout();
+        let e = vec![
+            batch(&l, &[("a", 0, "EUR", 5, "ok", false)]),
+            batch(
+                &l,
+                &[
+                    ("b", 0, "EUR", 7, "ok", false),
+                    ("c", 1, "USD", 1, "x", true),
+                ],
+            ),
+        ];
+        let a = vec![
+            batch(
+                &l,
+                &[
+                    ("a", 0, "EUR", 5, "ok", false),
+                    ("b", 0, "EUR", 7, "ok", false),
+                ],
+            ),
+            batch(&l, &[("c", 1, "USD", 1, "x", true)]),
+        ];
+        let j = join(e, a).await;
+        assert_eq!(j.counts, DiffCounts::default());
+        assert_eq!((j.expected_keys, j.target_rows), (3, 3));
+        let buckets = j.agg.into_buckets();
+        assert_eq!(buckets.len(), 2);
+        for (_, e, a) in &buckets {
+            assert_eq!(e, a);
+        }
+        assert_eq!(buckets[0].1.rows, 2);
+        assert_eq!(buckets[1].1.deleted, 1);
+    }
+
+    #[tokio::test]
+    async fn finds_missing_unexpected_different_and_duplicate_keys() {
+        let (_, l) = layout();
+        let e = vec![batch(
+            &l,
+            &[
+                ("a", 0, "EUR", 5, "ok", false),
+                ("b", 0, "EUR", 7, "ok", false),
+                ("d", 0, "EUR", 1, "ok", false),
+            ],
+        )];
+        let a = vec![
+            batch(
+                &l,
+                &[
+                    ("b", 0, "EUR", 9, "ok", false),
+                    ("c", 0, "EUR", 3, "ok", false),
+                ],
+            ),
+            batch(
+                &l,
+                &[
+                    ("c", 0, "EUR", 3, "ok", false),
+                    ("d", 0, "EUR", 1, "ok", false),
+                ],
+            ),
+        ];
+        let j = join(e, a).await;
+        assert_eq!(j.counts.missing_in_target, 1);
+        assert_eq!(j.counts.unexpected_in_target, 1);
+        assert_eq!(j.counts.different, 1);
+        assert_eq!(j.counts.duplicate_in_target, 1);
+        let kinds: Vec<(DiffKind, String)> = j
+            .listed
+            .iter()
+            .map(|k| (k.kind, k.key_text.clone()))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (DiffKind::MissingInTarget, r#"id="a""#.to_string()),
+                (DiffKind::Different, r#"id="b""#.to_string()),
+                (DiffKind::UnexpectedInTarget, r#"id="c""#.to_string()),
+                (DiffKind::DuplicateInTarget, r#"id="c""#.to_string()),
+            ]
+        );
+        assert_eq!(j.listed[1].columns.len(), 1);
+        assert_eq!(j.listed[1].columns[0].column, "amount");
+        assert_eq!((j.expected_keys, j.target_rows), (3, 4));
+        let (_, e, a) = &j.agg.into_buckets()[0];
+        assert_eq!((e.rows, a.rows), (3, 4));
+        assert_eq!(e.sums, vec![stats::SumValue::Exact(13)]);
+        assert_eq!(a.sums, vec![stats::SumValue::Exact(16)]);
+        assert_ne!(e.key_hash, a.key_hash);
+    }
+
+    #[tokio::test]
+    async fn keys_out_of_order_are_a_bug_not_a_finding() {
+        let (p, l) = layout();
+        let mut notes = Vec::new();
+        let mut j = Join::new(&l, &p, 10, &mut notes).expect("join");
+        let unsorted = vec![batch(
+            &l,
+            &[
+                ("b", 0, "EUR", 1, "ok", false),
+                ("a", 0, "EUR", 1, "ok", false),
+            ],
+        )];
+        let err = j.run(stream(vec![]), stream(unsorted)).await.unwrap_err();
+        assert!(matches!(err, ReconcileError::Unsorted { .. }), "{err}");
+    }
+}
