@@ -6,8 +6,14 @@
 /// 1-based line of the first non-comment line that defines `key:` (at any indentation, also
 /// inside a flow mapping like `source: { uri: ... }`). Falls back to line 1.
 pub fn line_of_key(text: &str, key: &str) -> usize {
+    line_of_key_from(text, key, 1)
+}
+
+/// Like [`line_of_key`], but the first definition at or after line `from` (1-based): finds a
+/// key inside one job or task of a file that defines several.
+pub fn line_of_key_from(text: &str, key: &str, from: usize) -> usize {
     let needle = format!("{key}:");
-    for (i, line) in text.lines().enumerate() {
+    for (i, line) in text.lines().enumerate().skip(from.saturating_sub(1)) {
         let code = strip_comment(line);
         let trimmed = code.trim_start();
         if trimmed.starts_with(&needle)
@@ -24,10 +30,17 @@ pub fn line_of_key(text: &str, key: &str) -> usize {
 
 /// 1-based line of the first non-comment occurrence of `fragment`. Falls back to line 1.
 pub fn line_of_text(text: &str, fragment: &str) -> usize {
+    line_of_text_from(text, fragment, 1)
+}
+
+/// Like [`line_of_text`], but the first occurrence at or after line `from` (1-based).
+pub fn line_of_text_from(text: &str, fragment: &str, from: usize) -> usize {
     text.lines()
-        .position(|l| strip_comment(l).contains(fragment))
-        .map(|i| i + 1)
-        .unwrap_or(1)
+        .enumerate()
+        .skip(from.saturating_sub(1))
+        .find(|(_, l)| strip_comment(l).contains(fragment))
+        .map(|(i, _)| i + 1)
+        .unwrap_or(from.max(1))
 }
 
 fn strip_comment(line: &str) -> &str {
