@@ -225,7 +225,7 @@ fn parse_quartz(expression: &str) -> Result<Cron, CronError> {
         .sloppy_ranges(true)
         .build()
         .parse(expression)
-        .map_err(|e| invalid(e.to_string()))
+        .map_err(|e| invalid(e.to_string().trim_end_matches('.').to_string()))
 }
 
 /// Formats an instant in a time zone as `2027-03-28 02:00:00 BST`, for summaries and logs.

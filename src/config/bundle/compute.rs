@@ -10,8 +10,9 @@ use crate::config::pipeline::parse_size;
 
 /// Most worker threads a job cluster may ask for.
 pub const MAX_WORKER_THREADS: usize = 1024;
-/// Smallest memory limit: below this even a small sort cannot hold one batch and its merge.
-pub const MIN_MEMORY_LIMIT: u64 = 8 << 20;
+/// Smallest memory limit: DataFusion reserves 10 MB for a sort's merge before it spills, so
+/// below this a full reload fails instead of spilling.
+pub const MIN_MEMORY_LIMIT: u64 = 16 << 20;
 /// Largest memory limit accepted (a typo guard: 1 PiB).
 pub const MAX_MEMORY_LIMIT: u64 = 1 << 50;
 
@@ -106,7 +107,7 @@ fn memory(text: &str) -> Result<u64, String> {
     };
     if !(MIN_MEMORY_LIMIT..=MAX_MEMORY_LIMIT).contains(&bytes) {
         return Err(format!(
-            "`memory_limit: {t}` is out of range; use at least {}MiB",
+            "`memory_limit: {t}` is out of range; use at least {}MiB (at most 1PiB): a sort reserves 10 MB before it can spill",
             MIN_MEMORY_LIMIT >> 20
         ));
     }
