@@ -124,7 +124,7 @@ fn size(bytes: u64) -> String {
         ("KiB", 1 << 10),
     ];
     for (u, n) in UNITS {
-        if bytes >= n && bytes % n == 0 {
+        if bytes >= n && bytes.is_multiple_of(n) {
             return format!("{}{u}", bytes / n);
         }
     }

@@ -615,7 +615,7 @@ mod tests {
         let ledger = Ledger::for_lake(&dir.path().to_string_lossy());
         assert!(ledger.recent(None, 10).await.unwrap().is_empty());
         assert!(ledger.last_scheduled().await.unwrap().is_empty());
-        let rows = vec![
+        let rows = [
             row("a", 1, 0, Some(0)),
             row("a", 1, 100, Some(100)),
             row("b", 1, 50, None),

@@ -581,7 +581,7 @@ impl JobCtx<'_> {
                 let after = &rest[pos + key.len() + 1..];
                 let v = after
                     .trim_start()
-                    .split(|c: char| c == ',' || c == '}' || c == ']' || c == '#')
+                    .split([',', '}', ']', '#'])
                     .next()
                     .unwrap_or("")
                     .trim()
