@@ -9,6 +9,7 @@
 
 mod build;
 mod compute;
+mod job;
 mod raw;
 
 use std::collections::BTreeMap;
