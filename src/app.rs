@@ -1,13 +1,17 @@
 //! One function per command. Each returns what goes to stdout; errors carry their class.
+//! The bundle and job commands live in [`jobs_commands`].
+
+mod jobs_commands;
 
 use std::path::Path;
+use std::sync::Arc;
 
 use chrono::{SecondsFormat, TimeZone, Utc};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
-    Command, DemoArgs, GenerateArgs, HistoryArgs, MaintainArgs, OutputFormat, ReconcileArgs,
-    RestoreArgs, RunArgs,
+    BundleCommand, Command, DemoArgs, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs,
+    OutputFormat, ReconcileArgs, RestoreArgs, RunArgs,
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
@@ -36,6 +40,10 @@ pub enum AppError {
     /// The command line asks for something impossible.
     #[error("{0}")]
     Usage(String),
+    #[error(transparent)]
+    Jobs(#[from] crate::jobs::JobsError),
+    #[error(transparent)]
+    Bundle(#[from] crate::config::BundleError),
     #[error("{action} {uri}: {source}")]
     Delta {
         action: &'static str,
@@ -64,6 +72,8 @@ impl Classify for AppError {
             AppError::Usage(_) => ErrorClass::Usage,
             AppError::Maintain(lake::MaintainError::UnsafeRetention { .. }) => ErrorClass::Usage,
             AppError::Maintain(lake::MaintainError::Delta(e)) => classify_delta(e),
+            AppError::Jobs(e) => e.class(),
+            AppError::Bundle(e) => e.class(),
             AppError::Delta { source, .. } => classify_delta(source),
             AppError::Reconcile(e) => e.class(),
         }
@@ -81,17 +91,45 @@ impl AppError {
     }
 }
 
-/// Runs one command; returns its stdout.
-pub async fn dispatch(command: Command, clock: &dyn Clock) -> Result<String, AppError> {
-    match command {
-        Command::Run(args) => run_command(args, clock).await,
-        Command::History(args) => history(args).await,
-        Command::Restore(args) => restore(args).await,
-        Command::Generate(args) => generate_command(args).await,
-        Command::Demo(args) => demo(args, clock).await,
-        Command::Maintain(args) => maintain(args).await,
-        Command::Reconcile(args) => reconcile_command(args, clock).await,
+/// What a command produced: its stdout, and — for a command that ran but did not succeed (a
+/// job with a failed task, an invalid bundle) — the class deciding the exit code and a message
+/// for stderr. Such commands still print their full report.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    pub stdout: String,
+    pub failure: Option<(ErrorClass, String)>,
+}
+
+impl From<String> for Output {
+    fn from(stdout: String) -> Self {
+        Output {
+            stdout,
+            failure: None,
+        }
     }
+}
+
+/// Runs one command.
+pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
+    use jobs_commands as j;
+    Ok(match command {
+        Command::Run(args) => run_command(args, clock.as_ref()).await?.into(),
+        Command::History(args) => history(args).await?.into(),
+        Command::Restore(args) => restore(args).await?.into(),
+        Command::Generate(args) => generate_command(args).await?.into(),
+        Command::Demo(args) => demo(args, clock).await?,
+        Command::Maintain(args) => maintain(args).await?.into(),
+        Command::Reconcile(args) => reconcile_command(args, clock.as_ref()).await?.into(),
+        Command::Bundle(b) => match b.command {
+            BundleCommand::Validate(args) => j::bundle_validate(args),
+            BundleCommand::Summary(args) => j::bundle_summary(args, clock.as_ref())?.into(),
+        },
+        Command::Job(job) => match job.command {
+            JobCommand::Run(args) => j::job_run(args, clock).await?,
+        },
+        Command::Scheduler(args) => j::scheduler(args, clock).await?.into(),
+        Command::Runs(args) => j::runs(args).await?.into(),
+    })
 }
 
 fn load_pipeline(name: &str, dir: &Path, vars: &[String]) -> Result<Pipeline, AppError> {
@@ -338,12 +376,29 @@ pub async fn generate_command(args: GenerateArgs) -> Result<String, AppError> {
 const DEMO_PAYMENTS: u64 = 20_000;
 const DEMO_DAYS: u32 = 30;
 
-/// `tidemark demo`: generate sample data when absent, else append the next hour; then run.
-pub async fn demo(args: DemoArgs, clock: &dyn Clock) -> Result<String, AppError> {
-    let lake_dir = std::path::absolute(&args.lake)
-        .map_err(|e| AppError::Usage(format!("--lake {}: {e}", args.lake.display())))?;
-    let bronze = lake_dir.join("bronze/payments_raw");
-    let bronze_uri = bronze.to_string_lossy().to_string();
+/// The job the demo runs.
+const DEMO_JOB: &str = "payments_hourly";
+
+/// `tidemark demo`: generate sample data when absent, else append the next hour; then run the
+/// bundle's `payments_hourly` job on its default (`local`) target, exactly as `tidemark job run`
+/// would.
+pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
+    let mut var_args = Vec::new();
+    if let Some(lake) = &args.lake {
+        let abs = std::path::absolute(lake)
+            .map_err(|e| AppError::Usage(format!("--lake {}: {e}", lake.display())))?;
+        var_args.push(format!("lake={}", abs.display()));
+    }
+    let select = crate::cli::BundleSelect {
+        bundle: args.bundle.clone(),
+        target: None,
+        vars: var_args,
+    };
+    let bundle = jobs_commands::load_bundle(&select)?;
+    let job = bundle.job(DEMO_JOB).map_err(AppError::Usage)?;
+    let Some(bronze_uri) = job.tasks.first().map(|t| t.pipeline.source_uri.clone()) else {
+        return Err(AppError::Usage(format!("job `{DEMO_JOB}` has no task")));
+    };
     let mut out = String::new();
     let report = if lake::open_if_exists(&bronze_uri).await?.is_some() {
         generate::next_hours(&bronze_uri, 1).await?
@@ -361,18 +416,13 @@ pub async fn demo(args: DemoArgs, clock: &dyn Clock) -> Result<String, AppError>
     if args.output == OutputFormat::Text {
         out.push_str(&render_generate(&report, args.output));
     }
-    let mut vars = Vars::new();
-    vars.set("lake", &lake_dir.to_string_lossy());
-    let pipeline = Pipeline::load(&args.pipeline, &vars)?;
-    let summary = run::run(&pipeline, &RunOptions::default(), clock, &Engine::default()).await?;
-    match args.output {
-        OutputFormat::Json => out.push_str(&(summary.to_json() + "\n")),
-        OutputFormat::Text => {
-            out.push_str(&summary.to_text());
-            out.push_str(
-                "\nRun `tidemark demo` again to land the next hour and merge it incrementally.\n",
-            );
-        }
+    let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
+    out.push_str(&result.stdout);
+    if args.output == OutputFormat::Text && result.failure.is_none() {
+        out.push_str(
+            "\nRun `tidemark demo` again to land the next hour and merge it incrementally; `tidemark runs` shows the ledger.\n",
+        );
     }
-    Ok(out)
+    result.stdout = out;
+    Ok(result)
 }

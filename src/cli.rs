@@ -47,12 +47,119 @@ pub enum Command {
     Restore(RestoreArgs),
     /// Write a synthetic bronze payments change table, or append its next hour.
     Generate(GenerateArgs),
-    /// The first command to try: sample data under ./lake, then one run per call.
+    /// The first command to try: sample data under ./lake, then one run of the
+    /// payments_hourly job per call.
     Demo(DemoArgs),
     /// Compact small files, write a checkpoint and vacuum unreferenced files safely.
     Maintain(MaintainArgs),
     /// Compare the target with the newest row per key of its whole source (exit 65 if they differ).
     Reconcile(ReconcileArgs),
+    /// Check or describe the bundle (jobs as code under bundle/).
+    Bundle(BundleArgs),
+    /// Run a bundle job.
+    Job(JobArgs),
+    /// Fire every UNPAUSED job on its schedule until SIGTERM/SIGINT.
+    Scheduler(SchedulerArgs),
+    /// Recent job runs from the run ledger, one row per task attempt.
+    Runs(RunsArgs),
+}
+
+/// Which bundle, which target, and variable overrides.
+#[derive(Debug, Args, Clone)]
+pub struct BundleSelect {
+    /// The bundle directory (holding tidemark.yml), or the bundle file.
+    #[arg(long, default_value = "bundle")]
+    pub bundle: PathBuf,
+    /// The target (default: the one marked `default: true`).
+    #[arg(long, short = 't')]
+    pub target: Option<String>,
+    /// Set a bundle variable (repeatable); wins over BUNDLE_VAR_<NAME>, the target and the default.
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub vars: Vec<String>,
+}
+
+#[derive(Debug, Args)]
+pub struct BundleArgs {
+    #[command(subcommand)]
+    pub command: BundleCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BundleCommand {
+    /// Load every bundle file and report all problems (with file and line) and warnings.
+    Validate(BundleValidateArgs),
+    /// Each job: its tasks, compute, and next fire times in its time zone and in UTC.
+    Summary(BundleSummaryArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BundleValidateArgs {
+    #[command(flatten)]
+    pub select: BundleSelect,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct BundleSummaryArgs {
+    #[command(flatten)]
+    pub select: BundleSelect,
+    /// Fire times after this instant (RFC 3339; default: now).
+    #[arg(long, value_name = "TIME")]
+    pub from: Option<String>,
+    /// How many fire times per job.
+    #[arg(long, default_value_t = 5)]
+    pub count: usize,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct JobArgs {
+    #[command(subcommand)]
+    pub command: JobCommand,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum JobCommand {
+    /// Run a job's tasks now, in dependency order, with its retries and timeouts.
+    Run(JobRunArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct JobRunArgs {
+    /// The job's name under `resources.jobs`.
+    pub job: String,
+    #[command(flatten)]
+    pub select: BundleSelect,
+    /// Run every pipeline task as a full reload (recovery).
+    #[arg(long)]
+    pub full_reload: bool,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct SchedulerArgs {
+    #[command(flatten)]
+    pub select: BundleSelect,
+    /// On SIGTERM/SIGINT, how long running jobs may take to finish before they are cancelled.
+    #[arg(long, default_value = "5m", value_parser = humantime::parse_duration)]
+    pub grace_period: std::time::Duration,
+}
+
+#[derive(Debug, Args)]
+pub struct RunsArgs {
+    #[command(flatten)]
+    pub select: BundleSelect,
+    /// Only this job's runs.
+    #[arg(long)]
+    pub job: Option<String>,
+    /// How many rows (task attempts), newest first.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
 }
 
 #[derive(Debug, Args)]
@@ -147,12 +254,13 @@ pub struct MaintainArgs {
 
 #[derive(Debug, Args)]
 pub struct DemoArgs {
-    /// Folder for the demo's tables.
-    #[arg(long, default_value = "lake")]
-    pub lake: PathBuf,
-    /// The pipeline the demo runs.
-    #[arg(long, default_value = "pipelines/payments.yml")]
-    pub pipeline: PathBuf,
+    /// Folder for the demo's tables (sets the bundle variable `lake`; default: the `local`
+    /// target's ./lake).
+    #[arg(long)]
+    pub lake: Option<PathBuf>,
+    /// The bundle whose `payments_hourly` job the demo runs.
+    #[arg(long, default_value = "bundle")]
+    pub bundle: PathBuf,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

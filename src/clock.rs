@@ -1,7 +1,12 @@
 //! Injectable time.
 //!
-//! "Now" decides which rows are future-dated and deferred. Tests (and the scheduler, later)
-//! need to move time without waiting, so nothing in the run path calls `Utc::now()` directly.
+//! "Now" decides which rows are future-dated and deferred, and when the scheduler fires a job.
+//! Tests need to move time without waiting, so nothing in the run or scheduler path calls
+//! `Utc::now()` or sleeps on the wall clock directly: it asks a [`Clock`].
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
@@ -9,11 +14,23 @@ use chrono::{DateTime, Utc};
 /// Meant for tests and for replaying a past hour; never set it in production.
 pub const FAKE_NOW_ENV: &str = "TIDEMARK_FAKE_NOW";
 
-/// A source of the current time.
+/// A future returned by [`Clock::sleep_until`].
+pub type Sleep<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+
+/// A source of the current time, and a way to wait for a later one.
 pub trait Clock: Send + Sync {
     /// The current instant.
     fn now(&self) -> DateTime<Utc>;
+
+    /// Completes once [`Clock::now`] has reached `deadline` (at once if it already has). The
+    /// scheduler waits for its next fire with this, so a test clock can make days pass in
+    /// milliseconds.
+    fn sleep_until(&self, deadline: DateTime<Utc>) -> Sleep<'_>;
 }
+
+/// Longest single wait of the system clock: the wall clock is re-read at least this often, so
+/// a suspended laptop or a stepped clock delays a fire by at most this much.
+const MAX_WALL_SLEEP: Duration = Duration::from_secs(30);
 
 /// The real wall clock.
 #[derive(Debug, Default, Clone, Copy)]
@@ -23,9 +40,23 @@ impl Clock for SystemClock {
     fn now(&self) -> DateTime<Utc> {
         Utc::now()
     }
+
+    fn sleep_until(&self, deadline: DateTime<Utc>) -> Sleep<'_> {
+        Box::pin(async move {
+            loop {
+                let left = deadline - Utc::now();
+                let Ok(left) = left.to_std() else { return };
+                if left.is_zero() {
+                    return;
+                }
+                tokio::time::sleep(left.min(MAX_WALL_SLEEP)).await;
+            }
+        })
+    }
 }
 
-/// A clock that always returns the same instant.
+/// A clock that always returns the same instant. Time never passes, so sleeping until a later
+/// instant never completes (a scheduler on a pinned clock only handles what is already due).
 #[derive(Debug, Clone, Copy)]
 pub struct FixedClock(pub DateTime<Utc>);
 
@@ -33,16 +64,91 @@ impl Clock for FixedClock {
     fn now(&self) -> DateTime<Utc> {
         self.0
     }
+
+    fn sleep_until(&self, deadline: DateTime<Utc>) -> Sleep<'_> {
+        let due = deadline <= self.0;
+        Box::pin(async move {
+            if !due {
+                std::future::pending::<()>().await;
+            }
+        })
+    }
+}
+
+/// A clock that reads tokio's clock, starting at a chosen instant.
+///
+/// In a runtime whose time is paused (`#[tokio::test(start_paused = true)]`), tokio advances
+/// its clock to the next timer whenever every task is idle, so a scheduler driven by this clock
+/// runs through days of fires in milliseconds, deterministically. In a normal runtime it is a
+/// real clock that started at `origin`.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    origin: DateTime<Utc>,
+    started: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock that reads `origin` now and advances with tokio's clock.
+    pub fn starting_at(origin: DateTime<Utc>) -> Self {
+        TokioClock {
+            origin,
+            started: tokio::time::Instant::now(),
+        }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> DateTime<Utc> {
+        let elapsed = self.started.elapsed();
+        self.origin + chrono::TimeDelta::from_std(elapsed).unwrap_or(chrono::TimeDelta::MAX)
+    }
+
+    fn sleep_until(&self, deadline: DateTime<Utc>) -> Sleep<'_> {
+        let offset = (deadline - self.origin).to_std().unwrap_or(Duration::ZERO);
+        let at = self.started + offset;
+        Box::pin(tokio::time::sleep_until(at))
+    }
 }
 
 /// The clock the binary uses: the system clock unless [`FAKE_NOW_ENV`] is set.
-pub fn from_env() -> Result<Box<dyn Clock>, String> {
+pub fn from_env() -> Result<std::sync::Arc<dyn Clock>, String> {
     match std::env::var(FAKE_NOW_ENV) {
         Ok(v) => DateTime::parse_from_rfc3339(v.trim())
-            .map(|t| Box::new(FixedClock(t.with_timezone(&Utc))) as Box<dyn Clock>)
+            .map(|t| std::sync::Arc::new(FixedClock(t.with_timezone(&Utc))) as std::sync::Arc<dyn Clock>)
             .map_err(|e| {
                 format!("{FAKE_NOW_ENV}={v:?} is not an RFC 3339 time ({e}); unset it or use e.g. 2025-01-06T12:00:00Z")
             }),
-        Err(_) => Ok(Box::new(SystemClock)),
+        Err(_) => Ok(std::sync::Arc::new(SystemClock)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_clock_jumps_to_the_deadline_when_idle() {
+        let clock = TokioClock::starting_at(at("2027-03-28T00:00:00Z"));
+        clock.sleep_until(at("2027-03-30T12:00:00Z")).await;
+        assert_eq!(clock.now(), at("2027-03-30T12:00:00Z"));
+        // a deadline in the past completes at once
+        clock.sleep_until(at("2027-01-01T00:00:00Z")).await;
+        assert_eq!(clock.now(), at("2027-03-30T12:00:00Z"));
+    }
+
+    #[tokio::test]
+    async fn fixed_clock_completes_only_what_is_due() {
+        let clock = FixedClock(at("2027-01-01T00:00:00Z"));
+        clock.sleep_until(at("2026-12-31T00:00:00Z")).await;
+        let later = clock.sleep_until(at("2027-01-01T00:00:01Z"));
+        let waited = tokio::time::timeout(Duration::from_millis(20), later).await;
+        assert!(
+            waited.is_err(),
+            "a pinned clock never reaches a later instant"
+        );
     }
 }

@@ -4,6 +4,8 @@
 //!
 //! Data flows one way: [`config`] (YAML → validated types) → [`run`] (plan, read, validate,
 //! dedup, compare, commit) over [`lake`] (Delta access) → [`report`] (the run summary).
+//! [`jobs`] decides *when* runs happen (bundle jobs, the scheduler, leases, the run ledger) and
+//! calls the same [`run::run`] entry point.
 //! [`app`] has one function per command; `main.rs` only parses and maps errors to exit codes.
 
 pub mod app;
@@ -13,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod failpoint;
 pub mod generate;
+pub mod jobs;
 pub mod lake;
 pub mod reconcile;
 pub mod report;

@@ -36,8 +36,14 @@ fn main() {
             std::process::exit(ErrorClass::Internal.exit_code());
         }
     };
-    match runtime.block_on(tidemark::app::dispatch(cli.command, clock.as_ref())) {
-        Ok(stdout) => write_stdout(&stdout),
+    match runtime.block_on(tidemark::app::dispatch(cli.command, clock)) {
+        Ok(out) => {
+            write_stdout(&out.stdout);
+            if let Some((class, message)) = out.failure {
+                eprintln!("error: {message}");
+                std::process::exit(class.exit_code());
+            }
+        }
         Err(e) => {
             if let Some(stdout) = e.stdout() {
                 write_stdout(stdout);

@@ -976,8 +976,8 @@ fn generate_writes_a_table_and_appends_the_next_hour() {
 fn demo_bootstraps_then_runs_incrementally() {
     let dir = tempfile::tempdir().expect("tempdir");
     let lake = dir.path().join("lake");
-    let pipeline = repo_file("pipelines/payments.yml");
-    let demo = || {
+    // The demo runs the bundle's payments_hourly job (its local target), like `job run`.
+    let demo = |output: &str| {
         let out = exec(
             tidemark(
                 chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
@@ -988,29 +988,38 @@ fn demo_bootstraps_then_runs_incrementally() {
             .arg("demo")
             .arg("--lake")
             .arg(&lake)
-            .arg("--pipeline")
-            .arg(&pipeline)
-            .args(["--output", "json"]),
+            .arg("--bundle")
+            .arg(repo_file("bundle"))
+            .args(["--output", output]),
         );
         assert_eq!(out.code, 0, "{}", out.stderr);
-        one_json(&out.stdout)
+        out.stdout
     };
-    let first = demo();
+    let job = one_json(&demo("json"));
+    assert_eq!(job["job"], "payments_hourly", "{job}");
+    assert_eq!(job["status"], "succeeded", "{job}");
+    let first = job["tasks"][0]["attempts"][0]["summary"].clone();
     assert_eq!(first["mode"], "bootstrap", "{first}");
     assert!(num(&first, "num_inserted") > 0, "{first}");
     assert!(lake.join("silver/payments/_delta_log").exists());
-    let second = demo();
-    assert_eq!(second["mode"], "incremental", "{second}");
-    assert_eq!(
-        num(&second, "source_version"),
-        num(&first, "source_version") + 1
+    assert!(
+        lake.join("_tidemark/runs/_delta_log").exists(),
+        "the run is in the ledger"
     );
-    assert_eq!(
-        time(&second, "watermark_before").map(|w| w / 1000),
-        time(&first, "watermark_after").map(|w| w / 1000),
-        "statistics keep milliseconds"
+    let text = demo("text");
+    assert!(
+        text.contains("job payments_hourly on target local — succeeded"),
+        "{text}"
     );
-    assert!(num(&second, "num_source_rows_read") > 0, "{second}");
+    assert!(text.contains("payments incremental run"), "{text}");
+    let job = one_json(&demo("json"));
+    let third = &job["tasks"][0]["attempts"][0]["summary"];
+    assert_eq!(third["mode"], "incremental", "{third}");
+    assert_eq!(
+        num(third, "source_version"),
+        num(&first, "source_version") + 2
+    );
+    assert!(num(third, "num_source_rows_read") > 0, "{third}");
 }
 
 // ---------------------------------------------------------------------------------------------

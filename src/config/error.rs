@@ -37,6 +37,9 @@ pub enum ConfigError {
         reference: String,
         how: String,
     },
+    /// The bundle has problems; every one is listed.
+    #[error(transparent)]
+    Bundle(#[from] super::bundle::BundleError),
     /// A `--var` argument that is not `NAME=VALUE`.
     #[error("--var {0:?} is not NAME=VALUE (example: --var lake=./lake)")]
     BadVarArg(String),

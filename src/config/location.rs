@@ -9,6 +9,14 @@ pub fn line_of_key(text: &str, key: &str) -> usize {
     lines_of_key(text, key).next().unwrap_or(1)
 }
 
+/// Like [`line_of_key`], but the first definition at or after line `from` (1-based): finds a
+/// key inside one job or task of a file that defines several.
+pub fn line_of_key_from(text: &str, key: &str, from: usize) -> usize {
+    lines_of_key(text, key)
+        .find(|line| *line >= from)
+        .unwrap_or(1)
+}
+
 /// 1-based lines of every definition of `key:`, in order (see [`line_of_key`]).
 pub fn lines_of_key<'t>(text: &'t str, key: &str) -> impl Iterator<Item = usize> + 't {
     let needle = format!("{key}:");
@@ -26,9 +34,16 @@ pub fn lines_of_key<'t>(text: &'t str, key: &str) -> impl Iterator<Item = usize>
 
 /// 1-based line of the first non-comment occurrence of `fragment`. Falls back to line 1.
 pub fn line_of_text(text: &str, fragment: &str) -> usize {
+    line_of_text_from(text, fragment, 1)
+}
+
+/// Like [`line_of_text`], but the first occurrence at or after line `from` (1-based).
+pub fn line_of_text_from(text: &str, fragment: &str, from: usize) -> usize {
     text.lines()
-        .position(|l| strip_comment(l).contains(fragment))
-        .map(|i| i + 1)
+        .enumerate()
+        .skip(from.saturating_sub(1))
+        .find(|(_, l)| strip_comment(l).contains(fragment))
+        .map(|(i, _)| i + 1)
         .unwrap_or(1)
 }
 
@@ -50,7 +65,8 @@ pub fn nearest<'a>(unknown: &str, valid: impl IntoIterator<Item = &'a str>) -> O
     let valid: Vec<&str> = valid.into_iter().collect();
     let one_edit = valid
         .iter()
-        .filter(|v| strsim::osa_distance(unknown, v) <= 1)
+        // One edit is a typo only in a name long enough for the rest to identify it.
+        .filter(|v| unknown.chars().count() >= 3 && strsim::osa_distance(unknown, v) <= 1)
         .min_by(|a, b| {
             strsim::jaro_winkler(unknown, b).total_cmp(&strsim::jaro_winkler(unknown, a))
         });

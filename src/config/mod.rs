@@ -4,11 +4,13 @@
 //! never a silent default); validation turns them into the types the run uses. Every error names
 //! the file, the line and the key, because the person reading it has the file open.
 
+pub mod bundle;
 mod error;
 mod location;
 pub mod pipeline;
 pub mod vars;
 
+pub use bundle::{Bundle, BundleError, Diagnostic};
 pub use error::ConfigError;
 pub use pipeline::{DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec, SchemaChange};
 pub use vars::Vars;

@@ -1,15 +1,26 @@
 //! `${var.NAME}` and `${env.NAME}` substitution.
 //!
-//! Variables come from the command line (`--var NAME=VALUE`) and, for bundles, from the selected
-//! target and the defaults; the caller merges those layers into one [`Vars`]. `${env.NAME}` reads
-//! the process environment and is meant for secrets: resolved values are never logged.
+//! Variables come from the command line (`--var NAME=VALUE`) and, for bundles, from
+//! `BUNDLE_VAR_<NAME>` environment variables, the selected target and the declared defaults, in
+//! that order of precedence; the bundle loader merges those layers into one [`Vars`].
+//! `${env.NAME}` reads the process environment and is meant for secrets: resolved values are
+//! never logged.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Variable values, already merged by precedence.
 #[derive(Debug, Clone, Default)]
 pub struct Vars {
     values: BTreeMap<String, String>,
+    /// Set when the values come from a bundle: the bundle file (for messages) and the declared
+    /// variable names, so a reference to an undeclared one says so.
+    bundle: Option<BundleScope>,
+}
+
+#[derive(Debug, Clone)]
+struct BundleScope {
+    file: String,
+    declared: BTreeSet<String>,
 }
 
 /// Why a reference could not be resolved: the reference as written and how to supply it.
@@ -40,6 +51,31 @@ impl Vars {
         Ok(vars)
     }
 
+    /// Marks these values as resolved from the bundle `file` declaring `declared`: messages about
+    /// a missing value then list every way a bundle variable can be given.
+    pub fn in_bundle(mut self, file: &str, declared: impl IntoIterator<Item = String>) -> Self {
+        self.bundle = Some(BundleScope {
+            file: file.to_string(),
+            declared: declared.into_iter().collect(),
+        });
+        self
+    }
+
+    /// How to give variable `name` a value, for error messages.
+    pub fn how_to_set(&self, name: &str) -> String {
+        match &self.bundle {
+            None => format!("pass --var {name}=VALUE"),
+            Some(b) if !b.declared.contains(name) => format!(
+                "`{name}` is not declared: add it under `variables` in {} (with a `default` or a value in each target)",
+                b.file
+            ),
+            Some(b) => format!(
+                "pass --var {name}=VALUE, export BUNDLE_VAR_{name}, or give it a value in the target's `variables` (or a `default`) in {}",
+                b.file
+            ),
+        }
+    }
+
     /// Sets (or replaces) one variable.
     pub fn set(&mut self, name: &str, value: &str) {
         self.values.insert(name.to_string(), value.to_string());
@@ -50,6 +86,11 @@ impl Vars {
         self.values
             .entry(name.to_string())
             .or_insert_with(|| value.to_string());
+    }
+
+    /// The names that have a value.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.values.keys().map(String::as_str)
     }
 
     /// The value of one variable.
@@ -78,7 +119,7 @@ impl Vars {
                     .map(str::to_string)
                     .ok_or_else(|| Unresolved {
                         reference: reference.clone(),
-                        how: format!("pass --var {name}=VALUE"),
+                        how: self.how_to_set(name),
                     })?,
                 Some(("env", name)) if is_name(name) => {
                     std::env::var(name).map_err(|_| Unresolved {
@@ -135,6 +176,17 @@ mod tests {
         let err = Vars::new().substitute("${oops}").unwrap_err();
         assert!(err.how.contains("only ${var.NAME}"));
         assert!(Vars::new().substitute("${var.lake").is_err());
+    }
+
+    #[test]
+    fn bundle_messages_list_every_source_of_a_value() {
+        let vars = Vars::new().in_bundle("bundle/tidemark.yml", ["lake".to_string()]);
+        let err = vars.substitute("${var.lake}").unwrap_err();
+        assert!(err.how.contains("--var lake=VALUE"), "{}", err.how);
+        assert!(err.how.contains("BUNDLE_VAR_lake"), "{}", err.how);
+        assert!(err.how.contains("bundle/tidemark.yml"), "{}", err.how);
+        let err = vars.substitute("${var.nope}").unwrap_err();
+        assert!(err.how.contains("`nope` is not declared"), "{}", err.how);
     }
 
     #[test]

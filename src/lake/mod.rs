@@ -21,7 +21,7 @@ pub use log::{
     CommitEntry, StatsMax,
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
-pub use open::{builder, create_url, open_if_exists, open_required, table_url};
+pub use open::{builder, create_url, location_url, open_if_exists, open_required, table_url};
 pub use restore::{restore, RestoreOutcome};
 
 /// Key under which tidemark stores its run facts in the Delta `commitInfo`.

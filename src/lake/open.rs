@@ -29,6 +29,15 @@ pub fn create_url(uri: &str) -> Result<Url, LakeError> {
     })
 }
 
+/// The URL of a storage location that is not a table (e.g. the lease store); creates local
+/// directories, accepts whatever is already there.
+pub fn location_url(uri: &str) -> Result<Url, LakeError> {
+    deltalake::ensure_table_uri(strip_file_scheme(uri)).map_err(|e| LakeError::BadUri {
+        uri: uri.to_string(),
+        reason: e.to_string(),
+    })
+}
+
 /// The local directory a URI names, if it is local (a plain path or `file://`).
 fn local_path(uri: &str) -> Option<std::path::PathBuf> {
     let path = strip_file_scheme(uri);

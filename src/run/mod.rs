@@ -35,7 +35,7 @@ use tracing::{info, info_span, warn, Instrument};
 pub use dedup::{DedupCounts, Deduper};
 pub use error::RunError;
 pub use layout::Layout;
-pub use session::Engine;
+pub use session::{Engine, EngineError};
 
 use crate::clock::Clock;
 use crate::config::Pipeline;

@@ -1,38 +1,257 @@
-//! The DataFusion session every query of a run shares.
+//! The compute a run gets: DataFusion session settings, a memory pool with spill files, and
+//! (for job clusters) a tokio runtime with a bounded number of worker threads.
+//!
+//! `tidemark run` uses [`Engine::default`]: every core, no memory limit, spills to the OS temp
+//! directory. A bundle's `job_clusters` build an [`Engine`] with [`Engine::new`] from its
+//! [`Compute`]: `worker_threads` bound the runtime the job's tasks run on and DataFusion's
+//! `target_partitions`; `memory_limit` is a [`FairSpillPool`], so sorts and joins over the limit
+//! spill to `spill_directory` instead of growing until the process is killed.
 
-use std::collections::HashMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
+use datafusion::error::DataFusionError;
+use datafusion::execution::disk_manager::{DiskManager, DiskManagerBuilder, DiskManagerMode};
+use datafusion::execution::memory_pool::FairSpillPool;
+use datafusion::execution::runtime_env::{RuntimeEnv, RuntimeEnvBuilder};
+use datafusion::execution::session_state::SessionStateBuilder;
+use datafusion::execution::spill_file::{SpillFile, TempFileFactory};
 use datafusion::prelude::SessionContext;
 use deltalake::delta_datafusion::DeltaSessionContext;
+
+use crate::config::bundle::Compute;
+
+/// Why the compute of a job cluster cannot be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The spill directory cannot be created or used.
+    #[error("cannot use spill directory {path}: {source}; create it or point `spill_directory` at a writable local directory")]
+    SpillDirectory {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// DataFusion refused the runtime settings.
+    #[error("cannot set up the query runtime: {0}")]
+    Runtime(#[source] Box<DataFusionError>),
+    /// The worker thread pool could not start.
+    #[error("cannot start {threads} worker threads: {source}")]
+    Threads {
+        threads: usize,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl crate::error::Classify for EngineError {
+    fn class(&self) -> crate::error::ErrorClass {
+        crate::error::ErrorClass::Io
+    }
+}
 
 /// Compute settings a run honours.
 #[derive(Debug, Clone)]
 pub struct Engine {
     /// DataFusion partitions (and so the parallelism of scans and sorts).
     pub target_partitions: usize,
+    runtime_env: Arc<RuntimeEnv>,
+    spill: Arc<SpillCounter>,
+    threads: Option<Arc<OwnedRuntime>>,
 }
 
 impl Default for Engine {
     fn default() -> Self {
+        let counter = Arc::new(SpillCounter::default());
+        let runtime_env = RuntimeEnvBuilder::new()
+            .build_arc()
+            .unwrap_or_else(|_| Arc::new(RuntimeEnv::default()));
         Engine {
-            target_partitions: std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(2),
+            target_partitions: cores(),
+            runtime_env,
+            spill: counter,
+            threads: None,
         }
     }
 }
 
+fn cores() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(2)
+}
+
 impl Engine {
+    /// An engine for a job cluster's compute. With `worker_threads` it owns a runtime of that
+    /// many threads, on which [`Engine::spawn`] runs the tasks.
+    pub fn new(compute: &Compute) -> Result<Self, EngineError> {
+        let mut builder = RuntimeEnvBuilder::new();
+        if let Some(bytes) = compute.memory_limit {
+            let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
+            builder = builder.with_memory_pool(Arc::new(FairSpillPool::new(bytes)));
+        }
+        let mode = match &compute.spill_directory {
+            Some(dir) => {
+                std::fs::create_dir_all(dir).map_err(|source| EngineError::SpillDirectory {
+                    path: dir.clone(),
+                    source,
+                })?;
+                DiskManagerMode::Directories(vec![dir.clone()])
+            }
+            None => DiskManagerMode::OsTmpDirectory,
+        };
+        let inner = DiskManagerBuilder::default()
+            .with_mode(mode)
+            .build()
+            .map_err(|e| match (&compute.spill_directory, e) {
+                (Some(dir), DataFusionError::IoError(source)) => EngineError::SpillDirectory {
+                    path: dir.clone(),
+                    source,
+                },
+                (_, e) => EngineError::Runtime(Box::new(e)),
+            })?;
+        let counter = Arc::new(SpillCounter {
+            inner: Some(Arc::new(inner)),
+            created: AtomicU64::new(0),
+        });
+        builder = builder.with_disk_manager_builder(
+            DiskManagerBuilder::default().with_mode(DiskManagerMode::Custom(counter.clone())),
+        );
+        let runtime_env = builder
+            .build_arc()
+            .map_err(|e| EngineError::Runtime(Box::new(e)))?;
+        let threads = match compute.worker_threads {
+            Some(n) => Some(Arc::new(OwnedRuntime(Some(
+                tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(n)
+                    .thread_name("tidemark-worker")
+                    .enable_all()
+                    .build()
+                    .map_err(|source| EngineError::Threads { threads: n, source })?,
+            )))),
+            None => None,
+        };
+        Ok(Engine {
+            target_partitions: compute.worker_threads.unwrap_or_else(cores),
+            runtime_env,
+            spill: counter,
+            threads,
+        })
+    }
+
     /// A fresh session with these settings, on delta-rs' defaults (its query planner is
     /// needed for streamed writes, and identifiers stay case-sensitive).
     pub fn context(&self) -> SessionContext {
-        let overrides = HashMap::from([(
-            "datafusion.execution.target_partitions".to_string(),
-            self.target_partitions.max(1).to_string(),
-        )]);
-        match DeltaSessionContext::new_with_session_overrides(&overrides) {
-            Ok(ctx) => ctx.into_inner(),
-            Err(_) => DeltaSessionContext::new().into_inner(),
+        let ctx = DeltaSessionContext::with_runtime_env(self.runtime_env.clone()).into_inner();
+        let state = ctx.state();
+        let config = state
+            .config()
+            .clone()
+            .with_target_partitions(self.target_partitions.max(1));
+        let state = SessionStateBuilder::new_from_existing(state)
+            .with_config(config)
+            .build();
+        SessionContext::new_with_state(state)
+    }
+
+    /// Spill files created through this engine so far (a job reports the difference per task).
+    pub fn spill_files(&self) -> u64 {
+        self.spill.created.load(Ordering::Relaxed)
+    }
+
+    /// Runs `future` on this engine's worker threads (on the caller's runtime when the engine
+    /// has none). Aborting the handle cancels the work.
+    pub fn spawn<F>(&self, future: F) -> tokio::task::JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match self.threads.as_ref().and_then(|t| t.0.as_ref()) {
+            Some(rt) => rt.spawn(future),
+            None => tokio::spawn(future),
         }
+    }
+}
+
+/// A tokio runtime that may be dropped from async code (it shuts down in the background).
+#[derive(Debug)]
+struct OwnedRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for OwnedRuntime {
+    fn drop(&mut self) {
+        if let Some(rt) = self.0.take() {
+            rt.shutdown_background();
+        }
+    }
+}
+
+/// Counts spill files while delegating to DataFusion's directory-based disk manager.
+#[derive(Debug, Default)]
+struct SpillCounter {
+    inner: Option<Arc<DiskManager>>,
+    created: AtomicU64,
+}
+
+impl TempFileFactory for SpillCounter {
+    fn create_temp_file(&self, description: &str) -> datafusion::error::Result<Arc<dyn SpillFile>> {
+        let inner = self.inner.as_ref().ok_or_else(|| {
+            DataFusionError::ResourcesExhausted(format!(
+                "memory exhausted while {description} and spilling is not set up"
+            ))
+        })?;
+        self.created.fetch_add(1, Ordering::Relaxed);
+        inner.create_tmp_file(description)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn compute_sets_partitions_pool_and_spill_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        let spill = dir.path().join("spill");
+        let engine = Engine::new(&Compute {
+            worker_threads: Some(2),
+            memory_limit: Some(64 << 20),
+            spill_directory: Some(spill.clone()),
+        })
+        .unwrap();
+        assert!(spill.is_dir(), "the spill directory is created");
+        let ctx = engine.context();
+        assert_eq!(ctx.state().config().target_partitions(), 2);
+        assert!(matches!(
+            ctx.runtime_env().memory_pool.memory_limit(),
+            datafusion::execution::memory_pool::MemoryLimit::Finite(n) if n == 64 << 20
+        ));
+        // delta-rs' settings are kept
+        assert!(
+            !ctx.state()
+                .config()
+                .options()
+                .sql_parser
+                .enable_ident_normalization
+        );
+        // the engine's own threads run spawned work, and can be dropped inside async code
+        let name = engine
+            .spawn(async { std::thread::current().name().map(str::to_string) })
+            .await
+            .unwrap();
+        assert_eq!(name.as_deref(), Some("tidemark-worker"));
+        drop(engine);
+    }
+
+    #[test]
+    fn default_engine_uses_every_core() {
+        assert_eq!(
+            Engine::default()
+                .context()
+                .state()
+                .config()
+                .target_partitions(),
+            cores()
+        );
     }
 }

@@ -1,0 +1,471 @@
+//! The bundle and job commands: `bundle validate`, `bundle summary`, `job run`, `scheduler`,
+//! `runs`.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use super::{AppError, Output};
+use crate::cli::{
+    BundleSelect, BundleSummaryArgs, BundleValidateArgs, JobRunArgs, OutputFormat, RunsArgs,
+    SchedulerArgs,
+};
+use crate::clock::Clock;
+use crate::config::bundle::{Bundle, Job, Severity};
+use crate::config::{BundleError, ConfigError, Diagnostic, Vars};
+use crate::error::ErrorClass;
+use crate::jobs::cron::local_label;
+use crate::jobs::{
+    BundleExecutor, JobRequest, JobRunner, Ledger, ScheduledJob, Scheduler, Trigger,
+};
+
+fn cli_vars(select: &BundleSelect) -> Result<Vars, AppError> {
+    Ok(Vars::from_args(&select.vars).map_err(ConfigError::BadVarArg)?)
+}
+
+/// Loads the selected bundle; its warnings go to the log.
+pub fn load_bundle(select: &BundleSelect) -> Result<Bundle, AppError> {
+    let vars = cli_vars(select)?;
+    let loaded = Bundle::load(&select.bundle, select.target.as_deref(), &vars)?;
+    for w in &loaded.warnings {
+        warn!("{w}");
+    }
+    Ok(loaded.bundle)
+}
+
+/// `tidemark bundle validate`.
+pub fn bundle_validate(args: BundleValidateArgs) -> Output {
+    let vars = match cli_vars(&args.select) {
+        Ok(v) => v,
+        Err(e) => {
+            return Output {
+                stdout: String::new(),
+                failure: Some((ErrorClass::Usage, e.to_string())),
+            }
+        }
+    };
+    let result = Bundle::load(&args.select.bundle, args.select.target.as_deref(), &vars);
+    let (bundle, errors, warnings) = match result {
+        Ok(l) => (Some(l.bundle), Vec::new(), l.warnings),
+        Err(BundleError { errors, warnings }) => (None, errors, warnings),
+    };
+    let stdout = match args.output {
+        OutputFormat::Json => {
+            serde_json::json!({
+                "valid": errors.is_empty(),
+                "bundle": bundle.as_ref().map(|b| b.name.clone()),
+                "target": bundle.as_ref().map(|b| b.target.clone()),
+                "jobs": bundle.as_ref().map(|b| b.jobs.keys().cloned().collect::<Vec<_>>()).unwrap_or_default(),
+                "errors": errors,
+                "warnings": warnings,
+            })
+            .to_string()
+                + "\n"
+        }
+        OutputFormat::Text => {
+            let mut out = String::new();
+            let mut all: Vec<&Diagnostic> = errors.iter().chain(&warnings).collect();
+            all.sort_by(|a, b| (&a.file, a.line, a.severity == Severity::Warning).cmp(&(&b.file, b.line, b.severity == Severity::Warning)));
+            for d in all {
+                let _ = writeln!(out, "{d}");
+            }
+            let plural = |n: usize, w: &str| format!("{n} {w}{}", if n == 1 { "" } else { "s" });
+            match &bundle {
+                Some(b) => {
+                    let _ = writeln!(
+                        out,
+                        "bundle {} (target {}): valid — {} ({}), {}",
+                        b.name,
+                        b.target,
+                        plural(b.jobs.len(), "job"),
+                        b.jobs.keys().cloned().collect::<Vec<_>>().join(", "),
+                        plural(warnings.len(), "warning")
+                    );
+                }
+                None => {
+                    let _ = writeln!(
+                        out,
+                        "bundle {}: invalid — {}, {}",
+                        args.select.bundle.display(),
+                        plural(errors.len(), "error"),
+                        plural(warnings.len(), "warning")
+                    );
+                }
+            }
+            out
+        }
+    };
+    let failure = (!errors.is_empty()).then(|| {
+        (
+            ErrorClass::Config,
+            format!(
+                "the bundle has {} error{}; fix them and validate again",
+                errors.len(),
+                if errors.len() == 1 { "" } else { "s" }
+            ),
+        )
+    });
+    Output { stdout, failure }
+}
+
+fn utc(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+fn size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (u, n) in UNITS {
+        if bytes >= n && bytes.is_multiple_of(n) {
+            return format!("{}{u}", bytes / n);
+        }
+    }
+    format!("{bytes}B")
+}
+
+fn job_json(job: &Job, from: DateTime<Utc>, count: usize) -> serde_json::Value {
+    let fires: Vec<serde_json::Value> = job
+        .schedule
+        .as_ref()
+        .map(|s| {
+            s.cron
+                .upcoming(from, count)
+                .into_iter()
+                .map(|t| serde_json::json!({"utc": utc(t), "local": local_label(t, s.cron.timezone())}))
+                .collect()
+        })
+        .unwrap_or_default();
+    serde_json::json!({
+        "name": job.name,
+        "description": job.description,
+        "file": job.file,
+        "schedule": job.schedule.as_ref().map(|s| serde_json::json!({
+            "quartz_cron_expression": s.cron.expression(),
+            "timezone_id": s.cron.timezone().name(),
+            "pause_status": s.pause_status,
+        })),
+        "catch_up": job.catch_up,
+        "max_concurrent_runs": job.max_concurrent_runs,
+        "timeout_seconds": job.timeout.map(|t| t.as_secs()),
+        "job_clusters": job.clusters,
+        "tasks": job.tasks.iter().map(|t| serde_json::json!({
+            "task_key": t.key,
+            "depends_on": t.depends_on,
+            "job_cluster_key": t.cluster,
+            "pipeline": t.pipeline.name,
+            "pipeline_file": t.pipeline.path,
+            "mode": t.mode,
+            "max_retries": t.max_retries,
+            "min_retry_interval_millis": t.min_retry_interval.as_millis() as u64,
+            "retry_on_timeout": t.retry_on_timeout,
+            "timeout_seconds": t.timeout.map(|d| d.as_secs()),
+        })).collect::<Vec<_>>(),
+        "next_fires": fires,
+    })
+}
+
+/// `tidemark bundle summary`.
+pub fn bundle_summary(args: BundleSummaryArgs, clock: &dyn Clock) -> Result<String, AppError> {
+    let bundle = load_bundle(&args.select)?;
+    let from = match &args.from {
+        Some(s) => DateTime::parse_from_rfc3339(s.trim())
+            .map(|t| t.with_timezone(&Utc))
+            .map_err(|e| {
+                AppError::Usage(format!(
+                    "--from {s:?} is not an RFC 3339 time ({e}); e.g. 2027-03-28T00:00:00Z"
+                ))
+            })?,
+        None => clock.now(),
+    };
+    if args.output == OutputFormat::Json {
+        let v = serde_json::json!({
+            "bundle": bundle.name,
+            "target": bundle.target,
+            "file": bundle.file,
+            "from": utc(from),
+            "variables": bundle.variables,
+            "jobs": bundle.jobs.values().map(|j| job_json(j, from, args.count)).collect::<Vec<_>>(),
+        });
+        return Ok(v.to_string() + "\n");
+    }
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "bundle {} — target {} ({})",
+        bundle.name,
+        bundle.target,
+        bundle.file.display()
+    );
+    let _ = writeln!(out, "variables:");
+    for v in &bundle.variables {
+        let _ = writeln!(
+            out,
+            "  {} = {}  [{}]{}",
+            v.name,
+            v.value.as_deref().unwrap_or("(no value)"),
+            v.source.as_deref().unwrap_or("unset"),
+            v.description
+                .as_deref()
+                .map(|d| format!("  {d}"))
+                .unwrap_or_default()
+        );
+    }
+    for job in bundle.jobs.values() {
+        let _ = writeln!(
+            out,
+            "\njob {}{}",
+            job.name,
+            job.description
+                .as_deref()
+                .map(|d| format!(" — {d}"))
+                .unwrap_or_default()
+        );
+        match &job.schedule {
+            Some(s) => {
+                let _ = writeln!(
+                    out,
+                    "  schedule: \"{}\" in {} ({}), catch_up {}, max_concurrent_runs {}",
+                    s.cron.expression(),
+                    s.cron.timezone().name(),
+                    serde_json::to_value(s.pause_status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    serde_json::to_value(job.catch_up)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    job.max_concurrent_runs
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  schedule: none (runs only with `tidemark job run {}`)",
+                    job.name
+                );
+            }
+        }
+        if let Some(t) = job.timeout {
+            let _ = writeln!(out, "  timeout: {} s", t.as_secs());
+        }
+        for (key, c) in &job.clusters {
+            let _ = writeln!(
+                out,
+                "  compute {key}: {} worker threads, memory limit {}, spill to {}",
+                c.worker_threads
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "all".to_string()),
+                c.memory_limit
+                    .map(size)
+                    .unwrap_or_else(|| "none".to_string()),
+                c.spill_directory
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "the OS temp directory".to_string())
+            );
+        }
+        for t in &job.tasks {
+            let deps = if t.depends_on.is_empty() {
+                String::new()
+            } else {
+                format!(" after {}", t.depends_on.join(", "))
+            };
+            let _ = writeln!(
+                out,
+                "  task {}{deps}: pipeline {} ({}), {}, on {}; retries {} (every {} ms{}), timeout {}",
+                t.key,
+                t.pipeline.name,
+                t.pipeline.path.display(),
+                serde_json::to_value(t.mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
+                t.cluster.as_deref().unwrap_or("the default engine"),
+                t.max_retries,
+                t.min_retry_interval.as_millis(),
+                if t.retry_on_timeout { ", also on timeout" } else { "" },
+                t.timeout.map(|d| format!("{} s", d.as_secs())).unwrap_or_else(|| "none".to_string())
+            );
+        }
+        if let Some(s) = &job.schedule {
+            let fires = s.cron.upcoming(from, args.count);
+            let _ = writeln!(out, "  next {} fires after {}:", fires.len(), utc(from));
+            for f in fires {
+                let _ = writeln!(
+                    out,
+                    "    {:<28} {}",
+                    local_label(f, s.cron.timezone()),
+                    utc(f)
+                );
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `job` of `bundle` once (manual trigger) and renders its report.
+pub async fn run_job(
+    bundle: &Bundle,
+    job: &str,
+    full_reload: bool,
+    output: OutputFormat,
+    clock: Arc<dyn Clock>,
+) -> Result<Output, AppError> {
+    let job = bundle.job(job).map_err(AppError::Usage)?;
+    // Nothing cancels a manual run from outside: the sender lives until the run ends.
+    let (_cancel, cancel_rx) = watch::channel(None);
+    let runner = JobRunner::new(bundle.lake(), clock, cancel_rx)?;
+    let report = runner
+        .run(&JobRequest {
+            job: Arc::new(job.clone()),
+            target: bundle.target.clone(),
+            trigger: Trigger::Manual,
+            scheduled_at: None,
+            full_reload,
+        })
+        .await?;
+    let stdout = match output {
+        OutputFormat::Json => report.to_json() + "\n",
+        OutputFormat::Text => report.to_text(),
+    };
+    let failure = report
+        .failure_class()
+        .map(|class| (class, report.failure_message().unwrap_or_default()));
+    Ok(Output { stdout, failure })
+}
+
+/// `tidemark job run`.
+pub async fn job_run(args: JobRunArgs, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
+    let bundle = load_bundle(&args.select)?;
+    run_job(&bundle, &args.job, args.full_reload, args.output, clock).await
+}
+
+/// Completes on SIGTERM or SIGINT.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => info!("SIGTERM received"),
+                    _ = int.recv() => info!("SIGINT received"),
+                }
+                return;
+            }
+            _ => warn!("cannot listen for SIGTERM; stopping on Ctrl-C only"),
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+}
+
+/// `tidemark scheduler`.
+pub async fn scheduler(args: SchedulerArgs, clock: Arc<dyn Clock>) -> Result<String, AppError> {
+    let bundle = load_bundle(&args.select)?;
+    let jobs = ScheduledJob::from_bundle(&bundle);
+    let executor = Arc::new(BundleExecutor::new(&bundle, clock.clone())?);
+    let (stop, stop_rx) = watch::channel(false);
+    let signals = tokio::spawn(async move {
+        stop_signal().await;
+        let _ = stop.send(true);
+    });
+    info!(
+        bundle = %bundle.name,
+        target = %bundle.target,
+        jobs = %jobs.iter().map(|j| j.name.as_str()).collect::<Vec<_>>().join(","),
+        "scheduler started"
+    );
+    let report = Scheduler::new(jobs, clock, executor, args.grace_period)
+        .run(stop_rx)
+        .await?;
+    signals.abort();
+    Ok(format!(
+        "scheduler stopped: {} fires, {} catch-up runs, {} skipped (still running), {} missed{}\n",
+        report.fires,
+        report.catch_ups,
+        report.skipped,
+        report.missed,
+        if report.cancelled_at_shutdown {
+            "; running jobs were cancelled when the grace period ran out"
+        } else {
+            ""
+        }
+    ))
+}
+
+/// `tidemark runs`.
+pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
+    let bundle = load_bundle(&args.select)?;
+    let ledger = Ledger::for_lake(bundle.lake());
+    let rows = ledger
+        .recent(args.job.as_deref(), args.limit.max(1))
+        .await?;
+    if args.output == OutputFormat::Json {
+        return Ok(serde_json::to_string(&rows).unwrap_or_default() + "\n");
+    }
+    if rows.is_empty() {
+        return Ok(format!("no runs recorded yet in {}\n", ledger.uri()));
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "started (UTC)",
+        "job",
+        "task",
+        "try",
+        "trigger",
+        "status",
+        "scheduled (UTC)",
+        "mode",
+        "rows in/upd/del",
+        "target v",
+        "ms",
+        "error",
+    ]);
+    for r in &rows {
+        let counts = match (r.num_inserted, r.num_updated, r.num_deleted) {
+            (Some(i), Some(u), Some(d)) => format!("{i}/{u}/{d}"),
+            _ => String::new(),
+        };
+        let error = r
+            .error_message
+            .as_deref()
+            .map(|m| {
+                let class = r
+                    .error_class
+                    .as_deref()
+                    .map(|c| format!("[{c}] "))
+                    .unwrap_or_default();
+                let short: String = m.chars().take(70).collect();
+                format!(
+                    "{class}{short}{}",
+                    if m.chars().count() > 70 { "…" } else { "" }
+                )
+            })
+            .unwrap_or_default();
+        t.add_row(vec![
+            utc(r.started_at),
+            r.job.clone(),
+            r.task.clone(),
+            r.attempt.to_string(),
+            r.trigger.clone(),
+            r.status.clone(),
+            r.scheduled_at.map(utc).unwrap_or_default(),
+            r.mode.clone().unwrap_or_default(),
+            counts,
+            r.target_version.map(|v| v.to_string()).unwrap_or_default(),
+            r.duration_ms.to_string(),
+            error,
+        ]);
+    }
+    Ok(format!("{t}\n"))
+}

@@ -1,0 +1,639 @@
+//! The run ledger: a Delta table at `<lake>/_tidemark/runs`, one row per task attempt.
+//!
+//! Every attempt is appended as soon as it ends — successes, failures, retries, timeouts, tasks
+//! skipped because an upstream task failed, and fires skipped because the job was already
+//! running — so the ledger is the audit trail, what `tidemark runs` prints, and where the
+//! scheduler finds the last fire it handled after a restart. Any Delta reader can query it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, AsArray, Int32Array, Int64Array, RecordBatch, StringArray,
+    TimestampMicrosecondArray,
+};
+use arrow::datatypes::{
+    DataType, Field, Int32Type, Int64Type, Schema, TimeUnit, TimestampMicrosecondType,
+};
+use chrono::{DateTime, TimeZone, Utc};
+use datafusion::functions_aggregate::expr_fn::max;
+use datafusion::logical_expr::{col, lit};
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use serde::Serialize;
+
+use super::JobsError;
+use crate::lake;
+use crate::report::RunSummary;
+use crate::run::Engine;
+
+/// What started an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Trigger {
+    /// The scheduler, on time.
+    Schedule,
+    /// `tidemark job run` (or the demo).
+    Manual,
+    /// A retry of a failed attempt.
+    Retry,
+    /// The scheduler, for the latest fire it missed while it was down.
+    CatchUp,
+}
+
+impl Trigger {
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Trigger::Schedule => "schedule",
+            Trigger::Manual => "manual",
+            Trigger::Retry => "retry",
+            Trigger::CatchUp => "catch_up",
+        }
+    }
+}
+
+impl std::fmt::Display for Trigger {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How an attempt (or a task that never got one) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskStatus {
+    Succeeded,
+    Failed,
+    /// Not run: the job was already running, or the job ran out of time before it started.
+    Skipped,
+    TimedOut,
+    /// Not run: a task it depends on did not succeed.
+    UpstreamFailed,
+}
+
+impl TaskStatus {
+    /// The name stored in the ledger.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskStatus::Succeeded => "succeeded",
+            TaskStatus::Failed => "failed",
+            TaskStatus::Skipped => "skipped",
+            TaskStatus::TimedOut => "timed_out",
+            TaskStatus::UpstreamFailed => "upstream_failed",
+        }
+    }
+}
+
+impl std::fmt::Display for TaskStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One row of the ledger.
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct LedgerRow {
+    /// The job run (all attempts of all tasks of one run share it).
+    pub run_id: String,
+    pub job: String,
+    /// The bundle target the run used.
+    pub target: String,
+    pub task: String,
+    /// 1 for the first attempt; 0 for a task that was never attempted.
+    pub attempt: i32,
+    pub trigger: String,
+    /// The fire time for scheduled runs; null for manual ones.
+    pub scheduled_at: Option<DateTime<Utc>>,
+    pub started_at: DateTime<Utc>,
+    pub ended_at: DateTime<Utc>,
+    pub status: String,
+    pub error_class: Option<String>,
+    pub error_message: Option<String>,
+    pub host: String,
+    pub pipeline: Option<String>,
+    /// The pipeline run's own id (also in the target's Delta commit).
+    pub pipeline_run_id: Option<String>,
+    pub mode: Option<String>,
+    pub source_version: Option<i64>,
+    pub target_version: Option<i64>,
+    pub watermark_before: Option<DateTime<Utc>>,
+    pub watermark_after: Option<DateTime<Utc>>,
+    pub num_source_rows_read: Option<i64>,
+    pub num_inserted: Option<i64>,
+    pub num_updated: Option<i64>,
+    pub num_deleted: Option<i64>,
+    pub num_unchanged: Option<i64>,
+    pub num_quarantined: Option<i64>,
+    pub num_deferred: Option<i64>,
+    pub num_late_rows: Option<i64>,
+    pub num_conflicts: Option<i64>,
+    /// Spill files the attempt's queries wrote (memory limit reached).
+    pub num_spill_files: Option<i64>,
+    pub duration_ms: i64,
+}
+
+impl LedgerRow {
+    /// Copies a pipeline run's counts and versions into the row.
+    pub fn with_summary(mut self, s: &RunSummary) -> Self {
+        let n = |v: u64| Some(i64::try_from(v).unwrap_or(i64::MAX));
+        self.pipeline_run_id = Some(s.run_id.clone());
+        self.mode = Some(s.mode.to_string());
+        self.source_version = n(s.source_version);
+        self.target_version = s.target_version.and_then(n);
+        self.watermark_before = s.watermark_before;
+        self.watermark_after = s.watermark_after;
+        self.num_source_rows_read = n(s.num_source_rows_read);
+        self.num_inserted = n(s.num_inserted);
+        self.num_updated = n(s.num_updated);
+        self.num_deleted = n(s.num_deleted);
+        self.num_unchanged = n(s.num_unchanged);
+        self.num_quarantined = n(s.num_quarantined);
+        self.num_deferred = n(s.num_deferred);
+        self.num_late_rows = n(s.num_late_rows);
+        self.num_conflicts = n(s.num_conflicts);
+        self
+    }
+}
+
+const STRINGS: &[&str] = &[
+    "run_id", "job", "target", "task", "trigger", "status", "host",
+];
+const OPT_STRINGS: &[&str] = &[
+    "error_class",
+    "error_message",
+    "pipeline",
+    "pipeline_run_id",
+    "mode",
+];
+const TIMES: &[&str] = &["started_at", "ended_at"];
+const OPT_TIMES: &[&str] = &["scheduled_at", "watermark_before", "watermark_after"];
+const OPT_INTS: &[&str] = &[
+    "source_version",
+    "target_version",
+    "num_source_rows_read",
+    "num_inserted",
+    "num_updated",
+    "num_deleted",
+    "num_unchanged",
+    "num_quarantined",
+    "num_deferred",
+    "num_late_rows",
+    "num_conflicts",
+    "num_spill_files",
+];
+
+fn ts_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+/// The ledger table's schema, in column order.
+pub fn schema() -> Arc<Schema> {
+    let mut fields = vec![];
+    let order = [
+        "run_id",
+        "job",
+        "target",
+        "task",
+        "attempt",
+        "trigger",
+        "scheduled_at",
+        "started_at",
+        "ended_at",
+        "status",
+        "error_class",
+        "error_message",
+        "host",
+        "pipeline",
+        "pipeline_run_id",
+        "mode",
+        "source_version",
+        "target_version",
+        "watermark_before",
+        "watermark_after",
+        "num_source_rows_read",
+        "num_inserted",
+        "num_updated",
+        "num_deleted",
+        "num_unchanged",
+        "num_quarantined",
+        "num_deferred",
+        "num_late_rows",
+        "num_conflicts",
+        "num_spill_files",
+        "duration_ms",
+    ];
+    for name in order {
+        let (dt, nullable) = if STRINGS.contains(&name) {
+            (DataType::Utf8, false)
+        } else if OPT_STRINGS.contains(&name) {
+            (DataType::Utf8, true)
+        } else if TIMES.contains(&name) {
+            (ts_type(), false)
+        } else if OPT_TIMES.contains(&name) {
+            (ts_type(), true)
+        } else if OPT_INTS.contains(&name) {
+            (DataType::Int64, true)
+        } else if name == "attempt" {
+            (DataType::Int32, false)
+        } else {
+            (DataType::Int64, false)
+        };
+        fields.push(Field::new(name, dt, nullable));
+    }
+    Arc::new(Schema::new(fields))
+}
+
+fn string_of(r: &LedgerRow, name: &str) -> Option<String> {
+    match name {
+        "run_id" => Some(r.run_id.clone()),
+        "job" => Some(r.job.clone()),
+        "target" => Some(r.target.clone()),
+        "task" => Some(r.task.clone()),
+        "trigger" => Some(r.trigger.clone()),
+        "status" => Some(r.status.clone()),
+        "host" => Some(r.host.clone()),
+        "error_class" => r.error_class.clone(),
+        "error_message" => r.error_message.clone(),
+        "pipeline" => r.pipeline.clone(),
+        "pipeline_run_id" => r.pipeline_run_id.clone(),
+        "mode" => r.mode.clone(),
+        _ => None,
+    }
+}
+
+fn time_of(r: &LedgerRow, name: &str) -> Option<DateTime<Utc>> {
+    match name {
+        "started_at" => Some(r.started_at),
+        "ended_at" => Some(r.ended_at),
+        "scheduled_at" => r.scheduled_at,
+        "watermark_before" => r.watermark_before,
+        "watermark_after" => r.watermark_after,
+        _ => None,
+    }
+}
+
+fn int_of(r: &LedgerRow, name: &str) -> Option<i64> {
+    match name {
+        "source_version" => r.source_version,
+        "target_version" => r.target_version,
+        "num_source_rows_read" => r.num_source_rows_read,
+        "num_inserted" => r.num_inserted,
+        "num_updated" => r.num_updated,
+        "num_deleted" => r.num_deleted,
+        "num_unchanged" => r.num_unchanged,
+        "num_quarantined" => r.num_quarantined,
+        "num_deferred" => r.num_deferred,
+        "num_late_rows" => r.num_late_rows,
+        "num_conflicts" => r.num_conflicts,
+        "num_spill_files" => r.num_spill_files,
+        "duration_ms" => Some(r.duration_ms),
+        _ => None,
+    }
+}
+
+fn to_batch(rows: &[LedgerRow]) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let schema = schema();
+    let columns: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| -> ArrayRef {
+            let name = f.name().as_str();
+            match f.data_type() {
+                DataType::Utf8 => Arc::new(StringArray::from(
+                    rows.iter().map(|r| string_of(r, name)).collect::<Vec<_>>(),
+                )),
+                DataType::Int32 => Arc::new(Int32Array::from(
+                    rows.iter().map(|r| r.attempt).collect::<Vec<_>>(),
+                )),
+                DataType::Int64 => Arc::new(Int64Array::from(
+                    rows.iter().map(|r| int_of(r, name)).collect::<Vec<_>>(),
+                )),
+                _ => Arc::new(
+                    TimestampMicrosecondArray::from(
+                        rows.iter()
+                            .map(|r| time_of(r, name).map(|t| t.timestamp_micros()))
+                            .collect::<Vec<_>>(),
+                    )
+                    .with_timezone("UTC"),
+                ),
+            }
+        })
+        .collect();
+    RecordBatch::try_new(schema, columns)
+}
+
+/// The run ledger of one lake.
+#[derive(Debug, Clone)]
+pub struct Ledger {
+    uri: String,
+}
+
+impl Ledger {
+    /// The ledger at `<lake>/_tidemark/runs`.
+    pub fn for_lake(lake: &str) -> Self {
+        Ledger {
+            uri: format!("{}/_tidemark/runs", lake.trim_end_matches('/')),
+        }
+    }
+
+    /// Where the ledger table lives.
+    pub fn uri(&self) -> &str {
+        &self.uri
+    }
+
+    fn delta(&self) -> impl FnOnce(deltalake::DeltaTableError) -> JobsError + '_ {
+        |source| JobsError::Ledger {
+            uri: self.uri.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    fn query(&self) -> impl FnOnce(datafusion::error::DataFusionError) -> JobsError + '_ {
+        |source| JobsError::LedgerQuery {
+            uri: self.uri.clone(),
+            source: Box::new(source),
+        }
+    }
+
+    /// Appends rows in one commit, creating the table on the first write.
+    pub async fn append(&self, rows: &[LedgerRow]) -> Result<(), JobsError> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let batch = to_batch(rows).map_err(|e| self.delta()(e.into()))?;
+        // Two processes may both find no table and both create it: the loser retries once
+        // against the table the winner made.
+        let mut last_error = None;
+        for _ in 0..2 {
+            let table = match lake::open_if_exists(&self.uri).await? {
+                Some(t) => t,
+                None => deltalake::DeltaTableBuilder::from_url(lake::create_url(&self.uri)?)
+                    .and_then(|b| b.build())
+                    .map_err(self.delta())?,
+            };
+            match table
+                .write(vec![batch.clone()])
+                .with_save_mode(SaveMode::Append)
+                .with_schema_mode(SchemaMode::Merge)
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) => last_error = Some(e),
+            }
+        }
+        Err(self.delta()(last_error.unwrap_or_else(|| {
+            deltalake::DeltaTableError::Generic("ledger append failed".to_string())
+        })))
+    }
+
+    async fn frame(&self) -> Result<Option<datafusion::prelude::DataFrame>, JobsError> {
+        let Some(table) = lake::open_if_exists(&self.uri).await? else {
+            return Ok(None);
+        };
+        let ctx = Engine::default().context();
+        table
+            .update_datafusion_session(&ctx.state())
+            .map_err(self.delta())?;
+        let provider = table.table_provider().await.map_err(self.query())?;
+        Ok(Some(ctx.read_table(provider).map_err(self.query())?))
+    }
+
+    /// The newest `limit` rows (of `job` when given), newest first.
+    pub async fn recent(
+        &self,
+        job: Option<&str>,
+        limit: usize,
+    ) -> Result<Vec<LedgerRow>, JobsError> {
+        let Some(df) = self.frame().await? else {
+            return Ok(Vec::new());
+        };
+        let df = match job {
+            Some(j) => df.filter(col("job").eq(lit(j))).map_err(self.query())?,
+            None => df,
+        };
+        let batches = df
+            .sort(vec![
+                col("started_at").sort(false, false),
+                col("run_id").sort(false, false),
+                col("task").sort(true, false),
+                col("attempt").sort(false, false),
+            ])
+            .and_then(|df| df.limit(0, Some(limit)))
+            .map_err(self.query())?
+            .collect()
+            .await
+            .map_err(self.query())?;
+        let mut rows = Vec::new();
+        for b in &batches {
+            rows.extend(from_batch(b).map_err(|e| self.delta()(e.into()))?);
+        }
+        Ok(rows)
+    }
+
+    /// The last fire time each job's runs recorded (scheduled, caught up, retried or skipped).
+    pub async fn last_scheduled(&self) -> Result<BTreeMap<String, DateTime<Utc>>, JobsError> {
+        let Some(df) = self.frame().await? else {
+            return Ok(BTreeMap::new());
+        };
+        let batches = df
+            .filter(col("scheduled_at").is_not_null())
+            .and_then(|df| {
+                df.aggregate(
+                    vec![col("job")],
+                    vec![max(col("scheduled_at")).alias("last")],
+                )
+            })
+            .map_err(self.query())?
+            .collect()
+            .await
+            .map_err(self.query())?;
+        let mut out = BTreeMap::new();
+        for b in &batches {
+            let jobs = strings(b, "job").map_err(|e| self.delta()(e.into()))?;
+            let last = times(b, "last").map_err(|e| self.delta()(e.into()))?;
+            for (j, t) in jobs.into_iter().zip(last) {
+                if let (Some(j), Some(t)) = (j, t) {
+                    out.insert(j, t);
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn strings(b: &RecordBatch, name: &str) -> Result<Vec<Option<String>>, arrow::error::ArrowError> {
+    let Some(c) = b.column_by_name(name) else {
+        return Ok(vec![None; b.num_rows()]);
+    };
+    let c = arrow::compute::cast(c, &DataType::Utf8)?;
+    Ok(c.as_string::<i32>()
+        .iter()
+        .map(|v| v.map(str::to_string))
+        .collect())
+}
+
+fn times(
+    b: &RecordBatch,
+    name: &str,
+) -> Result<Vec<Option<DateTime<Utc>>>, arrow::error::ArrowError> {
+    let Some(c) = b.column_by_name(name) else {
+        return Ok(vec![None; b.num_rows()]);
+    };
+    let c = arrow::compute::cast(c, &ts_type())?;
+    let c = c.as_primitive::<TimestampMicrosecondType>();
+    Ok((0..c.len())
+        .map(|i| {
+            c.is_valid(i)
+                .then(|| Utc.timestamp_micros(c.value(i)).single())
+                .flatten()
+        })
+        .collect())
+}
+
+fn ints(b: &RecordBatch, name: &str) -> Result<Vec<Option<i64>>, arrow::error::ArrowError> {
+    let Some(c) = b.column_by_name(name) else {
+        return Ok(vec![None; b.num_rows()]);
+    };
+    let c = arrow::compute::cast(c, &DataType::Int64)?;
+    let c = c.as_primitive::<Int64Type>();
+    Ok((0..c.len())
+        .map(|i| c.is_valid(i).then(|| c.value(i)))
+        .collect())
+}
+
+fn from_batch(b: &RecordBatch) -> Result<Vec<LedgerRow>, arrow::error::ArrowError> {
+    let mut s: BTreeMap<&str, Vec<Option<String>>> = BTreeMap::new();
+    for name in STRINGS.iter().chain(OPT_STRINGS) {
+        s.insert(name, strings(b, name)?);
+    }
+    let mut t: BTreeMap<&str, Vec<Option<DateTime<Utc>>>> = BTreeMap::new();
+    for name in TIMES.iter().chain(OPT_TIMES) {
+        t.insert(name, times(b, name)?);
+    }
+    let mut n: BTreeMap<&str, Vec<Option<i64>>> = BTreeMap::new();
+    for name in OPT_INTS.iter().chain(&["duration_ms"]) {
+        n.insert(name, ints(b, name)?);
+    }
+    let attempts = match b.column_by_name("attempt") {
+        Some(c) => {
+            let c = arrow::compute::cast(c, &DataType::Int32)?;
+            let c = c.as_primitive::<Int32Type>();
+            (0..c.len())
+                .map(|i| if c.is_valid(i) { c.value(i) } else { 0 })
+                .collect()
+        }
+        None => vec![0; b.num_rows()],
+    };
+    let epoch = DateTime::<Utc>::UNIX_EPOCH;
+    Ok((0..b.num_rows())
+        .map(|i| {
+            let st = |k: &str| s.get(k).and_then(|v| v[i].clone());
+            let tm = |k: &str| t.get(k).and_then(|v| v[i]);
+            let it = |k: &str| n.get(k).and_then(|v| v[i]);
+            LedgerRow {
+                run_id: st("run_id").unwrap_or_default(),
+                job: st("job").unwrap_or_default(),
+                target: st("target").unwrap_or_default(),
+                task: st("task").unwrap_or_default(),
+                attempt: attempts[i],
+                trigger: st("trigger").unwrap_or_default(),
+                scheduled_at: tm("scheduled_at"),
+                started_at: tm("started_at").unwrap_or(epoch),
+                ended_at: tm("ended_at").unwrap_or(epoch),
+                status: st("status").unwrap_or_default(),
+                error_class: st("error_class"),
+                error_message: st("error_message"),
+                host: st("host").unwrap_or_default(),
+                pipeline: st("pipeline"),
+                pipeline_run_id: st("pipeline_run_id"),
+                mode: st("mode"),
+                source_version: it("source_version"),
+                target_version: it("target_version"),
+                watermark_before: tm("watermark_before"),
+                watermark_after: tm("watermark_after"),
+                num_source_rows_read: it("num_source_rows_read"),
+                num_inserted: it("num_inserted"),
+                num_updated: it("num_updated"),
+                num_deleted: it("num_deleted"),
+                num_unchanged: it("num_unchanged"),
+                num_quarantined: it("num_quarantined"),
+                num_deferred: it("num_deferred"),
+                num_late_rows: it("num_late_rows"),
+                num_conflicts: it("num_conflicts"),
+                num_spill_files: it("num_spill_files"),
+                duration_ms: it("duration_ms").unwrap_or(0),
+            }
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(job: &str, attempt: i32, started: i64, scheduled: Option<i64>) -> LedgerRow {
+        let t = |s: i64| Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap();
+        LedgerRow {
+            run_id: format!("r-{job}-{started}"),
+            job: job.to_string(),
+            target: "local".into(),
+            task: "t".into(),
+            attempt,
+            trigger: Trigger::Schedule.to_string(),
+            scheduled_at: scheduled.map(t),
+            started_at: t(started),
+            ended_at: t(started + 1),
+            status: TaskStatus::Succeeded.to_string(),
+            error_class: None,
+            error_message: None,
+            host: "h".into(),
+            pipeline: Some("p".into()),
+            pipeline_run_id: None,
+            mode: None,
+            source_version: Some(3),
+            target_version: None,
+            watermark_before: None,
+            watermark_after: None,
+            num_source_rows_read: Some(10),
+            num_inserted: None,
+            num_updated: None,
+            num_deleted: None,
+            num_unchanged: None,
+            num_quarantined: None,
+            num_deferred: None,
+            num_late_rows: None,
+            num_conflicts: None,
+            num_spill_files: Some(0),
+            duration_ms: 1000,
+        }
+    }
+
+    #[tokio::test]
+    async fn appends_reads_back_and_finds_the_last_fire_per_job() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::for_lake(&dir.path().to_string_lossy());
+        assert!(ledger.recent(None, 10).await.unwrap().is_empty());
+        assert!(ledger.last_scheduled().await.unwrap().is_empty());
+        let rows = [
+            row("a", 1, 0, Some(0)),
+            row("a", 1, 100, Some(100)),
+            row("b", 1, 50, None),
+        ];
+        ledger.append(&rows[..2]).await.unwrap();
+        ledger.append(&rows[2..]).await.unwrap();
+        let recent = ledger.recent(None, 10).await.unwrap();
+        assert_eq!(
+            recent,
+            vec![rows[1].clone(), rows[2].clone(), rows[0].clone()]
+        );
+        assert_eq!(
+            ledger.recent(Some("b"), 10).await.unwrap(),
+            vec![rows[2].clone()]
+        );
+        assert_eq!(ledger.recent(None, 1).await.unwrap().len(), 1);
+        let last = ledger.last_scheduled().await.unwrap();
+        assert_eq!(last.get("a"), rows[1].scheduled_at.as_ref());
+        assert_eq!(last.get("b"), None);
+    }
+}

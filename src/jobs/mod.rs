@@ -1,0 +1,22 @@
+//! Jobs: *when* pipeline runs happen, never how.
+//!
+//! - [`cron`]: Quartz schedules in a time zone, with one DST rule.
+//! - [`lease`]: single flight per job across processes, kept in the lake.
+//! - [`ledger`]: the run ledger, a Delta table with one row per task attempt.
+//! - [`runner`]: one run of a job — tasks in dependency order, retries, timeouts — each task
+//!   through [`crate::run::run`], exactly what `tidemark run` calls.
+//! - [`scheduler`]: the long-running process that fires jobs on their schedules.
+
+pub mod cron;
+mod error;
+pub mod lease;
+pub mod ledger;
+pub mod report;
+pub mod runner;
+pub mod scheduler;
+
+pub use error::JobsError;
+pub use ledger::{Ledger, LedgerRow, TaskStatus, Trigger};
+pub use report::{JobReport, JobStatus};
+pub use runner::{JobRequest, JobRunner};
+pub use scheduler::{BundleExecutor, Executor, Fire, ScheduledJob, Scheduler, SchedulerReport};
