@@ -138,14 +138,51 @@ fn load_pipeline(name: &str, dir: &Path, vars: &[String]) -> Result<Pipeline, Ap
     Ok(Pipeline::load(&path, &vars)?)
 }
 
+/// The compute `tidemark run` was given on its command line (the same settings a bundle's
+/// `job_clusters` declare).
+fn run_engine(args: &RunArgs) -> Result<Engine, AppError> {
+    use crate::config::bundle::{MAX_MEMORY_LIMIT, MAX_WORKER_THREADS, MIN_MEMORY_LIMIT};
+    if args.threads.is_none() && args.memory_limit.is_none() && args.spill_dir.is_none() {
+        return Ok(Engine::default());
+    }
+    if let Some(n) = args.threads {
+        if n == 0 || n > MAX_WORKER_THREADS {
+            return Err(AppError::Usage(format!(
+                "--threads {n} is out of range; use 1 to {MAX_WORKER_THREADS}"
+            )));
+        }
+    }
+    let memory_limit = match &args.memory_limit {
+        Some(text) => {
+            let bytes = crate::config::pipeline::parse_size(text)
+                .filter(|b| (MIN_MEMORY_LIMIT..=MAX_MEMORY_LIMIT).contains(b))
+                .ok_or_else(|| {
+                    AppError::Usage(format!(
+                        "--memory-limit {text:?} is not a size between {} and {} bytes; write it like 1536MiB or 4GiB",
+                        MIN_MEMORY_LIMIT, MAX_MEMORY_LIMIT
+                    ))
+                })?;
+            Some(bytes)
+        }
+        None => None,
+    };
+    let compute = crate::config::bundle::Compute {
+        worker_threads: args.threads,
+        memory_limit,
+        spill_directory: args.spill_dir.clone(),
+    };
+    Engine::new(&compute).map_err(|e| AppError::Usage(e.to_string()))
+}
+
 /// `tidemark run`.
 pub async fn run_command(args: RunArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let pipeline = load_pipeline(&args.pipeline, &args.pipelines_dir, &args.vars)?;
+    let engine = run_engine(&args)?;
     let opts = RunOptions {
         full_reload: args.full_reload,
         dry_run: args.dry_run,
     };
-    let summary = run::run(&pipeline, &opts, clock, &Engine::default()).await?;
+    let summary = run::run(&pipeline, &opts, clock, &engine).await?;
     Ok(match args.output {
         OutputFormat::Json => summary.to_json() + "\n",
         OutputFormat::Text => summary.to_text(),

@@ -180,6 +180,15 @@ pub struct RunArgs {
     /// Where pipeline names are looked up.
     #[arg(long, default_value = "pipelines")]
     pub pipelines_dir: PathBuf,
+    /// DataFusion partitions (parallelism of scans and sorts); default: the machine's cores.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Memory for queries (e.g. 1536MiB); sorts over it spill to --spill-dir instead of failing.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+    /// Where spill files go (with --memory-limit); default: the OS temporary directory.
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

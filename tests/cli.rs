@@ -1184,3 +1184,43 @@ async fn target_schema_mismatch_fails_and_full_reload_repairs_it() {
     assert!(column_names(&silver(d)).await.contains(&"op".to_string()));
     assert_eq!(read_target(&silver(d)).await.len(), 3);
 }
+
+/// `tidemark run` honours the compute a job cluster would: a memory pool with spill, threads.
+/// Bad values are usage errors.
+#[tokio::test]
+async fn run_honours_compute_flags() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write_pipeline(dir.path(), "15m", "soft", "");
+    let rows: Vec<Change> = (0..300)
+        .map(|i| Change::upsert(&format!("k{i:04}"), T0 + i * MIN / 10, T0 + HOUR, i))
+        .collect();
+    append(&bronze(dir.path()), &rows).await;
+    let spill = dir.path().join("spill");
+    let s = run_json(
+        &p,
+        NOW,
+        &[
+            "--full-reload",
+            "--threads",
+            "1",
+            "--memory-limit",
+            "64MiB",
+            "--spill-dir",
+            spill.to_str().expect("utf8"),
+        ],
+    );
+    assert_eq!(s["num_inserted"], 300, "{s}");
+    assert_eq!(
+        read_target(&silver(dir.path())).await,
+        oracle(&rows, NOW, false)
+    );
+    for (flag, value) in [
+        ("--memory-limit", "1kb"),
+        ("--memory-limit", "lots"),
+        ("--threads", "0"),
+    ] {
+        let out = exec(tidemark(NOW).arg("run").arg(&p).args([flag, value]));
+        assert_eq!(out.code, 64, "{flag} {value}: {}", out.stderr);
+        assert!(out.stderr.contains(flag), "{}", out.stderr);
+    }
+}

@@ -11,7 +11,7 @@ pub enum RunError {
     #[error(transparent)]
     Lake(#[from] LakeError),
     /// A query over the source or the target failed.
-    #[error("{phase}: query failed: {source}")]
+    #[error("{phase}: query failed: {source}{}", memory_hint(source))]
     Query {
         phase: &'static str,
         #[source]
@@ -68,6 +68,19 @@ pub enum RunError {
         count: u64,
         first: String,
     },
+}
+
+/// What to do when a query ran out of its memory pool (DataFusion says what it could not
+/// allocate, not how to fix it).
+fn memory_hint(e: &datafusion::error::DataFusionError) -> &'static str {
+    if matches!(
+        e.find_root(),
+        datafusion::error::DataFusionError::ResourcesExhausted(_)
+    ) {
+        ". The run needed more memory than its limit: raise --memory-limit (or the job cluster's memory_limit), or run with fewer --threads; nothing was committed"
+    } else {
+        ""
+    }
 }
 
 impl RunError {

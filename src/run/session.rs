@@ -145,10 +145,19 @@ impl Engine {
     pub fn context(&self) -> SessionContext {
         let ctx = DeltaSessionContext::with_runtime_env(self.runtime_env.clone()).into_inner();
         let state = ctx.state();
-        let config = state
-            .config()
-            .clone()
-            .with_target_partitions(self.target_partitions.max(1));
+        let partitions = self.target_partitions.max(1);
+        let mut config = state.config().clone().with_target_partitions(partitions);
+        // Each sort reserves this much up front for merging its spilled runs (10 MB by
+        // default): under a small pool shared by several partitions that reservation alone
+        // would exhaust it, so it is scaled to a quarter of each partition's share.
+        if let datafusion::execution::memory_pool::MemoryLimit::Finite(limit) =
+            self.runtime_env.memory_pool.memory_limit()
+        {
+            let share = limit / partitions / 4;
+            let reservation = config.options().execution.sort_spill_reservation_bytes;
+            config.options_mut().execution.sort_spill_reservation_bytes =
+                reservation.min(share.max(1 << 20));
+        }
         let state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();
