@@ -309,12 +309,26 @@ fn scenarios() -> Vec<(u64, Fault)> {
             }
         }
     }
+    // A third history for the incremental points, armed on the second incremental run.
+    for action in ACTIONS {
+        for name in RUN_POINTS {
+            out.push((
+                2,
+                Fault::Point {
+                    name,
+                    action,
+                    batch: 2,
+                    full_reload: false,
+                },
+            ));
+        }
+    }
     for k in 0..12u64 {
         out.push((
             100 + k,
             Fault::Kill {
                 batch: 1 + (k as usize % 2),
-                after_ms: 50 + k * 60,
+                after_ms: 20 + k * 25,
             },
         ));
     }
