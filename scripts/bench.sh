@@ -20,6 +20,8 @@
 #   hourly    per rep, on fresh copies of the base targets, rotating the order:
 #             peer default (streamed_exec=True, default file size), peer tuned
 #             (streamed_exec=False, 8 MiB files), tidemark — each followed by a rerun (no-op)
+#   watermark tidemark's watermark read alone: delta-rs log stats of its target (bench_tools.py) and
+#             uprobes on its lake::max_from_stats inside a real run (scripts/profile.sh --tool watermark)
 #   check     tidemark's live rows (not _deleted) digest == truth digest (verify.py digest), and
 #             verify.py diff of each incremental target against the truth
 #   series    (--series) HOURS consecutive hours (default 168) on the same scale: generate the
@@ -91,7 +93,7 @@ TM=$TIDEMARK_BIN
 # Facts about this run, for the report.
 TM_HELP=$("$TM" run --help 2>&1 || true)
 if [ -z "$TM_FULL_ARGS" ] && grep -q -- '--memory-limit' <<<"$TM_HELP"; then
-  TM_FULL_ARGS="--memory-limit 1.5GiB"
+  TM_FULL_ARGS="--memory-limit 1536MiB"   # issue 5: full reload with a 1.5 GiB limit
 fi
 "$PY" - "$RES/meta.json" <<EOF
 import json, os, platform, subprocess, sys, time
@@ -200,7 +202,8 @@ if [ "$SERIES_ONLY" = 0 ]; then
   rm -rf "$DATA/truth"
   must truth "${PEER[@]}" --full-reload --bronze "$DATA/bronze" --target "$DATA/truth"
   lake_for "$W/tm_truth" "$DATA/bronze"
-  step tm_truth "${TMRUN[@]}" "lake=$W/tm_truth" --full-reload || true
+  # shellcheck disable=SC2086
+  step tm_truth "${TMRUN[@]}" "lake=$W/tm_truth" --full-reload $TM_FULL_ARGS || true
   check tm_full_after_inc "$W/tm_truth/silver/payments" "$DATA/truth"
   rm -rf "$W/tm_truth"
 
@@ -238,6 +241,13 @@ if [ "$SERIES_ONLY" = 0 ]; then
   step watermark "$PY" "$SCRIPTS/bench_tools.py" watermark --reps 15 \
     --table tm="$W/tm/silver/payments" --table peer_default="$W/peer_default" \
     --table peer_tuned="$W/peer_tuned" || true
+  # ... and inside tidemark's real run: uprobes on lake::max_from_stats (needs perf + uprobes)
+  if command -v perf >/dev/null 2>&1; then
+    for i in $(seq 1 "$REPS"); do
+      step "tm_wmprobe_$i" env TIDEMARK_BIN="$TM" BENCH_DIR="$BENCH_DIR" TIDEMARK_PIPELINE="$PIPELINE" \
+        "$SCRIPTS/profile.sh" --payments "$P" --days "$D" --tool watermark --what inc || true
+    done
+  fi
   du -sb "$DATA/bronze" "$DATA/peer_default_base" "$DATA/peer_tuned_base" "$DATA/tm_base" \
     > "$RES/sizes.txt" 2>/dev/null || true
 fi

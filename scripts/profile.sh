@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Profile tidemark's hourly run (and its rerun) on data that scripts/bench.sh left behind.
 #
-#   scripts/profile.sh --payments N --days D [--tool perf|callgrind] [--what inc|rerun|full]
+#   scripts/profile.sh --payments N --days D [--tool perf|callgrind|watermark] [--what inc|rerun|full]
 #
 # perf:      `perf record -e cpu-clock --call-graph dwarf` (a software clock: this VM has no
 #            hardware counters, `perf stat -e instructions` is <not supported>); sampled wall
@@ -9,6 +9,8 @@
 #            tidemark's own functions.
 # callgrind: `valgrind --tool=callgrind` instruction counts (repeatable; ~50-100x slower, use a
 #            small scale such as 200k payments).
+# watermark: uprobes on tidemark's own lake::max_from_stats (entry and return), so the watermark
+#            read is timed inside the real run; prints JSON {"calls": [{"us": ...}], ...} on stdout.
 # Output: $BENCH_DIR/profiles/<tag>_<what>_<tool>.{data,txt,json}
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -64,7 +66,29 @@ case $TOOL in
       callgrind_annotate "$NAME.out" 2>/dev/null | head -80
     } > "$NAME.txt"
     ;;
-  *) echo "--tool perf|callgrind" >&2; exit 64 ;;
+  watermark)
+    sym=$(nm "$TM" | awk '$3 ~ /max_from_stats/ && $2 ~ /^[tT]$/ {print $3; exit}')
+    [ -n "$sym" ] || { echo '{"error": "max_from_stats is not a symbol of the binary (inlined?)"}'; rm -rf "$L"; exit 0; }
+    perf probe -q -d 'probe_tidemark:wm_*' 2>/dev/null || true
+    perf probe -q -x "$TM" -a "wm_enter=$sym" -a "wm_exit=$sym%return" >/dev/null 2>&1 \
+      || { echo '{"error": "perf probe (uprobes) unavailable"}'; rm -rf "$L"; exit 0; }
+    perf record -q -e probe_tidemark:wm_enter -e probe_tidemark:wm_exit -o "$NAME.data" -- "$TM" "${args[@]}" > "$NAME.json" 2> "$NAME.err" || true
+    perf probe -q -d 'probe_tidemark:wm_*' >/dev/null 2>&1 || true
+    perf script -i "$NAME.data" -F time,event 2>/dev/null | python3 -c '
+import json, sys
+calls, t0 = [], None
+for line in sys.stdin:
+    parts = line.replace(":", " ").split()
+    if not parts: continue
+    t = float(parts[0])
+    if "wm_enter" in line: t0 = t
+    elif "wm_exit" in line and t0 is not None: calls.append({"us": round((t - t0) * 1e6, 1)}); t0 = None
+run = json.load(open(sys.argv[1]))
+print(json.dumps({"function": sys.argv[2], "calls": calls, "run_phases_ms": run.get("phases_ms"), "mode": run.get("mode")}))
+' "$NAME.json" "$sym"
+    rm -rf "$L"; exit 0
+    ;;
+  *) echo "--tool perf|callgrind|watermark" >&2; exit 64 ;;
 esac
 rm -rf "$L"
 echo "$NAME.txt"
