@@ -20,6 +20,8 @@
 #   hourly    per rep, on fresh copies of the base targets, rotating the order:
 #             peer default (streamed_exec=True, default file size), peer tuned
 #             (streamed_exec=False, 8 MiB files), tidemark — each followed by a rerun (no-op)
+#   layout    which keys the hour changed, how old they are, and how many files / unchanged rows a
+#             copy-on-write merge must rewrite for key-sorted targets of 1..8192 files
 #   watermark tidemark's watermark read alone: delta-rs log stats of its target (bench_tools.py) and
 #             uprobes on its lake::max_from_stats inside a real run (scripts/profile.sh --tool watermark)
 #   check     tidemark's live rows (not _deleted) digest == truth digest (verify.py digest), and
@@ -235,6 +237,9 @@ if [ "$SERIES_ONLY" = 0 ]; then
   peer_diff peer_inc "$W/peer_default" "$DATA/truth"
   peer_diff tuned_inc "$W/peer_tuned" "$DATA/truth"
   rm -rf "$W/tm_after_inc_1"
+
+  # what copy-on-write has to rewrite for this hour, for key-sorted layouts of 1..8192 files
+  step layout "$PY" "$SCRIPTS/bench_tools.py" layout --before "$DATA/peer_default_base" --after "$DATA/truth" || true
 
   # the watermark on its own: delta-rs log statistics of tidemark's target (what
   # lake::max_from_stats reads) vs the naive scan, timed in one process after opening the table

@@ -157,6 +157,19 @@ def yes(b, partial=False):
     return "–" if b is None else ("met" if b else "**not met**") + (" (indicative: the target is set at another scale)" if partial else "")
 
 
+def series_verdict(r_hour, r_days, partial):
+    """The literal target compares two single runs, whose noise here is larger than the margin;
+    it counts as met only if the medians of the first and last 24 hours agree."""
+    if r_hour is None:
+        return "–"
+    if r_hour <= 1.2 and (r_days is None or r_days <= 1.2):
+        return yes(True, partial)
+    if r_hour <= 1.2:
+        return (f"**not met robustly**: hour ratio {r_hour:.2f}x is within the target, the 24-hour medians "
+                f"{r_days:.2f}x are not" + (" (indicative)" if partial else ""))
+    return yes(False, partial)
+
+
 # ------------------------------------------------------------------ report
 def headline(scales, out):
     out.append("| work | scale | peer default | peer tuned | tidemark | tidemark vs default | vs tuned | target (issue 5) | verdict |")
@@ -174,7 +187,7 @@ def headline(scales, out):
                    f"≥ 5x default, ≥ 2.5x tuned, RSS ≤ 300 MiB | {yes(ok, not at)} |")
     big = max((s for s in scales if group(s["steps"], r"tm_inc_\d+")), key=lambda s: s["payments"], default=None)
     one = by_p.get(1_000_000)
-    if big and one and big is not one:
+    if big and one and big["payments"] > one["payments"] and group(one["steps"], r"tm_inc_\d+"):
         def grow(pat):
             return ratio(wall(group(big["steps"], pat)), wall(group(one["steps"], pat)))
         r = grow(r"tm_inc_\d+")
@@ -239,7 +252,7 @@ def headline(scales, out):
         out.append(f"| a week of hourly runs ({h}) + daily maintain | {scale_name(s)} | hour {h}/hour 1: {rx(pr)} | {rx(tr)} | "
                    f"hour {h}/hour 1: {rx(r1)} ({secs(tm[h]['wall'])} / {secs(tm[1]['wall']) if 1 in tm else '–'}); "
                    f"last 24 h / first 24 h medians: {rx(ratio(d7, d1))} | | | hour 168 ≤ 1.2x hour 1 | "
-                   f"{yes(None if r1 is None else r1 <= 1.2, s['payments'] != 1_000_000 or h != 168)} |")
+                   f"{series_verdict(r1, ratio(d7, d1), s['payments'] != 1_000_000 or h != 168)} |")
 
 
 def detail(s, out):
@@ -319,6 +332,20 @@ def detail(s, out):
     if pi:
         j = pi[0]["j"] or {}
         out.append(f"* the peer's hour: {num(j.get('source_rows_read'))} source rows read → {num(j.get('batch_keys'))} keys")
+    lay = (st.get("layout") or {}).get("j")
+    if lay:
+        a = lay["changed_keys_by_age"]
+        out.append(f"* the hour changed {num(lay['changed_keys'])} keys ({', '.join(f'{k} {num(v)}' for k, v in lay['by_kind'].items())}) "
+                   f"of {num(lay['target_rows_after'])}; by payment creation: {num(a['created_in_the_hour_or_the_one_before'])} in the hour or the one "
+                   f"before, {num(a['1h_to_1d'])} up to a day older, {num(a['1d_to_7d'])} 1–7 days older, {num(a['older_than_7d'])} older than 7 days "
+                   f"(`bench_tools.py layout`). Copy-on-write cost of this hour for a target sorted by key and cut into equal files:")
+        out.append("")
+        out.append("| files | rows per file | files rewritten | files holding a key > 1 day old | unchanged rows copied | share of the table rewritten |")
+        out.append("| --- | --- | --- | --- | --- | --- |")
+        for x in lay["simulated_key_sorted_layouts"]:
+            out.append(f"| {num(x['files'])} | {num(x['rows_per_file'])} | {num(x['files_touched'])} | {num(x['files_touched_by_keys_older_than_1d'])} | "
+                       f"{num(x['rows_copied'])} | {x['fraction_rewritten'] * 100:.1f}% |")
+        out.append("")
     checks(st, out, [("check_base", "tidemark full reload vs peer full reload (base bronze)"),
                      ("check_tm_full_after_inc", "tidemark full reload vs truth (bronze after the hour)"),
                      ("check_tm_inc", "tidemark incremental vs truth"),

@@ -97,6 +97,62 @@ def watermark(args) -> int:
     return 0
 
 
+def layout(args) -> int:
+    con = duckdb.connect()
+    con.execute("SET TimeZone = 'UTC'")
+
+    def src(path):
+        return "read_parquet([" + ",".join("'" + f + "'" for f in DeltaTable(path).file_uris()) + "])"
+
+    con.execute(f"CREATE TEMP TABLE a AS SELECT * FROM {src(args.before)}")
+    con.execute(f"CREATE TEMP TABLE b AS SELECT * FROM {src(args.after)}")
+    cols = [c for c in ("customer_id", "merchant_id", "amount_cents", "currency", "status", "created_at",
+                        "updated_at", "_ingested_at")]
+    cmp = " OR ".join(f"a.{c} IS DISTINCT FROM b.{c}" for c in cols)
+    hour_start = con.execute("SELECT max(updated_at) FROM a").fetchone()[0]  # ~ where the hour starts
+    con.execute(f"""CREATE TEMP TABLE ch AS
+        SELECT coalesce(b.payment_id, a.payment_id) AS payment_id,
+               CASE WHEN a.payment_id IS NULL THEN 'inserted' WHEN b.payment_id IS NULL THEN 'deleted'
+                    ELSE 'updated' END AS kind,
+               coalesce(b.created_at, a.created_at) AS created_at
+        FROM a FULL OUTER JOIN b USING (payment_id)
+        WHERE a.payment_id IS NULL OR b.payment_id IS NULL OR ({cmp})""")
+    n_rows = con.execute("SELECT count(*) FROM b").fetchone()[0]
+    kinds = dict(con.execute("SELECT kind, count(*) FROM ch GROUP BY ALL").fetchall())
+    hs = "TIMESTAMPTZ '" + str(hour_start) + "'"
+    age = con.execute(f"""SELECT count(*) FILTER (WHERE created_at >= {hs} - INTERVAL 1 HOUR),
+                                 count(*) FILTER (WHERE created_at < {hs} - INTERVAL 1 HOUR AND created_at >= {hs} - INTERVAL 1 DAY),
+                                 count(*) FILTER (WHERE created_at < {hs} - INTERVAL 1 DAY AND created_at >= {hs} - INTERVAL 7 DAY),
+                                 count(*) FILTER (WHERE created_at < {hs} - INTERVAL 7 DAY)
+                          FROM ch""").fetchone()
+    # rank of every key of the after-table in key order; changed keys that were deleted keep the
+    # rank of their neighbour (their file is rewritten all the same)
+    con.execute("""CREATE TEMP TABLE r AS SELECT payment_id, row_number() OVER (ORDER BY payment_id) - 1 AS rk FROM
+                   (SELECT payment_id FROM b UNION SELECT payment_id FROM ch)""")
+    total = con.execute("SELECT count(*) FROM r").fetchone()[0]
+    sims = []
+    for n in args.files:
+        per = max(1, -(-total // n))
+        touched, changed_in = con.execute(
+            f"SELECT count(DISTINCT rk // {per}), count(*) FROM ch JOIN r USING (payment_id)").fetchone()
+        touched_old = con.execute(
+            f"""SELECT count(DISTINCT rk // {per}) FROM ch JOIN r USING (payment_id)
+                WHERE created_at < {hs} - INTERVAL 1 DAY""").fetchone()[0]
+        rows_in = con.execute(
+            f"""SELECT count(*) FROM r WHERE rk // {per} IN
+                (SELECT DISTINCT rk // {per} FROM ch JOIN r USING (payment_id))""").fetchone()[0]
+        sims.append({"files": n, "rows_per_file": per, "files_touched": touched,
+                     "files_touched_by_keys_older_than_1d": touched_old,
+                     "rows_copied": rows_in - changed_in, "fraction_rewritten": round(rows_in / total, 4)})
+    out = {"before": args.before, "after": args.after, "target_rows_after": n_rows,
+           "changed_keys": sum(kinds.values()), "by_kind": kinds,
+           "changed_keys_by_age": {"created_in_the_hour_or_the_one_before": age[0], "1h_to_1d": age[1],
+                                   "1d_to_7d": age[2], "older_than_7d": age[3]},
+           "simulated_key_sorted_layouts": sims}
+    print(json.dumps(out, indent=1, default=str))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -108,8 +164,12 @@ def main() -> int:
     w = sub.add_parser("watermark")
     w.add_argument("--table", action="append", required=True)
     w.add_argument("--reps", type=int, default=15)
+    lay = sub.add_parser("layout")
+    lay.add_argument("--before", required=True)
+    lay.add_argument("--after", required=True)
+    lay.add_argument("--files", type=int, nargs="+", default=[1, 8, 32, 128, 512, 2048, 8192])
     args = ap.parse_args()
-    return check(args) if args.cmd == "check" else watermark(args)
+    return {"check": check, "watermark": watermark, "layout": layout}[args.cmd](args)
 
 
 if __name__ == "__main__":

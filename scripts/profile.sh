@@ -53,6 +53,20 @@ case $TOOL in
       echo "# summary: $(cat "$NAME.json")"
       echo "## self time (top 60)"
       perf report -i "$NAME.data" --no-children --stdio --percent-limit 0.5 --sort symbol -g none 2>/dev/null | grep -v '^$' | head -80
+      echo "## self time by crate (first path segment of the symbol; <T as Trait> counted under T's crate)"
+      perf report -i "$NAME.data" --no-children --stdio --percent-limit 0 --sort dso,symbol -g none 2>/dev/null | python3 -c '
+import collections, re, sys
+agg = collections.Counter()
+for l in sys.stdin:
+    m = re.match(r"\s*([\d.]+)%\s+(\S+)\s+\[[.k]\]\s+(.*)", l)
+    if not m: continue
+    pct, dso, sym = float(m.group(1)), m.group(2), m.group(3).strip()
+    s = sym.lstrip("<").lstrip("&").lstrip("*")
+    s = re.sub(r"^(dyn |mut |const )", "", s)
+    crate = s.split("::")[0] if "::" in s else ("[kernel]" if dso.startswith("[kernel") else f"{dso}: {s.split()[0][:40]}")
+    agg[crate] += pct
+for k, v in agg.most_common(30):
+    print(f"{v:6.2f}%  {k}")'
       echo "## inclusive time (children), tidemark and delta/datafusion/parquet frames (top 80)"
       perf report -i "$NAME.data" --children --stdio --percent-limit 1 --sort symbol -g none 2>/dev/null | grep -v '^$' | head -100
     } > "$NAME.txt"
@@ -67,13 +81,24 @@ case $TOOL in
     } > "$NAME.txt"
     ;;
   watermark)
-    sym=$(nm "$TM" | awk '$3 ~ /max_from_stats/ && $2 ~ /^[tT]$/ {print $3; exit}')
+    sym=$(nm "$TM" | awk '$3 ~ /max_from_stats/ && $2 ~ /^[tT]$/ {print $3; exit}' || true)
     [ -n "$sym" ] || { echo '{"error": "max_from_stats is not a symbol of the binary (inlined?)"}'; rm -rf "$L"; exit 0; }
-    perf probe -q -d 'probe_tidemark:wm_*' 2>/dev/null || true
-    perf probe -q -x "$TM" -a "wm_enter=$sym" -a "wm_exit=$sym%return" >/dev/null 2>&1 \
+    # perf probe wants the file offset of the function (its symbol lookup fails on Rust names)
+    vaddr=$(nm "$TM" | awk -v s="$sym" '$3 == s {print $1; exit}' || true)
+    off=$(readelf -lW "$TM" | python3 -c '
+import sys
+v = int(sys.argv[1], 16)
+for l in sys.stdin:
+    f = l.split()
+    if f[:1] == ["LOAD"]:
+        fo, va, sz = int(f[1], 16), int(f[2], 16), int(f[4], 16)
+        if va <= v < va + sz:
+            print(hex(v - va + fo)); break' "$vaddr" || true)
+    perf probe -q -d 'tmwm:*' >/dev/null 2>&1 || true
+    perf probe -q -x "$TM" -a "tmwm:enter=$off" -a "tmwm:exit=$off%return" >/dev/null 2>&1 \
       || { echo '{"error": "perf probe (uprobes) unavailable"}'; rm -rf "$L"; exit 0; }
-    perf record -q -e probe_tidemark:wm_enter -e probe_tidemark:wm_exit -o "$NAME.data" -- "$TM" "${args[@]}" > "$NAME.json" 2> "$NAME.err" || true
-    perf probe -q -d 'probe_tidemark:wm_*' >/dev/null 2>&1 || true
+    perf record -q -e tmwm:enter -e tmwm:exit__return -o "$NAME.data" -- "$TM" "${args[@]}" > "$NAME.json" 2> "$NAME.err" || true
+    perf probe -q -d 'tmwm:*' >/dev/null 2>&1 || true
     perf script -i "$NAME.data" -F time,event 2>/dev/null | python3 -c '
 import json, sys
 calls, t0 = [], None
@@ -81,8 +106,8 @@ for line in sys.stdin:
     parts = line.replace(":", " ").split()
     if not parts: continue
     t = float(parts[0])
-    if "wm_enter" in line: t0 = t
-    elif "wm_exit" in line and t0 is not None: calls.append({"us": round((t - t0) * 1e6, 1)}); t0 = None
+    if "tmwm:enter" in line: t0 = t
+    elif "tmwm:exit" in line and t0 is not None: calls.append({"us": round((t - t0) * 1e6, 1)}); t0 = None
 run = json.load(open(sys.argv[1]))
 print(json.dumps({"function": sys.argv[2], "calls": calls, "run_phases_ms": run.get("phases_ms"), "mode": run.get("mode")}))
 ' "$NAME.json" "$sym"
