@@ -35,7 +35,8 @@
 # Environment: BENCH_DIR (default /work/bench: data/, results/, .venv/), SHARED_DIR (default
 # <repo>/../shared), TIDEMARK_BIN, PEER_PYTHON, TIDEMARK_PIPELINE (default
 # <repo>/pipelines/payments.yml), TM_FULL_ARGS (extra arguments for tidemark's full reload, e.g. a
-# memory limit once it exists), STEP_TIMEOUT (s, default 1800), CARGO_TARGET_DIR (release build).
+# memory limit once it exists), STEP_TIMEOUT (s, default 1800), CARGO_TARGET_DIR (release build),
+# KEEP_SERIES=1 (keep the series' tables; they grow by every file rewritten in the week).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -292,7 +293,9 @@ if [ "$SERIES" -gt 0 ]; then
   W=$W_SAVE
   du -sb "$S/bronze" "$S/peer_default" "$S/peer_tuned" "$S/lake/silver/payments" > "$RES/sizes.txt" 2>/dev/null || true
   RES=$RES_MAIN
-  rm -rf "$S/truth"
+  # copy-on-write leaves every rewritten file behind until vacuum may delete it (7 days): at 1M
+  # the three targets take ~18 GB after 168 hours; keep them only when asked
+  [ "${KEEP_SERIES:-0}" = 1 ] || rm -rf "$S"
 fi
 
 log "all steps done"

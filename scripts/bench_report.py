@@ -417,6 +417,12 @@ def series(s, out):
                    f"{', '.join(f'{k} {v}' for k, v in (j.get('phases_ms') or {}).items())} | "
                    f"{num(j.get('num_files_removed'))} / {num(j.get('num_files_added'))}, {num(j.get('num_rows_copied'))} |")
     out.append("")
+    try:
+        sizes = [l.split() for l in open(os.path.join(s["dir"], "series", "sizes.txt"))]
+        out.append("* on disk after the week (every file a merge rewrote stays until vacuum may delete it, after the "
+                   "7-day retention): " + ", ".join(f"{'/'.join(p.split('/')[-2:])} {int(b) / 2**30:.1f} GiB" for b, p in sizes))
+    except OSError:
+        pass
     checks(ser, out, [("check_series", f"tidemark after {h} hours vs full reload of the final bronze")],
            [("diff_peer", f"peer default after {h} hours"), ("diff_tuned", f"peer tuned after {h} hours")])
     out.append("")
