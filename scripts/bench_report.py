@@ -183,8 +183,10 @@ def headline(scales, out):
         rd, rt = ratio(wall(pi), wall(mi)), ratio(wall(ti), wall(mi))
         ok = None if rd is None or rt is None else rd >= 5 and rt >= 2.5 and (rss(mi) or 1e9) <= 300
         at = s["payments"] in (5_000_000, 10_000_000)
+        parts = (f"vs default {'met' if rd and rd >= 5 else 'not met'}, vs tuned {'met' if rt and rt >= 2.5 else 'not met'}, "
+                 f"RSS {'met' if (rss(mi) or 1e9) <= 300 else 'not met'}")
         out.append(f"| hourly incremental | {scale_name(s)} | {cell(pi)} | {cell(ti)} | {cell(mi)} | {rx(rd)} | {rx(rt)} | "
-                   f"≥ 5x default, ≥ 2.5x tuned, RSS ≤ 300 MiB | {yes(ok, not at)} |")
+                   f"≥ 5x default, ≥ 2.5x tuned, RSS ≤ 300 MiB | {yes(ok, not at)} ({parts}) |")
     big = max((s for s in scales if group(s["steps"], r"tm_inc_\d+")), key=lambda s: s["payments"], default=None)
     one = by_p.get(1_000_000)
     if big and one and big["payments"] > one["payments"] and group(one["steps"], r"tm_inc_\d+"):
@@ -234,9 +236,11 @@ def headline(scales, out):
         t, r_ = wall(mf), rss(mf)
         ok = None if t is None else t <= 20 and (r_ or 1e9) <= 2048 and bool(lim)
         note = f" with `{lim}`" if lim else "; no memory limit (tidemark has no option for one yet)"
+        parts = (f"time {'met' if t is not None and t <= 20 else 'not met'}, RSS {'met' if (r_ or 1e9) <= 2048 else 'not met'}"
+                 f"{'' if lim else ', no limit set'}")
         out.append(f"| full reload | {scale_name(s)} | {cell(pf)} | DuckDB: {cell(df)} | {cell(mf)}{note} | "
                    f"{rx(ratio(wall(pf), t))} | DuckDB {rx(ratio(wall(df), t))} | ≤ 20 s, peak RSS ≤ 2 GiB with a 1.5 GiB memory limit | "
-                   f"{yes(ok, s['payments'] != 10_000_000)} |")
+                   f"{yes(ok, s['payments'] != 10_000_000)} ({parts}) |")
     for s in scales:
         ser = s["series"]
         tm = {int(k[3:]): v for k, v in ser.items() if re.fullmatch(r"tm_\d+", k) and v["rc"] == 0}
@@ -340,10 +344,11 @@ def detail(s, out):
                    f"before, {num(a['1h_to_1d'])} up to a day older, {num(a['1d_to_7d'])} 1–7 days older, {num(a['older_than_7d'])} older than 7 days "
                    f"(`bench_tools.py layout`). Copy-on-write cost of this hour for a target sorted by key and cut into equal files:")
         out.append("")
-        out.append("| files | rows per file | files rewritten | files holding a key > 1 day old | unchanged rows copied | share of the table rewritten |")
-        out.append("| --- | --- | --- | --- | --- | --- |")
+        out.append("| files | rows per file | files rewritten | files holding a key > 1 day old | files the last day's keys alone would touch | unchanged rows copied | share of the table rewritten |")
+        out.append("| --- | --- | --- | --- | --- | --- | --- |")
         for x in lay["simulated_key_sorted_layouts"]:
             out.append(f"| {num(x['files'])} | {num(x['rows_per_file'])} | {num(x['files_touched'])} | {num(x['files_touched_by_keys_older_than_1d'])} | "
+                       f"{num(x.get('files_touched_by_keys_of_the_last_day'))} | "
                        f"{num(x['rows_copied'])} | {x['fraction_rewritten'] * 100:.1f}% |")
         out.append("")
     checks(st, out, [("check_base", "tidemark full reload vs peer full reload (base bronze)"),

@@ -138,11 +138,15 @@ def layout(args) -> int:
         touched_old = con.execute(
             f"""SELECT count(DISTINCT rk // {per}) FROM ch JOIN r USING (payment_id)
                 WHERE created_at < {hs} - INTERVAL 1 DAY""").fetchone()[0]
+        recent = con.execute(
+            f"""SELECT count(DISTINCT rk // {per}) FROM ch JOIN r USING (payment_id)
+                WHERE created_at >= {hs} - INTERVAL 1 DAY""").fetchone()[0]
         rows_in = con.execute(
             f"""SELECT count(*) FROM r WHERE rk // {per} IN
                 (SELECT DISTINCT rk // {per} FROM ch JOIN r USING (payment_id))""").fetchone()[0]
         sims.append({"files": n, "rows_per_file": per, "files_touched": touched,
                      "files_touched_by_keys_older_than_1d": touched_old,
+                     "files_touched_by_keys_of_the_last_day": recent,
                      "rows_copied": rows_in - changed_in, "fraction_rewritten": round(rows_in / total, 4)})
     out = {"before": args.before, "after": args.after, "target_rows_after": n_rows,
            "changed_keys": sum(kinds.values()), "by_kind": kinds,

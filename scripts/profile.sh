@@ -11,6 +11,7 @@
 #            small scale such as 200k payments).
 # watermark: uprobes on tidemark's own lake::max_from_stats (entry and return), so the watermark
 #            read is timed inside the real run; prints JSON {"calls": [{"us": ...}], ...} on stdout.
+# PERF_FREQ (default 999 Hz) lowers the sampling rate for long runs (e.g. 99 for a full reload).
 # Output: $BENCH_DIR/profiles/<tag>_<what>_<tool>.{data,txt,json}
 set -euo pipefail
 REPO=$(cd "$(dirname "$0")/.." && pwd)
@@ -41,13 +42,13 @@ args=(run "$PIPELINE" --output json --var "lake=$L")
 case $WHAT in
   inc) cp -r "$DATA/tm_base" "$L/silver/payments" ;;
   rerun) cp -r "$DATA/tm_base" "$L/silver/payments"; "$TM" "${args[@]}" > /dev/null 2>&1 ;;
-  full) args+=(--full-reload) ;;
+  full) args+=(--full-reload); [ -n "${TM_FULL_ARGS-}" ] && read -ra extra <<<"$TM_FULL_ARGS" && args+=("${extra[@]}") ;;
   *) echo "--what inc|rerun|full" >&2; exit 64 ;;
 esac
 
 case $TOOL in
   perf)
-    perf record -q -e cpu-clock -F 999 --call-graph dwarf,32768 -o "$NAME.data" -- "$TM" "${args[@]}" > "$NAME.json" 2> "$NAME.err"
+    perf record -q -e cpu-clock -F "${PERF_FREQ:-999}" --call-graph dwarf,32768 -o "$NAME.data" -- "$TM" "${args[@]}" > "$NAME.json" 2> "$NAME.err"
     {
       echo "# $TM ${args[*]}"
       echo "# summary: $(cat "$NAME.json")"
