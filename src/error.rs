@@ -72,6 +72,9 @@ pub trait Classify {
 /// a lost commit race is "retryable", anything else is internal unless the caller knows better.
 pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
     use deltalake::DeltaTableError as E;
+    if is_disk_full(err) {
+        return ErrorClass::Io;
+    }
     match err {
         E::NotATable(_) | E::InvalidTableLocation(_) => ErrorClass::Unavailable,
         E::ObjectStore { source } => match source {
@@ -84,5 +87,44 @@ pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
         E::Transaction { .. } | E::VersionAlreadyExists(_) => ErrorClass::Retryable,
         E::InvalidJsonLog { .. } | E::InvalidStatsJson { .. } => ErrorClass::BadData,
         _ => ErrorClass::Internal,
+    }
+}
+
+/// Whether an error (anywhere in its chain, or in a message that flattened the chain) is a full
+/// disk or an exhausted quota: local I/O the operator can fix, not a bug.
+pub fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if matches!(
+                io.kind(),
+                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
+            ) {
+                return true;
+            }
+        }
+        let text = e.to_string();
+        if text.contains("No space left on device") || text.contains("Disk quota exceeded") {
+            return true;
+        }
+        next = e.source();
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_full_disk_is_local_io_not_a_bug() {
+        let io = std::io::Error::new(std::io::ErrorKind::StorageFull, "write failed");
+        assert!(is_disk_full(&io));
+        let flattened = datafusion::error::DataFusionError::Execution(
+            "Arrow error: Io error: No space left on device (os error 28)".into(),
+        );
+        assert!(is_disk_full(&flattened));
+        let other = datafusion::error::DataFusionError::Execution("bad plan".into());
+        assert!(!is_disk_full(&other));
     }
 }

@@ -111,7 +111,7 @@ impl RunError {
         uri: &'u str,
     ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self + 'u {
         move |source| {
-            if file_error_class(&source).is_some() {
+            if file_error_class(&source).is_some() && !crate::error::is_disk_full(&source) {
                 RunError::SourceRead {
                     uri: uri.to_string(),
                     source: Box::new(source),
@@ -193,6 +193,9 @@ fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<ErrorClass>
 
 fn classify_datafusion(e: &datafusion::error::DataFusionError) -> ErrorClass {
     use datafusion::error::DataFusionError as D;
+    if crate::error::is_disk_full(e) {
+        return ErrorClass::Io;
+    }
     if let Some(class) = file_error_class(e) {
         return class;
     }
