@@ -30,22 +30,6 @@ fn tidemark(now: i64) -> Command {
     c
 }
 
-/// What one invocation printed.
-struct Out {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-fn exec(c: &mut Command) -> Out {
-    let out = c.output().expect("spawn tidemark");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
 /// Stdout must be exactly one JSON value (logs go to stderr).
 fn one_json(stdout: &str) -> Value {
     let mut values = serde_json::Deserializer::from_str(stdout).into_iter::<Value>();
