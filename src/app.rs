@@ -321,14 +321,23 @@ pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
 
 /// `tidemark maintain`.
 pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
-    let (uri, file_size) = match resolve_pipeline_path(&args.table, &args.pipelines_dir) {
-        Ok(path) => {
-            let vars = Vars::from_args(&args.vars).map_err(ConfigError::BadVarArg)?;
-            let p = Pipeline::load(&path, &vars)?;
-            (p.target_uri, Some((p.target_file_size, p.keys)))
-        }
-        Err(_) => (args.table.clone(), None),
-    };
+    let (uri, file_size, row_group_rows) =
+        match resolve_pipeline_path(&args.table, &args.pipelines_dir) {
+            Ok(path) => {
+                let vars = Vars::from_args(&args.vars).map_err(ConfigError::BadVarArg)?;
+                let p = Pipeline::load(&path, &vars)?;
+                (
+                    p.target_uri,
+                    Some((p.target_file_size, p.keys)),
+                    p.target_row_group_rows,
+                )
+            }
+            Err(_) => (
+                args.table.clone(),
+                None,
+                lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+            ),
+        };
     let (file_size, cluster_keys) = match file_size {
         Some((size, keys)) => (Some(size), Some(keys)),
         None => (None, None),
@@ -340,6 +349,7 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
             compact: !args.no_compact,
             target_file_size: file_size,
             cluster_keys,
+            row_group_rows,
             retention: args.retention,
             dry_run: args.dry_run,
         },

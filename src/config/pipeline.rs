@@ -48,6 +48,7 @@ struct RawSource {
 struct RawTarget {
     uri: String,
     file_size: Option<String>,
+    row_group_rows: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -149,6 +150,9 @@ pub struct Pipeline {
     pub source_uri: String,
     pub target_uri: String,
     pub target_file_size: u64,
+    /// Rows per Parquet row group in the target's files: the unit an hourly run re-encodes
+    /// around a changed row (every other row group of a rewritten file is copied as bytes).
+    pub target_row_group_rows: usize,
     pub keys: Vec<String>,
     pub sequence_by: String,
     pub tie_breakers: Vec<String>,
@@ -426,6 +430,16 @@ impl Ctx<'_> {
             })?,
             None => DEFAULT_TARGET_FILE_SIZE,
         };
+        let target_row_group_rows = match raw.target.row_group_rows {
+            Some(n) if (1..=1_048_576).contains(&n) => n as usize,
+            Some(n) => {
+                return Err(self.invalid(
+                    "row_group_rows",
+                    format!("`target.row_group_rows: {n}` is out of range; use a row count between 1 and 1048576 (default {})", crate::lake::datafile::DEFAULT_ROW_GROUP_ROWS),
+                ))
+            }
+            None => crate::lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+        };
         let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
         let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
         let quarantine_uri = self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?;
@@ -445,6 +459,7 @@ impl Ctx<'_> {
             source_uri,
             target_uri,
             target_file_size,
+            target_row_group_rows,
             quarantine: Quarantine {
                 uri: quarantine_uri,
                 max_rows: raw.quarantine.max_rows,

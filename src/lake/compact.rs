@@ -37,6 +37,7 @@ pub async fn compact_clustered(
     table: &DeltaTable,
     keys: &[String],
     target_size: u64,
+    row_group_rows: usize,
     dry_run: bool,
 ) -> Result<(Compacted, Option<u64>), DeltaTableError> {
     let snapshot = table.snapshot()?;
@@ -82,7 +83,9 @@ pub async fn compact_clustered(
         .execute_stream()
         .await
         .map_err(external)?;
-    let mut writer = RecordBatchWriter::for_table(table)?.with_target_file_size(target_size);
+    let mut writer = RecordBatchWriter::for_table(table)?
+        .with_target_file_size(target_size)
+        .with_writer_properties(super::datafile::writer_properties(row_group_rows));
     while let Some(batch) = stream.next().await {
         let batch = super::storage::storage_batch(&batch.map_err(external)?).map_err(external)?;
         writer.write(batch).await?;

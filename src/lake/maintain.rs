@@ -20,6 +20,8 @@ pub struct MaintainOptions {
     /// Business key columns: compaction then sorts small files by key (keeping the clustering
     /// incremental runs rely on); without them, Delta's bin-packing compaction is used.
     pub cluster_keys: Option<Vec<String>>,
+    /// Rows per row group in compacted files (the pipeline's `target.row_group_rows`).
+    pub row_group_rows: usize,
     /// Vacuum files unreferenced for longer than this; `None` = the table's
     /// `delta.deletedFileRetentionDuration` (7 days by default), which is also the minimum.
     pub retention: Option<Duration>,
@@ -94,8 +96,14 @@ pub async fn maintain(
         .unwrap_or_else(|| config.target_file_size());
     if opts.compact {
         if let Some(keys) = &opts.cluster_keys {
-            let (done, version) =
-                super::compact_clustered(&table, keys, size.get(), opts.dry_run).await?;
+            let (done, version) = super::compact_clustered(
+                &table,
+                keys,
+                size.get(),
+                opts.row_group_rows,
+                opts.dry_run,
+            )
+            .await?;
             files_compacted = done.files_removed;
             files_written = done.files_added;
             if let Some(v) = version {

@@ -5,6 +5,7 @@
 //! the `run` module plans.
 
 mod compact;
+pub mod datafile;
 mod error;
 #[cfg(feature = "failpoints")]
 mod faulty;
@@ -12,6 +13,7 @@ mod log;
 mod maintain;
 mod open;
 mod restore;
+pub mod stats;
 pub mod storage;
 
 pub use compact::{compact_clustered, Compacted};

@@ -100,6 +100,7 @@ pub async fn overwrite(
     uri: &str,
     name: &str,
     file_size: u64,
+    row_group_rows: usize,
     plan: LogicalPlan,
     props: CommitProperties,
 ) -> Result<DeltaTable, RunError> {
@@ -118,6 +119,7 @@ pub async fn overwrite(
         .with_save_mode(SaveMode::Overwrite)
         .with_schema_mode(SchemaMode::Overwrite)
         .with_target_file_size(size)
+        .with_writer_properties(lake::datafile::writer_properties(row_group_rows))
         .with_commit_properties(props)
         .with_session_state(Arc::new(ctx.state()));
     if fresh {

@@ -15,25 +15,23 @@
 //! Memory holds the slice plus one target file at a time.
 
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
-use arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
-use datafusion::prelude::{ident, SessionContext};
-use deltalake::delta_datafusion::FileSelection;
 use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::Action;
 use deltalake::protocol::DeltaOperation;
-use deltalake::writer::{DeltaWriter, RecordBatchWriter};
 use deltalake::DeltaTable;
-use futures::StreamExt;
 
 use super::dedup::RowEncoders;
 use super::layout::Layout;
 use super::RunError;
-use crate::lake::storage::{cast_to, storage_batch};
+use crate::config::pipeline::DELETED_COLUMN;
+use crate::lake::datafile::{DataFile, FastPath, NewFile};
+use crate::lake::storage::cast_to;
 
 /// What applying the slice did (or would do).
 #[derive(Debug, Default)]
@@ -63,6 +61,7 @@ impl Applied {
 
 struct FileInfo {
     path: String,
+    size: u64,
 }
 
 /// Where each winner stands after the probe.
@@ -131,6 +130,14 @@ fn candidates(
         return Ok(Vec::new());
     };
     let paths = paths.as_string::<i32>();
+    let sizes = adds
+        .column_by_name("size_bytes")
+        .map(|c| arrow::compute::cast(c, &DataType::UInt64))
+        .transpose()
+        .map_err(RunError::arrow("apply"))?;
+    let sizes = sizes
+        .as_ref()
+        .map(|s| s.as_primitive::<arrow::datatypes::UInt64Type>());
     let key_type = layout
         .canonical
         .field_with_name(first)
@@ -187,8 +194,17 @@ fn candidates(
             (true, None) => true,
         };
         if admits {
+            let size = sizes.filter(|s| s.is_valid(i)).map(|s| s.value(i));
             out.push(FileInfo {
                 path: paths.value(i).to_string(),
+                size: size.ok_or_else(|| RunError::Delta {
+                    phase: "apply",
+                    uri: uri.to_string(),
+                    source: Box::new(deltalake::DeltaTableError::Generic(format!(
+                        "the log gives no size for {}",
+                        paths.value(i)
+                    ))),
+                })?,
             });
         }
     }
@@ -217,42 +233,120 @@ fn possibly_truncated(max: Option<&arrow::array::ArrayRef>, i: usize) -> bool {
     }
 }
 
-async fn read_file(
-    ctx: &SessionContext,
-    target: &DeltaTable,
-    path: &str,
-    columns: Vec<datafusion::prelude::Expr>,
-) -> Result<Vec<RecordBatch>, RunError> {
-    let q = RunError::query;
-    let provider = target
-        .table_provider()
-        .with_file_selection(FileSelection::from_file_paths([path.to_string()]))
-        .await
-        .map_err(q("apply"))?;
-    let mut stream = ctx
-        .read_table(provider)
-        .and_then(|df| df.select(columns))
-        .map_err(q("apply"))?
-        .execute_stream()
-        .await
-        .map_err(q("apply"))?;
-    let mut out = Vec::new();
-    while let Some(b) = stream.next().await {
-        out.push(b.map_err(q("apply"))?);
-    }
-    Ok(out)
+/// Everything the copy-on-write apply needs besides the slice.
+pub struct Target<'a> {
+    pub table: &'a DeltaTable,
+    pub uri: &'a str,
+    pub fast: &'a FastPath,
+    pub row_group_rows: usize,
 }
 
-/// Decides and (unless `dry_run`) writes the changes of `winners` against `target`.
+/// Which row groups of a candidate file can hold one of the sorted slice keys, by the row
+/// groups' own statistics of the first key column (no statistics: every row group).
+fn admitted_row_groups(
+    file: &DataFile,
+    first_key: &str,
+    key_type: &DataType,
+    sorted: &[Box<[u8]>],
+) -> Result<Vec<usize>, RunError> {
+    let all = || (0..file.row_groups().len()).collect::<Vec<_>>();
+    let Ok((mins, maxs)) = file.bounds(first_key) else {
+        return Ok(all());
+    };
+    let a = |e| RunError::arrow("apply")(e);
+    let (Ok(mins), Ok(maxs)) = (
+        arrow::compute::cast(&mins, key_type),
+        arrow::compute::cast(&maxs, key_type),
+    ) else {
+        return Ok(all());
+    };
+    let conv = RowConverter::new(vec![SortField::new(key_type.clone())]).map_err(&a)?;
+    let lo = conv.convert_columns(&[mins.clone()]).map_err(&a)?;
+    let hi = conv.convert_columns(&[maxs.clone()]).map_err(&a)?;
+    Ok((0..file.row_groups().len())
+        .filter(|&g| {
+            let start = if mins.is_valid(g) {
+                sorted.partition_point(|k| k.as_ref() < lo.row(g).as_ref())
+            } else {
+                0
+            };
+            start < sorted.len()
+                && (!maxs.is_valid(g) || sorted[start].as_ref() <= hi.row(g).as_ref())
+        })
+        .collect())
+}
+
+/// The slice's first key column, encoded in storage type and sorted, for pruning files and
+/// row groups by their key statistics.
+fn sorted_first_keys(
+    layout: &Layout,
+    winners: &RecordBatch,
+) -> Result<(DataType, Vec<Box<[u8]>>), RunError> {
+    let a = |e| RunError::arrow("apply")(e);
+    let first = &layout.keys[0];
+    let key_type = layout
+        .canonical
+        .field_with_name(first)
+        .map(|f| crate::lake::storage::storage_type(f.data_type()))
+        .map_err(&a)?;
+    let conv = RowConverter::new(vec![SortField::new(key_type.clone())]).map_err(&a)?;
+    let keys = winners
+        .column_by_name(first)
+        .map(|c| arrow::compute::cast(c, &key_type))
+        .transpose()
+        .map_err(&a)?;
+    let Some(keys) = keys else {
+        return Ok((key_type, Vec::new()));
+    };
+    let encoded = conv.convert_columns(&[keys]).map_err(&a)?;
+    let mut sorted: Vec<Box<[u8]>> = encoded.iter().map(|r| r.as_ref().into()).collect();
+    sorted.sort_unstable();
+    Ok((key_type, sorted))
+}
+
+/// A row group decoded from a target file, in the canonical row (hard-delete targets get an
+/// all-false `_deleted`, files from before a schema change get nulls for the newer columns).
+fn canonical_rows(layout: &Layout, batch: &RecordBatch) -> Result<RecordBatch, RunError> {
+    let a = |e| RunError::arrow("apply")(e);
+    let columns = layout
+        .canonical
+        .fields()
+        .iter()
+        .map(|f| match batch.column_by_name(f.name()) {
+            Some(c) => arrow::compute::cast(c, f.data_type()),
+            None if f.name() == DELETED_COLUMN => {
+                Ok(Arc::new(BooleanArray::from(vec![false; batch.num_rows()])) as ArrayRef)
+            }
+            None => Ok(arrow::array::new_null_array(
+                f.data_type(),
+                batch.num_rows(),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(&a)?;
+    RecordBatch::try_new_with_options(
+        layout.canonical.clone(),
+        columns,
+        &arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
+    )
+    .map_err(a)
+}
+
+/// Decides and (unless `dry_run`) writes the changes of `winners` against the target.
 pub async fn apply(
-    ctx: &SessionContext,
-    target: &DeltaTable,
-    uri: &str,
+    target: &Target<'_>,
     layout: &Layout,
     winners: &RecordBatch,
     already_conflicting: &HashSet<Box<[u8]>>,
     dry_run: bool,
 ) -> Result<Applied, RunError> {
+    let uri = target.uri;
+    let store = &target.fast.store;
+    let d = |source| RunError::Delta {
+        phase: "apply",
+        uri: uri.to_string(),
+        source: Box::new(source),
+    };
     let mut out = Applied::default();
     if winners.num_rows() == 0 {
         return Ok(out);
@@ -265,9 +359,11 @@ pub async fn apply(
     }
     let mut found = vec![Found::Absent; winners.num_rows()];
 
-    // 1-2: candidates, probed on key and ordering columns only.
-    let files = candidates(target, uri, layout, winners)?;
-    out.files_candidate = files.len() as u64;
+    // 1-2: candidate files by the log's statistics, their row groups by the footers'; the
+    // probe reads the key and ordering columns of those row groups only.
+    let listed = candidates(target.table, uri, layout, winners)?;
+    out.files_candidate = listed.len() as u64;
+    let (key_type, sorted) = sorted_first_keys(layout, winners)?;
     let probe_cols: Vec<String> = layout
         .keys
         .iter()
@@ -277,13 +373,26 @@ pub async fn apply(
     let probe_schema = sub_schema(layout, &probe_cols)?;
     let key_conv = key_converter(layout, &layout.keys)?;
     let tuple_conv = key_converter(layout, &layout.order)?;
-    let mut touched: BTreeMap<usize, ()> = BTreeMap::new();
+    let nk = layout.keys.len();
+    let mut files: Vec<DataFile> = Vec::with_capacity(listed.len());
+    let mut touched: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
     let mut seen_in: HashMap<usize, usize> = HashMap::new();
-    for (f, file) in files.iter().enumerate() {
-        let cols = probe_cols.iter().map(ident).collect();
-        for batch in read_file(ctx, target, &file.path, cols).await? {
+    for (f, info) in listed.iter().enumerate() {
+        let file = DataFile::open(store, &info.path, info.size)
+            .await
+            .map_err(d)?;
+        let groups = admitted_row_groups(&file, &layout.keys[0], &key_type, &sorted)?;
+        // Rows arrive in the order of `groups`: cumulative counts map a row to its group.
+        let mut bounds = Vec::with_capacity(groups.len());
+        let mut end = 0u64;
+        for &g in &groups {
+            end += file.row_groups()[g].num_rows() as u64;
+            bounds.push((end, g));
+        }
+        let mut row = 0u64;
+        let mut at = 0usize;
+        for batch in file.read(store, groups, &probe_cols).await.map_err(d)? {
             let batch = cast_to(&batch, &probe_schema).map_err(RunError::arrow("apply"))?;
-            let nk = layout.keys.len();
             let keys = key_conv
                 .convert_columns(&batch.columns()[..nk])
                 .map_err(RunError::arrow("apply"))?;
@@ -291,49 +400,53 @@ pub async fn apply(
                 .convert_columns(&batch.columns()[nk..])
                 .map_err(RunError::arrow("apply"))?;
             for r in 0..batch.num_rows() {
+                while at < bounds.len() && row >= bounds[at].0 {
+                    at += 1;
+                }
+                row += 1;
                 let Some(&i) = index.get(keys.row(r).as_ref()) else {
                     continue;
                 };
                 if let Some(prev) = seen_in.insert(i, f) {
+                    let key = super::changes::render_key(winners, &layout.keys, i);
                     return Err(RunError::DuplicateTargetKeys {
                         uri: uri.to_string(),
                         count: 1,
                         first: if prev == f {
-                            format!(
-                                "{} (twice in {})",
-                                super::changes::render_key(winners, &layout.keys, i),
-                                file.path
-                            )
+                            format!("{key} (twice in {})", info.path)
                         } else {
-                            format!(
-                                "{} (in {} and {})",
-                                super::changes::render_key(winners, &layout.keys, i),
-                                files[prev].path,
-                                file.path
-                            )
+                            format!("{key} (in {} and {})", listed[prev].path, info.path)
                         },
                     });
                 }
                 found[i] = match w.tuples.row(i).cmp(&tuples.row(r)) {
                     Ordering::Less => Found::Older,
                     _ => {
-                        touched.insert(f, ());
+                        let g = bounds.get(at).map(|b| b.1).ok_or_else(|| {
+                            d(deltalake::DeltaTableError::Generic(format!(
+                                "{} returned more rows than its row groups hold",
+                                info.path
+                            )))
+                        })?;
+                        touched.entry(f).or_default().insert(g);
                         Found::Decide(f)
                     }
                 };
             }
         }
+        files.push(file);
     }
 
-    // 3: rewrite touched files one at a time.
+    // 3: rewrite touched files one at a time: untouched row groups are copied as bytes.
     let hard = layout.hard_deletes();
-    let target_schema = sub_schema(layout, &layout.target_columns)?;
+    let schema = target.fast.schema.clone();
     let mut adds: Vec<Action> = Vec::new();
     let mut removes: Vec<Action> = Vec::new();
     let views: HashMap<String, deltalake::kernel::Remove> = if touched.is_empty() {
         HashMap::new()
     } else {
         target
+            .table
             .snapshot()
             .map_err(RunError::delta("apply", uri))?
             .log_data()
@@ -341,13 +454,21 @@ pub async fn apply(
             .map(|v| (v.path().to_string(), v.remove_action(true)))
             .collect()
     };
-    for &f in touched.keys() {
-        let path = &files[f].path;
+    for (&f, groups) in &touched {
+        let file = &files[f];
+        let bytes = file.fetch(store).await.map_err(d)?;
+        let mut new = NewFile::new(schema.clone(), target.row_group_rows).map_err(d)?;
+        let copy = new.can_copy_from(file);
         let mut replaced = 0u64;
         let mut copied = 0u64;
-        let mut rewritten: Vec<RecordBatch> = Vec::new();
-        for batch in read_file(ctx, target, path, layout.target_exprs()).await? {
-            let batch = cast_to(&batch, &layout.canonical).map_err(RunError::arrow("apply"))?;
+        for g in 0..file.row_groups().len() {
+            if copy && !groups.contains(&g) {
+                new.copy_row_group(file, &bytes, g).map_err(d)?;
+                copied += file.row_groups()[g].num_rows() as u64;
+                continue;
+            }
+            let batch = file.decode(&bytes, g).map_err(d)?;
+            let batch = canonical_rows(layout, &batch)?;
             let t = enc.encode(&batch).map_err(RunError::arrow("apply"))?;
             // For each row: keep it, or take winner i in its place, or drop it (hard delete).
             let mut pieces: Vec<(bool, u32)> = Vec::with_capacity(batch.num_rows());
@@ -385,7 +506,8 @@ pub async fn apply(
                 replaced += 1;
             }
             copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
-            rewritten.push(assemble(&batch, winners, &pieces, &target_schema)?);
+            new.write(&assemble(&batch, winners, &pieces, &schema)?)
+                .map_err(d)?;
         }
         if replaced == 0 {
             continue;
@@ -393,17 +515,13 @@ pub async fn apply(
         out.files_rewritten += 1;
         out.rows_copied += copied;
         if !dry_run {
-            adds.extend(write_files(target, uri, &target_schema, rewritten).await?);
-            let remove = views
-                .get(path.as_str())
-                .cloned()
-                .ok_or_else(|| RunError::Delta {
-                    phase: "apply",
-                    uri: uri.to_string(),
-                    source: Box::new(deltalake::DeltaTableError::Generic(format!(
-                        "file {path} is not in the snapshot"
-                    ))),
-                })?;
+            adds.extend(new.put(target.fast).await.map_err(d)?.map(Action::Add));
+            let remove = views.get(file.path.as_str()).cloned().ok_or_else(|| {
+                d(deltalake::DeltaTableError::Generic(format!(
+                    "file {} is not in the snapshot",
+                    file.path
+                )))
+            })?;
             removes.push(Action::Remove(remove));
         }
     }
@@ -433,8 +551,10 @@ pub async fn apply(
     if !inserts.is_empty() && !dry_run {
         let rows = arrow::compute::take_record_batch(winners, &UInt32Array::from(inserts))
             .map_err(RunError::arrow("apply"))?;
-        let rows = cast_to(&rows, &target_schema).map_err(RunError::arrow("apply"))?;
-        adds.extend(write_files(target, uri, &target_schema, vec![rows]).await?);
+        let rows = cast_to(&rows, &schema).map_err(RunError::arrow("apply"))?;
+        let mut new = NewFile::new(schema.clone(), target.row_group_rows).map_err(d)?;
+        new.write(&rows).map_err(d)?;
+        adds.extend(new.put(target.fast).await.map_err(d)?.map(Action::Add));
     }
     out.files_added = adds.len() as u64;
     out.files_removed = removes.len() as u64;
@@ -464,49 +584,6 @@ fn assemble(
         .collect::<Result<Vec<_>, _>>()
         .map_err(a)?;
     RecordBatch::try_new(schema.clone(), columns).map_err(RunError::arrow("apply"))
-}
-
-async fn write_files(
-    target: &DeltaTable,
-    uri: &str,
-    schema: &SchemaRef,
-    batches: Vec<RecordBatch>,
-) -> Result<Vec<Action>, RunError> {
-    let d = |source| RunError::Delta {
-        phase: "apply",
-        uri: uri.to_string(),
-        source: Box::new(source),
-    };
-    let mut writer = RecordBatchWriter::for_table(target).map_err(d)?;
-    for b in batches {
-        if b.num_rows() == 0 {
-            continue;
-        }
-        let b = storage_batch(&b).map_err(RunError::arrow("apply"))?;
-        let b = cast_to(
-            &b,
-            &Arc::new(Schema::new(
-                schema
-                    .fields()
-                    .iter()
-                    .map(|f| {
-                        f.as_ref()
-                            .clone()
-                            .with_data_type(crate::lake::storage::storage_type(f.data_type()))
-                    })
-                    .collect::<Vec<_>>(),
-            )),
-        )
-        .map_err(RunError::arrow("apply"))?;
-        writer.write(b).await.map_err(d)?;
-    }
-    Ok(writer
-        .flush()
-        .await
-        .map_err(d)?
-        .into_iter()
-        .map(Action::Add)
-        .collect())
 }
 
 /// Commits the removes and adds of `applied` in one commit with `props`.

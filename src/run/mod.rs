@@ -39,6 +39,7 @@ pub use session::{Engine, EngineError};
 
 use crate::clock::Clock;
 use crate::config::Pipeline;
+use crate::lake::datafile::FastPath;
 use crate::lake::{self, storage, StatsMax, COMMIT_INFO_KEY};
 use crate::report::{RunMode, RunSummary};
 
@@ -575,8 +576,13 @@ impl<'a> Run<'a> {
         self.end_phase("dedup")?;
 
         let before = watermark.map(|w| w.timestamp_micros());
-        if new_columns.is_empty() {
-            self.apply_copy_on_write(target, layout, &winners, &deduper, previous, before)
+        let fast = if new_columns.is_empty() {
+            FastPath::check(&target).map_err(RunError::delta("apply", &self.p.target_uri))?
+        } else {
+            None
+        };
+        if let Some(fast) = fast {
+            self.apply_copy_on_write(target, &fast, layout, &winners, &deduper, previous, before)
                 .await?;
         } else {
             self.apply_with_merge(target, layout, &winners, &deduper, previous, before)
@@ -603,10 +609,13 @@ impl<'a> Run<'a> {
             && previous == Some(self.summary.source_version as i64);
     }
 
-    /// The normal path: only files holding a changed key are read fully and rewritten.
+    /// The normal path: only files holding a changed key are rewritten, and in them only the
+    /// row groups holding one are re-encoded.
+    #[allow(clippy::too_many_arguments)]
     async fn apply_copy_on_write(
         &mut self,
         target: DeltaTable,
+        fast: &FastPath,
         layout: &Layout,
         winners: &RecordBatch,
         deduper: &Deduper,
@@ -614,9 +623,12 @@ impl<'a> Run<'a> {
         before: Option<i64>,
     ) -> Result<(), RunError> {
         let applied = cow::apply(
-            &self.ctx,
-            &target,
-            &self.p.target_uri,
+            &cow::Target {
+                table: &target,
+                uri: &self.p.target_uri,
+                fast,
+                row_group_rows: self.p.target_row_group_rows,
+            },
             layout,
             winners,
             deduper.conflict_keys(),
@@ -803,6 +815,7 @@ impl<'a> Run<'a> {
                 &self.p.target_uri,
                 &self.p.name,
                 self.p.target_file_size,
+                self.p.target_row_group_rows,
                 plan,
                 props,
             )

@@ -1,0 +1,494 @@
+//! Target data files at row-group granularity.
+//!
+//! An hourly run changes a few rows in a handful of files. Copy-on-write must write those files
+//! again, but not re-encode them: a row group without a changed row is copied byte for byte
+//! (its pages, statistics and all), and only the row groups that hold a changed row are decoded,
+//! patched and encoded. With small row groups (`target.row_group_rows`) the cost of a run then
+//! follows the rows it changes, not the size of the files they sit in. Reads go the same way:
+//! the probe fetches only the key and ordering columns of the row groups whose key statistics
+//! can hold a changed key.
+//!
+//! Only plain tables take this path (no partitions, no column mapping, no deletion vectors);
+//! [`FastPath::check`] says which do.
+
+use std::sync::Arc;
+
+use arrow::array::{ArrayRef, RecordBatch};
+use arrow::datatypes::{Schema, SchemaRef};
+use bytes::Bytes;
+use deltalake::kernel::Add;
+use deltalake::logstore::ObjectStoreRef;
+use deltalake::{DeltaTable, DeltaTableError};
+use futures::TryStreamExt;
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
+use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::arrow_writer::{compute_leaves, ArrowRowGroupWriterFactory};
+// `ParquetObjectReader` is deprecated in favour of hand-written readers; it still does exactly
+// what is needed here (ranged gets on the table's own object store), so it stays until removed.
+#[allow(deprecated)]
+use parquet::arrow::async_reader::{ParquetObjectReader, ParquetRecordBatchStreamBuilder};
+use parquet::arrow::{ArrowWriter, ProjectionMask};
+use parquet::basic::Compression;
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::RowGroupMetaData;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::writer::SerializedFileWriter;
+
+use super::stats::{delta_stats, StatsColumns};
+
+/// Rows per row group when a pipeline does not say (`target.row_group_rows`): small enough that
+/// re-encoding the row group around one late refund costs little, large enough that scans and
+/// compression do not suffer (measured in BENCHMARKS.md).
+pub const DEFAULT_ROW_GROUP_ROWS: usize = 8192;
+
+/// How tidemark writes target data files: snappy like delta-rs, row groups of `row_group_rows`,
+/// statistics per column chunk (pruning and Delta stats need no more) and no page index, so a
+/// file assembled from copied and re-encoded row groups is uniform.
+pub fn writer_properties(row_group_rows: usize) -> WriterProperties {
+    WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_max_row_group_row_count(Some(row_group_rows.max(1)))
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_offset_index_disabled(true)
+        .build()
+}
+
+/// Whether a table's files can be read and written directly, and the facts needed to do so.
+pub struct FastPath {
+    pub store: ObjectStoreRef,
+    /// The table's columns in the types its files store.
+    pub schema: SchemaRef,
+    pub stats: StatsColumns,
+}
+
+impl FastPath {
+    /// `None` when the table uses a feature the direct path does not handle (partitions,
+    /// column mapping, deletion vectors); the caller then goes through delta-rs' MERGE.
+    pub fn check(table: &DeltaTable) -> Result<Option<FastPath>, DeltaTableError> {
+        let snapshot = table.snapshot()?;
+        let metadata = snapshot.metadata();
+        if !metadata.partition_columns().is_empty() {
+            return Ok(None);
+        }
+        let config = metadata.configuration();
+        if config
+            .get("delta.columnMapping.mode")
+            .is_some_and(|m| !m.eq_ignore_ascii_case("none"))
+        {
+            return Ok(None);
+        }
+        if snapshot
+            .log_data()
+            .iter()
+            .any(|f| f.deletion_vector_descriptor().is_some())
+        {
+            return Ok(None);
+        }
+        let schema = snapshot.snapshot().arrow_schema();
+        let schema = Arc::new(Schema::new(
+            schema
+                .fields()
+                .iter()
+                .map(|f| {
+                    f.as_ref()
+                        .clone()
+                        .with_data_type(super::storage::storage_type(f.data_type()))
+                })
+                .collect::<Vec<_>>(),
+        ));
+        let stats = StatsColumns::from_configuration(
+            config.iter().map(|(k, v)| (k.as_str(), Some(v.as_str()))),
+        );
+        Ok(Some(FastPath {
+            store: table.log_store().object_store(None),
+            schema,
+            stats,
+        }))
+    }
+}
+
+/// A target data file's footer, read once and used for pruning, probing and rewriting.
+pub struct DataFile {
+    pub path: String,
+    pub size: u64,
+    pub meta: ArrowReaderMetadata,
+}
+
+fn object_path(path: &str) -> Result<Path, DeltaTableError> {
+    Path::from_url_path(path)
+        .map_err(|e| DeltaTableError::Generic(format!("data file {path}: {e}")))
+}
+
+impl DataFile {
+    /// Reads the footer of `path` (relative to the table root; `size` from the log).
+    #[allow(deprecated)]
+    pub async fn open(
+        store: &ObjectStoreRef,
+        path: &str,
+        size: u64,
+    ) -> Result<Self, DeltaTableError> {
+        let mut reader =
+            ParquetObjectReader::new(store.clone(), object_path(path)?).with_file_size(size);
+        let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new()).await?;
+        Ok(DataFile {
+            path: path.to_string(),
+            size,
+            meta,
+        })
+    }
+
+    pub fn row_groups(&self) -> &[RowGroupMetaData] {
+        self.meta.metadata().row_groups()
+    }
+
+    /// Per row group, the least and greatest value of `column` (nulls where unknown).
+    pub fn bounds(&self, column: &str) -> Result<(ArrayRef, ArrayRef), DeltaTableError> {
+        let conv =
+            StatisticsConverter::try_new(column, self.meta.schema(), self.meta.parquet_schema())?;
+        Ok((
+            conv.row_group_mins(self.row_groups())?,
+            conv.row_group_maxes(self.row_groups())?,
+        ))
+    }
+
+    /// The named columns of the given row groups, fetched by range (only those column chunks).
+    #[allow(deprecated)]
+    pub async fn read(
+        &self,
+        store: &ObjectStoreRef,
+        row_groups: Vec<usize>,
+        columns: &[String],
+    ) -> Result<Vec<RecordBatch>, DeltaTableError> {
+        if row_groups.is_empty() {
+            return Ok(Vec::new());
+        }
+        let roots = self.roots(columns)?;
+        let reader = ParquetObjectReader::new(store.clone(), object_path(&self.path)?)
+            .with_file_size(self.size);
+        let mask = ProjectionMask::roots(self.meta.parquet_schema(), roots);
+        let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, self.meta.clone())
+            .with_projection(mask)
+            .with_row_groups(row_groups)
+            .with_batch_size(64 * 1024)
+            .build()?;
+        Ok(stream.try_collect().await?)
+    }
+
+    /// Every column of one row group, decoded from the whole file's bytes.
+    pub fn decode(&self, bytes: &Bytes, row_group: usize) -> Result<RecordBatch, DeltaTableError> {
+        let rows = self.row_groups()[row_group].num_rows().max(1) as usize;
+        let reader =
+            ParquetRecordBatchReaderBuilder::new_with_metadata(bytes.clone(), self.meta.clone())
+                .with_row_groups(vec![row_group])
+                .with_batch_size(rows)
+                .build()?;
+        let batches = reader.collect::<Result<Vec<_>, _>>()?;
+        Ok(arrow::compute::concat_batches(
+            self.meta.schema(),
+            &batches,
+        )?)
+    }
+
+    fn roots(&self, columns: &[String]) -> Result<Vec<usize>, DeltaTableError> {
+        columns
+            .iter()
+            .map(|c| {
+                self.meta.schema().index_of(c).map_err(|_| {
+                    DeltaTableError::Generic(format!("data file {} has no column `{c}`", self.path))
+                })
+            })
+            .collect()
+    }
+
+    /// The whole file, for a rewrite.
+    pub async fn fetch(&self, store: &ObjectStoreRef) -> Result<Bytes, DeltaTableError> {
+        Ok(store.get(&object_path(&self.path)?).await?.bytes().await?)
+    }
+}
+
+/// A new data file being assembled in memory from copied and encoded row groups.
+pub struct NewFile {
+    writer: SerializedFileWriter<Vec<u8>>,
+    factory: ArrowRowGroupWriterFactory,
+    schema: SchemaRef,
+    row_group_rows: usize,
+    row_groups: usize,
+    pub rows: u64,
+}
+
+impl NewFile {
+    /// An empty file with the table's `schema` (storage types).
+    pub fn new(schema: SchemaRef, row_group_rows: usize) -> Result<Self, DeltaTableError> {
+        let props = writer_properties(row_group_rows);
+        let (writer, factory) = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?
+            .into_serialized_writer()?;
+        Ok(NewFile {
+            writer,
+            factory,
+            schema,
+            row_group_rows: row_group_rows.max(1),
+            row_groups: 0,
+            rows: 0,
+        })
+    }
+
+    /// Whether `file`'s row groups can be copied into this one as they are: the same Parquet
+    /// schema, column for column (files from before a schema change are re-encoded instead).
+    pub fn can_copy_from(&self, file: &DataFile) -> bool {
+        file.meta.parquet_schema().root_schema() == self.writer.schema_descr().root_schema()
+            && file.meta.schema().fields().len() == self.schema.fields().len()
+    }
+
+    /// Appends row group `index` of `file` (whose bytes are `bytes`) without decoding it.
+    pub fn copy_row_group(
+        &mut self,
+        file: &DataFile,
+        bytes: &Bytes,
+        index: usize,
+    ) -> Result<(), DeltaTableError> {
+        let group = &file.row_groups()[index];
+        let mut rg = self.writer.next_row_group()?;
+        for column in group.columns() {
+            rg.append_column(
+                bytes,
+                ColumnCloseResult {
+                    bytes_written: column.compressed_size() as u64,
+                    rows_written: group.num_rows() as u64,
+                    metadata: column.clone(),
+                    bloom_filter: None,
+                    column_index: None,
+                    offset_index: None,
+                },
+            )?;
+        }
+        rg.close()?;
+        self.row_groups += 1;
+        self.rows += group.num_rows() as u64;
+        Ok(())
+    }
+
+    /// Encodes `batch` (in this file's schema) as one or more row groups.
+    pub fn write(&mut self, batch: &RecordBatch) -> Result<(), DeltaTableError> {
+        let mut offset = 0;
+        while offset < batch.num_rows() {
+            let len = self.row_group_rows.min(batch.num_rows() - offset);
+            let part = batch.slice(offset, len);
+            let mut writers = self.factory.create_column_writers(self.row_groups)?;
+            let mut next = writers.iter_mut();
+            for (field, column) in self.schema.fields().iter().zip(part.columns()) {
+                for leaf in compute_leaves(field, column)? {
+                    let w = next.next().ok_or_else(|| {
+                        DeltaTableError::Generic("more leaf columns than writers".into())
+                    })?;
+                    w.write(&leaf)?;
+                }
+            }
+            let mut rg = self.writer.next_row_group()?;
+            for w in writers {
+                w.close()?.append_to_row_group(&mut rg)?;
+            }
+            rg.close()?;
+            self.row_groups += 1;
+            self.rows += len as u64;
+            offset += len;
+        }
+        Ok(())
+    }
+
+    /// Writes the file under the table root and returns its `add` action (data change, with
+    /// Delta statistics); `None` when it holds no rows.
+    pub async fn put(mut self, fast: &FastPath) -> Result<Option<Add>, DeltaTableError> {
+        if self.rows == 0 {
+            return Ok(None);
+        }
+        let meta = self.writer.finish()?;
+        self.writer
+            .flush()
+            .map_err(parquet::errors::ParquetError::from)?;
+        let bytes = std::mem::take(self.writer.inner_mut());
+        let stats = delta_stats(&meta, &self.schema, &fast.stats)?;
+        let name = format!("part-00000-{}-c000.snappy.parquet", uuid::Uuid::new_v4());
+        let size = bytes.len() as i64;
+        fast.store
+            .put(&Path::from(name.as_str()), Bytes::from(bytes).into())
+            .await?;
+        let modification_time = chrono::Utc::now().timestamp_millis();
+        Ok(Some(Add {
+            path: name,
+            size,
+            partition_values: Default::default(),
+            modification_time,
+            data_change: true,
+            stats: Some(stats),
+            tags: None,
+            deletion_vector: None,
+            base_row_id: None,
+            default_row_commit_version: None,
+            clustering_provider: None,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use arrow::array::{
+        BooleanArray, Date32Array, Decimal128Array, Float64Array, Int64Array, StringArray,
+        TimestampMicrosecondArray,
+    };
+    use arrow::datatypes::{DataType, Field, TimeUnit};
+    use serde_json::Value;
+
+    fn batch(rows: std::ops::Range<i64>, bump: Option<i64>) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, false),
+            Field::new("n", DataType::Int64, true),
+            Field::new("amount", DataType::Decimal128(12, 2), true),
+            Field::new(
+                "ts",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                true,
+            ),
+            Field::new("day", DataType::Date32, true),
+            Field::new("ok", DataType::Boolean, true),
+            Field::new("f", DataType::Float64, true),
+        ]));
+        let v = |i: i64| if Some(i) == bump { i + 1_000_000 } else { i };
+        let ids: Vec<String> = rows.clone().map(|i| format!("p{i:08}")).collect();
+        RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(ids)),
+                Arc::new(Int64Array::from_iter(
+                    rows.clone().map(|i| (i % 7 != 0).then(|| v(i) * 3)),
+                )),
+                Arc::new(
+                    Decimal128Array::from_iter(
+                        rows.clone().map(|i| Some(i128::from(v(i) * 101 - 5000))),
+                    )
+                    .with_precision_and_scale(12, 2)
+                    .unwrap(),
+                ),
+                Arc::new(
+                    TimestampMicrosecondArray::from_iter(
+                        rows.clone()
+                            .map(|i| Some(1_700_000_000_000_000 + v(i) * 1_234_567)),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                Arc::new(Date32Array::from_iter(
+                    rows.clone().map(|i| Some(19_000 + (v(i) % 400) as i32)),
+                )),
+                Arc::new(BooleanArray::from_iter(
+                    rows.clone().map(|i| Some(i % 3 == 0)),
+                )),
+                Arc::new(Float64Array::from_iter(
+                    rows.map(|i| (i % 5 != 0).then(|| v(i) as f64 / 3.0)),
+                )),
+            ],
+        )
+        .unwrap()
+    }
+
+    /// Writes `b` through delta-rs into a new table; returns the table and its file's stats.
+    async fn delta_rs_table(dir: &std::path::Path, b: RecordBatch) -> (DeltaTable, Value) {
+        let url = url::Url::from_directory_path(dir).unwrap();
+        let table = deltalake::DeltaTableBuilder::from_url(url)
+            .unwrap()
+            .build()
+            .unwrap()
+            .write(vec![b])
+            .with_writer_properties(writer_properties(1024))
+            .await
+            .unwrap();
+        let stats = table
+            .snapshot()
+            .unwrap()
+            .log_data()
+            .iter()
+            .next()
+            .unwrap()
+            .stats()
+            .unwrap();
+        (table, serde_json::from_str(&stats).unwrap())
+    }
+
+    fn normalized(mut v: Value) -> Value {
+        // delta-rs writes `nullCount` for every indexed column; so do we: compare all of it.
+        v.as_object_mut().unwrap().remove("tightBounds");
+        v
+    }
+
+    #[tokio::test]
+    async fn statistics_match_what_delta_rs_writes() {
+        let dir = tempfile::tempdir().unwrap();
+        let (table, want) = delta_rs_table(dir.path(), batch(0..3000, None)).await;
+        let fast = FastPath::check(&table).unwrap().unwrap();
+        let view = table.snapshot().unwrap().log_data().iter().next().unwrap();
+        let file = DataFile::open(&fast.store, &view.path(), view.size() as u64)
+            .await
+            .unwrap();
+        assert_eq!(file.row_groups().len(), 3, "row groups of 1024 rows");
+        let ours = delta_stats(file.meta.metadata(), file.meta.schema(), &fast.stats).unwrap();
+        assert_eq!(
+            normalized(serde_json::from_str(&ours).unwrap()),
+            normalized(want)
+        );
+    }
+
+    #[tokio::test]
+    async fn a_file_rewritten_by_row_group_reads_back_and_has_exact_statistics() {
+        let dir = tempfile::tempdir().unwrap();
+        let (table, _) = delta_rs_table(&dir.path().join("t"), batch(0..3000, None)).await;
+        let fast = FastPath::check(&table).unwrap().unwrap();
+        let view = table.snapshot().unwrap().log_data().iter().next().unwrap();
+        let file = DataFile::open(&fast.store, &view.path(), view.size() as u64)
+            .await
+            .unwrap();
+        let bytes = file.fetch(&fast.store).await.unwrap();
+
+        // Row 1500 (in row group 1) gets bigger values than any other row: the maxima move.
+        let mut new = NewFile::new(fast.schema.clone(), 1024).unwrap();
+        assert!(new.can_copy_from(&file));
+        new.copy_row_group(&file, &bytes, 0).unwrap();
+        let decoded = file.decode(&bytes, 1).unwrap();
+        assert_eq!(decoded, batch(1024..2048, None));
+        new.write(&batch(1024..2048, Some(1500))).unwrap();
+        new.copy_row_group(&file, &bytes, 2).unwrap();
+        assert_eq!(new.rows, 3000);
+        let add = new.put(&fast).await.unwrap().unwrap();
+
+        let reread = DataFile::open(&fast.store, &add.path, add.size as u64)
+            .await
+            .unwrap();
+        let all = reread
+            .read(
+                &fast.store,
+                vec![0, 1, 2],
+                &["id".to_string(), "n".to_string()],
+            )
+            .await
+            .unwrap();
+        let all = arrow::compute::concat_batches(&all[0].schema(), &all).unwrap();
+        let want = batch(0..3000, Some(1500));
+        assert_eq!(all.column(0), want.column(0));
+        assert_eq!(all.column(1), want.column(1));
+        let whole = reread.fetch(&fast.store).await.unwrap();
+        for g in 0..3 {
+            let lo = g * 1024;
+            let hi = (lo + 1024).min(3000);
+            assert_eq!(
+                reread.decode(&whole, g as usize).unwrap(),
+                want.slice(lo as usize, (hi - lo) as usize)
+            );
+        }
+
+        let (_, oracle) = delta_rs_table(&dir.path().join("oracle"), want).await;
+        let ours: Value = serde_json::from_str(add.stats.as_deref().unwrap()).unwrap();
+        assert_eq!(normalized(ours), normalized(oracle));
+    }
+}
