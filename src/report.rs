@@ -69,8 +69,11 @@ pub struct RunSummary {
     pub num_files_removed: u64,
     /// Target files whose key statistics could hold a key of the slice (probed on keys only).
     pub num_files_candidate: u64,
-    /// Unchanged rows copied into rewritten files: the price of copy-on-write.
+    /// Unchanged rows carried into rewritten files: the price of copy-on-write.
     pub num_rows_copied: u64,
+    /// Rows decoded and encoded again (the row groups holding a changed key); the other
+    /// copied rows moved as bytes.
+    pub num_rows_reencoded: u64,
     /// Times the run lost a commit race to another writer and planned again.
     pub num_replans: u32,
     /// True when nothing was left to do because an earlier run already applied this source

@@ -43,7 +43,7 @@ use super::stats::{delta_stats, StatsColumns};
 /// Rows per row group when a pipeline does not say (`target.row_group_rows`): small enough that
 /// re-encoding the row group around one late refund costs little, large enough that scans and
 /// compression do not suffer (measured in BENCHMARKS.md).
-pub const DEFAULT_ROW_GROUP_ROWS: usize = 8192;
+pub const DEFAULT_ROW_GROUP_ROWS: usize = 4096;
 
 /// How tidemark writes target data files: snappy like delta-rs, row groups of `row_group_rows`,
 /// statistics per column chunk (pruning and Delta stats need no more) and no page index, so a
@@ -222,9 +222,16 @@ pub struct NewFile {
 
 impl NewFile {
     /// An empty file with the table's `schema` (storage types).
-    pub fn new(schema: SchemaRef, row_group_rows: usize) -> Result<Self, DeltaTableError> {
+    /// `capacity`: the expected size in bytes (the file it replaces), so the buffer is not
+    /// grown and copied along the way.
+    pub fn new(
+        schema: SchemaRef,
+        row_group_rows: usize,
+        capacity: usize,
+    ) -> Result<Self, DeltaTableError> {
         let props = writer_properties(row_group_rows);
-        let (writer, factory) = ArrowWriter::try_new(Vec::new(), schema.clone(), Some(props))?
+        let buffer = Vec::with_capacity(capacity);
+        let (writer, factory) = ArrowWriter::try_new(buffer, schema.clone(), Some(props))?
             .into_serialized_writer()?;
         Ok(NewFile {
             writer,
@@ -452,7 +459,7 @@ mod tests {
         let bytes = file.fetch(&fast.store).await.unwrap();
 
         // Row 1500 (in row group 1) gets bigger values than any other row: the maxima move.
-        let mut new = NewFile::new(fast.schema.clone(), 1024).unwrap();
+        let mut new = NewFile::new(fast.schema.clone(), 1024, 0).unwrap();
         assert!(new.can_copy_from(&file));
         new.copy_row_group(&file, &bytes, 0).unwrap();
         let decoded = file.decode(&bytes, 1).unwrap();

@@ -49,6 +49,9 @@ pub struct Applied {
     pub files_removed: u64,
     /// Rows copied unchanged into rewritten files: the cost of copy-on-write.
     pub rows_copied: u64,
+    /// Rows decoded and encoded again: those of the row groups holding a changed key (the rest
+    /// of a rewritten file is copied as bytes).
+    pub rows_reencoded: u64,
     actions: Vec<Action>,
 }
 
@@ -358,6 +361,7 @@ pub async fn apply(
         index.insert(w.keys.row(i).as_ref().into(), i);
     }
     let mut found = vec![Found::Absent; winners.num_rows()];
+    let started = std::time::Instant::now();
 
     // 1-2: candidate files by the log's statistics, their row groups by the footers'; the
     // probe reads the key and ordering columns of those row groups only.
@@ -437,6 +441,13 @@ pub async fn apply(
         files.push(file);
     }
 
+    tracing::debug!(
+        files = files.len(),
+        row_groups = touched.values().map(BTreeSet::len).sum::<usize>(),
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "probed"
+    );
+
     // 3: rewrite touched files one at a time: untouched row groups are copied as bytes.
     let hard = layout.hard_deletes();
     let schema = target.fast.schema.clone();
@@ -457,10 +468,16 @@ pub async fn apply(
     for (&f, groups) in &touched {
         let file = &files[f];
         let bytes = file.fetch(store).await.map_err(d)?;
-        let mut new = NewFile::new(schema.clone(), target.row_group_rows).map_err(d)?;
+        let mut new = NewFile::new(
+            schema.clone(),
+            target.row_group_rows,
+            bytes.len() + (bytes.len() >> 4),
+        )
+        .map_err(d)?;
         let copy = new.can_copy_from(file);
         let mut replaced = 0u64;
         let mut copied = 0u64;
+        let mut reencoded = 0u64;
         for g in 0..file.row_groups().len() {
             if copy && !groups.contains(&g) {
                 new.copy_row_group(file, &bytes, g).map_err(d)?;
@@ -468,6 +485,7 @@ pub async fn apply(
                 continue;
             }
             let batch = file.decode(&bytes, g).map_err(d)?;
+            reencoded += batch.num_rows() as u64;
             let batch = canonical_rows(layout, &batch)?;
             let t = enc.encode(&batch).map_err(RunError::arrow("apply"))?;
             // For each row: keep it, or take winner i in its place, or drop it (hard delete).
@@ -514,6 +532,7 @@ pub async fn apply(
         }
         out.files_rewritten += 1;
         out.rows_copied += copied;
+        out.rows_reencoded += reencoded;
         if !dry_run {
             adds.extend(new.put(target.fast).await.map_err(d)?.map(Action::Add));
             let remove = views.get(file.path.as_str()).cloned().ok_or_else(|| {
@@ -525,6 +544,13 @@ pub async fn apply(
             removes.push(Action::Remove(remove));
         }
     }
+
+    tracing::debug!(
+        files = out.files_rewritten,
+        rows_reencoded = out.rows_reencoded,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "rewritten"
+    );
 
     // New keys: one new file, in key order.
     let mut inserts: Vec<u32> = Vec::new();
@@ -552,7 +578,7 @@ pub async fn apply(
         let rows = arrow::compute::take_record_batch(winners, &UInt32Array::from(inserts))
             .map_err(RunError::arrow("apply"))?;
         let rows = cast_to(&rows, &schema).map_err(RunError::arrow("apply"))?;
-        let mut new = NewFile::new(schema.clone(), target.row_group_rows).map_err(d)?;
+        let mut new = NewFile::new(schema.clone(), target.row_group_rows, 0).map_err(d)?;
         new.write(&rows).map_err(d)?;
         adds.extend(new.put(target.fast).await.map_err(d)?.map(Action::Add));
     }

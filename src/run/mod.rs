@@ -145,6 +145,7 @@ impl<'a> Run<'a> {
             num_replans: 0,
             num_files_candidate: 0,
             num_rows_copied: 0,
+            num_rows_reencoded: 0,
             already_applied: false,
             duration_ms: 0,
             phases_ms: BTreeMap::new(),
@@ -650,6 +651,7 @@ impl<'a> Run<'a> {
         );
         self.summary.num_files_candidate = applied.files_candidate;
         self.summary.num_rows_copied = applied.rows_copied;
+        self.summary.num_rows_reencoded = applied.rows_reencoded;
         self.end_phase("compare")?;
         if applied.is_empty() || self.opts.dry_run {
             return Ok(());
