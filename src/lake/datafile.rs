@@ -231,8 +231,8 @@ impl NewFile {
     ) -> Result<Self, DeltaTableError> {
         let props = writer_properties(row_group_rows);
         let buffer = Vec::with_capacity(capacity);
-        let (writer, factory) = ArrowWriter::try_new(buffer, schema.clone(), Some(props))?
-            .into_serialized_writer()?;
+        let (writer, factory) =
+            ArrowWriter::try_new(buffer, schema.clone(), Some(props))?.into_serialized_writer()?;
         Ok(NewFile {
             writer,
             factory,

@@ -31,7 +31,7 @@ use crate::error::{Classify, ErrorClass};
 use crate::lake;
 use crate::lake::storage::cast_to;
 use crate::run::changes::{render_key, render_value};
-use crate::run::{validate, Deduper, Engine, Layout, RunError};
+use crate::run::{dedup_winners, validate, Deduper, Engine, Layout, RunError};
 
 /// What the caller asked for.
 #[derive(Debug, Clone)]
@@ -199,20 +199,24 @@ pub async fn reconcile(
         .execute_stream()
         .await
         .map_err(q("reconcile"))?;
-    let mut deduper = Deduper::new(&layout).map_err(arrow_err)?;
+    let deduper = Deduper::new(&layout).map_err(arrow_err)?;
     let canonical = layout.canonical.clone();
     let hard = layout.hard_deletes();
     let source_uri = p.source_uri.clone();
-    let expected: BatchStream = Box::pin(sorted.map(move |batch| {
+    let sorted = sorted.map(move |batch| {
         let batch = batch.map_err(RunError::scan("reconcile", &source_uri))?;
-        let batch = cast_to(&batch, &canonical).map_err(arrow_err)?;
-        let winners = deduper.push(&batch).map_err(arrow_err)?;
-        if hard {
-            live_only(&winners).map_err(arrow_err)
-        } else {
-            Ok(winners)
-        }
-    }));
+        cast_to(&batch, &canonical).map_err(arrow_err)
+    });
+    let expected: BatchStream = Box::pin(dedup_winners(sorted, deduper, None, arrow_err).map(
+        move |winners: Result<RecordBatch, ReconcileError>| {
+            let winners = winners?;
+            if hard {
+                live_only(&winners).map_err(arrow_err)
+            } else {
+                Ok(winners)
+            }
+        },
+    ));
 
     // Actual: the target, sorted by key.
     let target_provider = target.table_provider().await.map_err(q("reconcile"))?;

@@ -92,6 +92,13 @@ pub async fn merge(
     builder.await.map_err(d("merge", uri))
 }
 
+/// How big the target's files and their row groups are (the pipeline's `target:` block).
+#[derive(Debug, Clone, Copy)]
+pub struct FileShape {
+    pub file_size: u64,
+    pub row_group_rows: usize,
+}
+
 /// Replaces the whole target with the rows of `plan` in one commit; creates the table (with
 /// `delta.targetFileSize`) when it does not exist. Readers see the old table or the new one.
 pub async fn overwrite(
@@ -99,12 +106,15 @@ pub async fn overwrite(
     target: Option<DeltaTable>,
     uri: &str,
     name: &str,
-    file_size: u64,
-    row_group_rows: usize,
+    shape: FileShape,
     plan: LogicalPlan,
     props: CommitProperties,
 ) -> Result<DeltaTable, RunError> {
     let d = RunError::delta;
+    let FileShape {
+        file_size,
+        row_group_rows,
+    } = shape;
     let size = NonZeroU64::new(file_size);
     let table = match target {
         Some(t) => t,

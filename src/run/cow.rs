@@ -264,8 +264,12 @@ fn admitted_row_groups(
         return Ok(all());
     };
     let conv = RowConverter::new(vec![SortField::new(key_type.clone())]).map_err(&a)?;
-    let lo = conv.convert_columns(&[mins.clone()]).map_err(&a)?;
-    let hi = conv.convert_columns(&[maxs.clone()]).map_err(&a)?;
+    let lo = conv
+        .convert_columns(std::slice::from_ref(&mins))
+        .map_err(&a)?;
+    let hi = conv
+        .convert_columns(std::slice::from_ref(&maxs))
+        .map_err(&a)?;
     Ok((0..file.row_groups().len())
         .filter(|&g| {
             let start = if mins.is_valid(g) {
@@ -279,12 +283,12 @@ fn admitted_row_groups(
         .collect())
 }
 
+/// The first key column's storage type, and the slice's values of it encoded and sorted.
+type SortedKeys = (DataType, Vec<Box<[u8]>>);
+
 /// The slice's first key column, encoded in storage type and sorted, for pruning files and
 /// row groups by their key statistics.
-fn sorted_first_keys(
-    layout: &Layout,
-    winners: &RecordBatch,
-) -> Result<(DataType, Vec<Box<[u8]>>), RunError> {
+fn sorted_first_keys(layout: &Layout, winners: &RecordBatch) -> Result<SortedKeys, RunError> {
     let a = |e| RunError::arrow("apply")(e);
     let first = &layout.keys[0];
     let key_type = layout

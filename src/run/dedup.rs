@@ -62,6 +62,28 @@ pub struct RowEncoders {
     seq_idx: usize,
 }
 
+/// Encoded key and order of one batch (no content: see [`RowEncoders::encode_content`]).
+pub struct EncodedOrder {
+    pub keys: arrow::row::Rows,
+    pub tuples: arrow::row::Rows,
+    pub deleted: Option<arrow::array::BooleanArray>,
+    pub sequence: arrow::array::TimestampMicrosecondArray,
+}
+
+impl EncodedOrder {
+    /// Whether row `i` is a delete.
+    pub fn is_deleted(&self, i: usize) -> bool {
+        self.deleted
+            .as_ref()
+            .is_some_and(|d| d.is_valid(i) && d.value(i))
+    }
+
+    /// Sequence of row `i` in microseconds.
+    pub fn sequence_micros(&self, i: usize) -> Option<i64> {
+        self.sequence.is_valid(i).then(|| self.sequence.value(i))
+    }
+}
+
 /// Encoded roles of one batch.
 pub struct EncodedBatch {
     pub keys: arrow::row::Rows,
@@ -113,8 +135,33 @@ impl RowEncoders {
         })
     }
 
+    /// Encodes the content columns only (the last tie-break), for the rare equal tuples.
+    pub fn encode_content(&self, batch: &RecordBatch) -> Result<arrow::row::Rows, ArrowError> {
+        let cols: Vec<_> = self
+            .content_idx
+            .iter()
+            .map(|i| batch.column(*i).clone())
+            .collect();
+        self.content.convert_columns(&cols)
+    }
+
+    /// Encodes key, tuple, delete flag and sequence: what every row of a dedup needs.
+    pub fn encode_order(&self, batch: &RecordBatch) -> Result<EncodedOrder, ArrowError> {
+        let e = self.encode_parts(batch, false)?;
+        Ok(EncodedOrder {
+            keys: e.keys,
+            tuples: e.tuples,
+            deleted: e.deleted,
+            sequence: e.sequence,
+        })
+    }
+
     /// Encodes one canonical batch. Rows compare like the values: ascending, nulls lowest.
     pub fn encode(&self, batch: &RecordBatch) -> Result<EncodedBatch, ArrowError> {
+        self.encode_parts(batch, true)
+    }
+
+    fn encode_parts(&self, batch: &RecordBatch, content: bool) -> Result<EncodedBatch, ArrowError> {
         let cols = |idx: &[usize]| {
             idx.iter()
                 .map(|i| batch.column(*i).clone())
@@ -142,20 +189,37 @@ impl RowEncoders {
             sequence,
             keys: self.key.convert_columns(&cols(&self.key_idx))?,
             tuples: self.tuple.convert_columns(&cols(&self.tuple_idx))?,
-            contents: self.content.convert_columns(&cols(&self.content_idx))?,
+            contents: if content {
+                self.content.convert_columns(&cols(&self.content_idx))?
+            } else {
+                self.content.empty_rows(0, 0)
+            },
             deleted,
         })
     }
 }
 
+/// The winner of the key being read: a row of the batch at hand, or one carried over from an
+/// earlier batch (the key's versions can span batches).
+enum Winner {
+    Here(usize),
+    Carried(RecordBatch),
+}
+
 struct Current {
     key: OwnedRow,
     tuple: OwnedRow,
-    content: OwnedRow,
+    winner: Winner,
     conflict_counted: bool,
 }
 
-/// The streaming "first row per key" pass.
+/// The streaming "newest row per key" pass.
+///
+/// The sort in front orders by key and newest tuple first only; rows with equal tuples come in
+/// any order, and the pass keeps the one with the greatest content itself (encoding content
+/// only for such ties, which are rare). A key's winner is therefore known only when the next
+/// key starts: [`Deduper::push`] returns the winners of the keys it finished and
+/// [`Deduper::finish`] the last one.
 pub struct Deduper {
     enc: RowEncoders,
     current: Option<Current>,
@@ -174,46 +238,100 @@ impl Deduper {
         })
     }
 
-    /// Takes the next sorted batch; returns its winners (possibly empty).
+    fn count_winner(&mut self, seq: Option<i64>, deleted: bool) {
+        self.counts.winners += 1;
+        self.counts.max_sequence_all = self.counts.max_sequence_all.max(seq);
+        if deleted {
+            self.counts.deleted_winners += 1;
+        } else {
+            self.counts.max_sequence_live = self.counts.max_sequence_live.max(seq);
+        }
+    }
+
+    /// Counts a carried-over winner as final and returns it.
+    fn settle_carried(&mut self, row: RecordBatch) -> Result<RecordBatch, ArrowError> {
+        let e = self.enc.encode_order(&row)?;
+        self.count_winner(e.sequence_micros(0), e.is_deleted(0));
+        Ok(row)
+    }
+
+    /// Takes the next sorted batch; returns the winners of the keys it completed.
     pub fn push(&mut self, batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
-        let e = self.enc.encode(batch)?;
+        let e = self.enc.encode_order(batch)?;
         let mut keep: Vec<u32> = Vec::new();
+        let mut carried_out: Option<RecordBatch> = None;
         for i in 0..batch.num_rows() {
             self.counts.rows_in += 1;
             let key = e.keys.row(i);
             let same_key = self.current.as_ref().is_some_and(|c| c.key.row() == key);
             if !same_key {
+                match self.current.take().map(|c| c.winner) {
+                    Some(Winner::Here(w)) => {
+                        keep.push(w as u32);
+                        self.count_winner(e.sequence_micros(w), e.is_deleted(w));
+                    }
+                    Some(Winner::Carried(row)) => carried_out = Some(self.settle_carried(row)?),
+                    None => {}
+                }
                 self.current = Some(Current {
                     key: key.owned(),
                     tuple: e.tuples.row(i).owned(),
-                    content: e.contents.row(i).owned(),
+                    winner: Winner::Here(i),
                     conflict_counted: false,
                 });
-                keep.push(i as u32);
-                self.counts.winners += 1;
-                let seq = e.sequence_micros(i);
-                self.counts.max_sequence_all = self.counts.max_sequence_all.max(seq);
-                if e.is_deleted(i) {
-                    self.counts.deleted_winners += 1;
-                } else {
-                    self.counts.max_sequence_live = self.counts.max_sequence_live.max(seq);
-                }
                 continue;
             }
             self.counts.collapsed += 1;
-            if let Some(c) = self.current.as_mut() {
-                if !c.conflict_counted
-                    && c.tuple.row() == e.tuples.row(i)
-                    && c.content.row() != e.contents.row(i)
-                {
-                    c.conflict_counted = true;
-                    self.counts.conflicts += 1;
-                    self.conflict_keys.insert(c.key.row().as_ref().into());
-                }
+            let tie = self
+                .current
+                .as_ref()
+                .is_some_and(|c| c.tuple.row() == e.tuples.row(i));
+            if tie {
+                self.resolve_tie(batch, i)?;
             }
         }
-        let idx = UInt32Array::from(keep);
-        arrow::compute::take_record_batch(batch, &idx)
+        if let Some(c) = self.current.as_mut() {
+            if let Winner::Here(w) = c.winner {
+                c.winner = Winner::Carried(batch.slice(w, 1));
+            }
+        }
+        let here = arrow::compute::take_record_batch(batch, &UInt32Array::from(keep))?;
+        match carried_out {
+            Some(row) => arrow::compute::concat_batches(&batch.schema(), [&row, &here]),
+            None => Ok(here),
+        }
+    }
+
+    /// Row `i` of `batch` has the current key and the same tuple as its winner: the greater
+    /// content wins; different contents are a conflict, counted once per key.
+    fn resolve_tie(&mut self, batch: &RecordBatch, i: usize) -> Result<(), ArrowError> {
+        let Some(c) = self.current.as_mut() else {
+            return Ok(());
+        };
+        let challenger = self.enc.encode_content(&batch.slice(i, 1))?;
+        let holder = match &c.winner {
+            Winner::Here(w) => self.enc.encode_content(&batch.slice(*w, 1))?,
+            Winner::Carried(row) => self.enc.encode_content(row)?,
+        };
+        let (challenger, holder) = (challenger.row(0), holder.row(0));
+        if challenger != holder && !c.conflict_counted {
+            c.conflict_counted = true;
+            self.counts.conflicts += 1;
+            self.conflict_keys.insert(c.key.row().as_ref().into());
+        }
+        if challenger > holder {
+            c.winner = Winner::Here(i);
+        }
+        Ok(())
+    }
+
+    /// The last key's winner, once the input has ended.
+    pub fn finish(&mut self) -> Result<Option<RecordBatch>, ArrowError> {
+        match self.current.take().map(|c| c.winner) {
+            Some(Winner::Carried(row)) => Ok(Some(self.settle_carried(row)?)),
+            // (`push` always carries the open key's winner over)
+            Some(Winner::Here(_)) | None => Ok(None),
+        }
     }
 
     /// The counts so far.
@@ -226,6 +344,51 @@ impl Deduper {
     pub fn conflict_keys(&self) -> &HashSet<Box<[u8]>> {
         &self.conflict_keys
     }
+}
+
+/// Runs sorted canonical batches through `deduper`: the winners, ending with the last key's.
+/// `counts`, when given, follows the deduper's counts as the stream is consumed.
+pub fn winners<S, E>(
+    input: S,
+    deduper: Deduper,
+    counts: Option<Arc<Mutex<DedupCounts>>>,
+    arrow_err: fn(ArrowError) -> E,
+) -> impl futures::Stream<Item = Result<RecordBatch, E>>
+where
+    S: futures::Stream<Item = Result<RecordBatch, E>> + Unpin,
+{
+    futures::stream::unfold((input, Some(deduper)), move |(mut input, deduper)| {
+        let counts = counts.clone();
+        async move {
+            let mut deduper = deduper?;
+            let publish = |d: &Deduper| {
+                if let Some(slot) = &counts {
+                    if let Ok(mut c) = slot.lock() {
+                        *c = d.counts();
+                    }
+                }
+            };
+            match input.next().await {
+                Some(Ok(batch)) => {
+                    let out = deduper.push(&batch).map_err(arrow_err);
+                    publish(&deduper);
+                    Some((out, (input, Some(deduper))))
+                }
+                Some(Err(e)) => Some((Err(e), (input, Some(deduper)))),
+                None => {
+                    let last = deduper.finish().map_err(arrow_err);
+                    publish(&deduper);
+                    match last {
+                        Ok(Some(b)) => Some((Ok(b), (input, None))),
+                        Ok(None) => None,
+                        Err(e) => Some((Err(e), (input, None))),
+                    }
+                }
+            }
+        }
+    })
+    // Consumers such as reconcile's merge-join may poll again after the end.
+    .fuse()
 }
 
 /// Runs a sorted stream through a [`Deduper`] as a one-shot DataFusion partition, so the
@@ -285,7 +448,7 @@ impl PartitionStream for DedupPartition {
         let input = self.input.lock().ok().and_then(|mut g| g.take());
         let deduper = self.deduper.lock().ok().and_then(|mut g| g.take());
         let schema = self.schema.clone();
-        let (Some(input), Some(mut deduper)) = (input, deduper) else {
+        let (Some(input), Some(deduper)) = (input, deduper) else {
             let err = DataFusionError::Internal("the dedup stream can only be read once".into());
             return Box::pin(RecordBatchStreamAdapter::new(
                 schema,
@@ -294,24 +457,17 @@ impl PartitionStream for DedupPartition {
         };
         let counts = self.counts.clone();
         let input_error = self.input_error.clone();
-        let stream = input.map(move |batch| {
-            let batch = match batch {
-                Ok(b) => b,
-                Err(e) => {
-                    let text = e.to_string();
-                    if let Ok(mut slot) = input_error.lock() {
-                        slot.get_or_insert(e);
-                    }
-                    return Err(DataFusionError::Execution(text));
+        let input = input.map(move |batch| {
+            batch.map_err(|e| {
+                let text = e.to_string();
+                if let Ok(mut slot) = input_error.lock() {
+                    slot.get_or_insert(e);
                 }
-            };
-            let out = deduper
-                .push(&batch)
-                .map_err(|e| DataFusionError::ArrowError(Box::new(e), None))?;
-            if let Ok(mut c) = counts.lock() {
-                *c = deduper.counts();
-            }
-            Ok(out)
+                DataFusionError::Execution(text)
+            })
+        });
+        let stream = winners(input, deduper, Some(counts), |e| {
+            DataFusionError::ArrowError(Box::new(e), None)
         });
         Box::pin(RecordBatchStreamAdapter::new(schema, stream))
     }
@@ -321,5 +477,138 @@ impl DedupPartition {
     /// The output schema (same as the input).
     pub fn schema_ref(&self) -> SchemaRef {
         self.schema.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Pipeline, Vars};
+    use arrow::array::{AsArray, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+
+    /// (id, ts, v)
+    type Row = (&'static str, i64, Option<i64>);
+
+    fn layout() -> Layout {
+        let p = Pipeline::parse(
+            std::path::Path::new("p.yml"),
+            "name: t\nkind: cdc_merge\nsource: { uri: /tmp/l/b }\ntarget: { uri: /tmp/l/s }\nkeys: [id]\nsequence_by: ts\noverlap: 1h\nquarantine: { uri: /tmp/l/q }\n",
+            &Vars::new(),
+        )
+        .expect("pipeline");
+        let schema = Schema::new(vec![
+            Field::new("id", DataType::Utf8, true),
+            Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, None), true),
+            Field::new("v", DataType::Int64, true),
+        ]);
+        Layout::new(&p, &schema).expect("layout")
+    }
+
+    fn batch(layout: &Layout, rows: &[Row]) -> RecordBatch {
+        RecordBatch::try_new(
+            layout.canonical.clone(),
+            vec![
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(TimestampMicrosecondArray::from_iter_values(
+                    rows.iter().map(|r| r.1),
+                )),
+                Arc::new(Int64Array::from_iter(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .expect("batch")
+    }
+
+    fn run(
+        layout: &Layout,
+        batches: &[Vec<Row>],
+    ) -> (Vec<(String, i64, Option<i64>)>, DedupCounts) {
+        let mut d = Deduper::new(layout).expect("deduper");
+        let mut out = Vec::new();
+        for b in batches {
+            out.push(d.push(&batch(layout, b)).expect("push"));
+        }
+        out.extend(d.finish().expect("finish"));
+        let rows = out
+            .iter()
+            .flat_map(|b| {
+                let id = b.column(0).as_string::<i32>().clone();
+                let ts = b
+                    .column(1)
+                    .as_primitive::<arrow::datatypes::TimestampMicrosecondType>()
+                    .clone();
+                let v = b
+                    .column(2)
+                    .as_primitive::<arrow::datatypes::Int64Type>()
+                    .clone();
+                (0..b.num_rows())
+                    .map(|i| {
+                        (
+                            id.value(i).to_string(),
+                            ts.value(i),
+                            v.is_valid(i).then(|| v.value(i)),
+                        )
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        (rows, d.counts())
+    }
+
+    #[test]
+    fn equal_tuples_keep_the_greatest_content_whatever_their_order_and_batching() {
+        let l = layout();
+        // key a: newest tuple 5 three times (contents 1, 7, null) across batches; key b: one row.
+        let orders: [Vec<Vec<Row>>; 3] = [
+            vec![
+                vec![("a", 5, Some(1)), ("a", 5, Some(7))],
+                vec![("a", 5, None), ("a", 2, Some(9)), ("b", 1, Some(3))],
+            ],
+            vec![
+                vec![("a", 5, None)],
+                vec![("a", 5, Some(7)), ("a", 5, Some(1))],
+                vec![("a", 2, Some(9))],
+                vec![("b", 1, Some(3))],
+            ],
+            vec![vec![
+                ("a", 5, Some(7)),
+                ("a", 5, None),
+                ("a", 5, Some(1)),
+                ("a", 2, Some(9)),
+                ("b", 1, Some(3)),
+            ]],
+        ];
+        for batches in orders {
+            let (rows, counts) = run(&l, &batches);
+            assert_eq!(
+                rows,
+                vec![("a".to_string(), 5, Some(7)), ("b".to_string(), 1, Some(3))],
+                "{batches:?}"
+            );
+            assert_eq!(counts.winners, 2);
+            assert_eq!(counts.collapsed, 3);
+            assert_eq!(counts.conflicts, 1, "one conflicting key, counted once");
+            assert_eq!(counts.rows_in, 5);
+            assert_eq!(counts.max_sequence_all, Some(5));
+        }
+    }
+
+    #[test]
+    fn identical_redeliveries_are_not_conflicts_and_a_key_may_span_batches() {
+        let l = layout();
+        let (rows, counts) = run(
+            &l,
+            &[
+                vec![("a", 5, Some(1))],
+                vec![("a", 5, Some(1))],
+                vec![],
+                vec![("a", 4, Some(2))],
+            ],
+        );
+        assert_eq!(rows, vec![("a".to_string(), 5, Some(1))]);
+        assert_eq!(
+            (counts.winners, counts.collapsed, counts.conflicts),
+            (1, 2, 0)
+        );
     }
 }

@@ -194,15 +194,15 @@ impl Layout {
             .collect()
     }
 
-    /// The dedup order: key ascending, then the newest version first (greatest tuple, then
-    /// greatest content, nulls lowest). The choice among equal tuples therefore depends only on
-    /// the rows' values: the same on every run and every machine.
+    /// The dedup order: key ascending, then the newest version first (greatest tuple, nulls
+    /// lowest). Among equal tuples the dedup itself keeps the greatest content, so the choice
+    /// depends only on the rows' values — the same on every run and every machine — without
+    /// carrying every column through the sort's comparisons.
     pub fn dedup_sort(&self) -> Vec<SortExpr> {
         let keys = self.key_sort();
         let newest_first = self
             .order
             .iter()
-            .chain(self.content.iter())
             .filter(|c| sortable(self.canonical.field_with_name(c).map(|f| f.data_type())))
             .map(|c| ident(c).sort(false, false));
         keys.into_iter().chain(newest_first).collect()

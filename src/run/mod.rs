@@ -32,7 +32,7 @@ use deltalake::DeltaTable;
 use futures::StreamExt;
 use tracing::{info, info_span, warn, Instrument};
 
-pub use dedup::{DedupCounts, Deduper};
+pub use dedup::{winners as dedup_winners, DedupCounts, Deduper};
 pub use error::RunError;
 pub use layout::Layout;
 pub use session::{Engine, EngineError};
@@ -569,6 +569,7 @@ impl<'a> Run<'a> {
                 storage::cast_to(&batch, &layout.canonical).map_err(RunError::arrow("dedup"))?;
             winners.push(deduper.push(&batch).map_err(RunError::arrow("dedup"))?);
         }
+        winners.extend(deduper.finish().map_err(RunError::arrow("dedup"))?);
         let counts = deduper.counts();
         self.summary.num_duplicates_collapsed = counts.collapsed;
         self.summary.num_conflicts = counts.conflicts;
@@ -816,8 +817,10 @@ impl<'a> Run<'a> {
                 target,
                 &self.p.target_uri,
                 &self.p.name,
-                self.p.target_file_size,
-                self.p.target_row_group_rows,
+                apply::FileShape {
+                    file_size: self.p.target_file_size,
+                    row_group_rows: self.p.target_row_group_rows,
+                },
                 plan,
                 props,
             )
