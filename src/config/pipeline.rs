@@ -14,7 +14,7 @@ pub const DEFAULT_MAX_FUTURE_SKEW: Duration = Duration::from_secs(5 * 60);
 
 /// Default `delta.targetFileSize` for targets tidemark creates: small enough that an hourly
 /// merge rewrites little, large enough to keep the file count sane.
-pub const DEFAULT_TARGET_FILE_SIZE: u64 = 8 * 1024 * 1024;
+pub const DEFAULT_TARGET_FILE_SIZE: u64 = 2 * 1024 * 1024;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
