@@ -296,6 +296,8 @@ def detail(s, out):
             files = (f"{num(mj(gg, 'num_files_candidate'))} probed → {num(mj(gg, 'num_files_removed'))} / "
                      f"{num(mj(gg, 'num_files_added'))}")
             rows = " / ".join(num(mj(gg, k)) for k in ("num_updated", "num_inserted", "num_deleted", "num_rows_copied"))
+            if mj(gg, "num_rows_reencoded") is not None and (mj(gg, "num_rows_copied") or 0) > 0:
+                rows += f" ({num(mj(gg, 'num_rows_reencoded'))} re-encoded, the rest copied as bytes)"
             if j0.get("mode") != "incremental":
                 files, rows = f"wrote {num(mj(gg, 'num_files_added'))}", f"{num(mj(gg, 'num_inserted'))} keys"
         else:

@@ -58,6 +58,7 @@ pub fn writer_properties(row_group_rows: usize) -> WriterProperties {
 }
 
 /// Whether a table's files can be read and written directly, and the facts needed to do so.
+#[derive(Clone)]
 pub struct FastPath {
     pub store: ObjectStoreRef,
     /// The table's columns in the types its files store.

@@ -26,7 +26,9 @@ use deltalake::kernel::Action;
 use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
 
-use super::dedup::RowEncoders;
+use futures::StreamExt;
+
+use super::dedup::{EncodedBatch, RowEncoders};
 use super::layout::Layout;
 use super::RunError;
 use crate::config::pipeline::DELETED_COLUMN;
@@ -242,6 +244,8 @@ pub struct Target<'a> {
     pub uri: &'a str,
     pub fast: &'a FastPath,
     pub row_group_rows: usize,
+    /// Files rewritten at the same time (the run's `--threads`).
+    pub parallelism: usize,
 }
 
 /// Which row groups of a candidate file can hold one of the sorted slice keys, by the row
@@ -339,6 +343,223 @@ fn canonical_rows(layout: &Layout, batch: &RecordBatch) -> Result<RecordBatch, R
     .map_err(a)
 }
 
+/// The slice and how to look its keys up, shared (read only) by the probe and rewrite tasks.
+struct Slice {
+    layout: Layout,
+    winners: RecordBatch,
+    /// Encoded key → winner row.
+    index: HashMap<Box<[u8]>, usize>,
+    enc: RowEncoders,
+    /// The winners, encoded.
+    w: EncodedBatch,
+    /// First key column: its storage type and the slice's values, encoded and sorted.
+    key_type: DataType,
+    sorted: Vec<Box<[u8]>>,
+    probe_cols: Vec<String>,
+    probe_schema: SchemaRef,
+    key_conv: RowConverter,
+    tuple_conv: RowConverter,
+    store: deltalake::logstore::ObjectStoreRef,
+    uri: String,
+}
+
+impl Slice {
+    fn delta_err(&self, source: deltalake::DeltaTableError) -> RunError {
+        RunError::Delta {
+            phase: "apply",
+            uri: self.uri.clone(),
+            source: Box::new(source),
+        }
+    }
+}
+
+/// A spawned task's result; a panic inside it goes on unwinding here, as it would have
+/// without the task.
+fn joined_or_panic<T>(
+    joined: Result<T, tokio::task::JoinError>,
+    d: &impl Fn(deltalake::DeltaTableError) -> RunError,
+) -> Result<T, RunError> {
+    match joined {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => Err(d(deltalake::DeltaTableError::Generic(format!(
+            "a file task was cancelled: {e}"
+        )))),
+    }
+}
+
+/// Reads the footer of a candidate file and the key and ordering columns of the row groups
+/// that can hold a slice key. Returns, in row order, each slice key found: `None` when the
+/// target's version is newer (settled), else the row group that holds it (to be decided in
+/// the rewrite).
+async fn probe_file(
+    s: &Slice,
+    path: &str,
+    size: u64,
+) -> Result<(DataFile, Vec<(usize, Option<usize>)>), RunError> {
+    let d = |e| s.delta_err(e);
+    let file = DataFile::open(&s.store, path, size).await.map_err(d)?;
+    let groups = admitted_row_groups(&file, &s.layout.keys[0], &s.key_type, &s.sorted)?;
+    // Rows arrive in the order of `groups`: cumulative counts map a row to its group.
+    let mut bounds = Vec::with_capacity(groups.len());
+    let mut end = 0u64;
+    for &g in &groups {
+        end += file.row_groups()[g].num_rows() as u64;
+        bounds.push((end, g));
+    }
+    let nk = s.layout.keys.len();
+    let mut matches = Vec::new();
+    let mut row = 0u64;
+    let mut at = 0usize;
+    for batch in file
+        .read(&s.store, groups, &s.probe_cols)
+        .await
+        .map_err(d)?
+    {
+        let batch = cast_to(&batch, &s.probe_schema).map_err(RunError::arrow("apply"))?;
+        let keys = s
+            .key_conv
+            .convert_columns(&batch.columns()[..nk])
+            .map_err(RunError::arrow("apply"))?;
+        let tuples = s
+            .tuple_conv
+            .convert_columns(&batch.columns()[nk..])
+            .map_err(RunError::arrow("apply"))?;
+        for r in 0..batch.num_rows() {
+            while at < bounds.len() && row >= bounds[at].0 {
+                at += 1;
+            }
+            row += 1;
+            let Some(&i) = s.index.get(keys.row(r).as_ref()) else {
+                continue;
+            };
+            let group = match s.w.tuples.row(i).cmp(&tuples.row(r)) {
+                Ordering::Less => None,
+                _ => Some(bounds.get(at).map(|b| b.1).ok_or_else(|| {
+                    d(deltalake::DeltaTableError::Generic(format!(
+                        "{path} returned more rows than its row groups hold"
+                    )))
+                })?),
+            };
+            matches.push((i, group));
+        }
+    }
+    Ok((file, matches))
+}
+
+/// What the rewrite of every touched file shares (read only).
+struct Rewrite {
+    slice: Arc<Slice>,
+    found: Vec<Found>,
+    already_conflicting: HashSet<Box<[u8]>>,
+    schema: SchemaRef,
+    row_group_rows: usize,
+    fast: FastPath,
+    dry_run: bool,
+}
+
+/// What rewriting one file decided (and wrote, unless a dry run).
+struct FileOutcome {
+    path: String,
+    replaced: u64,
+    copied: u64,
+    reencoded: u64,
+    updated: u64,
+    deleted: u64,
+    conflicts: u64,
+    max_sequence: Option<i64>,
+    /// Winners whose target version turned out newer by content (equal tuples): unchanged.
+    lost: Vec<usize>,
+    add: Option<deltalake::kernel::Add>,
+}
+
+/// Rewrites file `f`: row groups outside `groups` are copied as bytes, the others decoded,
+/// patched with the winning rows and encoded again.
+async fn rewrite_file(
+    r: &Rewrite,
+    f: usize,
+    file: &DataFile,
+    groups: &BTreeSet<usize>,
+) -> Result<FileOutcome, RunError> {
+    let s = &r.slice;
+    let d = |e| s.delta_err(e);
+    let hard = s.layout.hard_deletes();
+    let bytes = file.fetch(&r.fast.store).await.map_err(d)?;
+    let mut new = NewFile::new(
+        r.schema.clone(),
+        r.row_group_rows,
+        bytes.len() + (bytes.len() >> 4),
+    )
+    .map_err(d)?;
+    let copy = new.can_copy_from(file);
+    let mut o = FileOutcome {
+        path: file.path.clone(),
+        replaced: 0,
+        copied: 0,
+        reencoded: 0,
+        updated: 0,
+        deleted: 0,
+        conflicts: 0,
+        max_sequence: None,
+        lost: Vec::new(),
+        add: None,
+    };
+    let w = &s.w;
+    for g in 0..file.row_groups().len() {
+        if copy && !groups.contains(&g) {
+            new.copy_row_group(file, &bytes, g).map_err(d)?;
+            o.copied += file.row_groups()[g].num_rows() as u64;
+            continue;
+        }
+        let batch = file.decode(&bytes, g).map_err(d)?;
+        o.reencoded += batch.num_rows() as u64;
+        let batch = canonical_rows(&s.layout, &batch)?;
+        let t = s.enc.encode(&batch).map_err(RunError::arrow("apply"))?;
+        // For each row: keep it, or take winner i in its place, or drop it (hard delete).
+        let mut pieces: Vec<(bool, u32)> = Vec::with_capacity(batch.num_rows());
+        for row in 0..batch.num_rows() {
+            let Some(&i) = s.index.get(t.keys.row(row).as_ref()) else {
+                pieces.push((false, row as u32));
+                continue;
+            };
+            if r.found[i] != Found::Decide(f) {
+                pieces.push((false, row as u32));
+                continue;
+            }
+            let tuple_cmp = w.tuples.row(i).cmp(&t.tuples.row(row));
+            let content_cmp = w.contents.row(i).cmp(&t.contents.row(row));
+            if tuple_cmp == Ordering::Equal
+                && content_cmp != Ordering::Equal
+                && !r.already_conflicting.contains(w.keys.row(i).as_ref())
+            {
+                o.conflicts += 1;
+            }
+            if tuple_cmp.then(content_cmp) != Ordering::Greater {
+                o.lost.push(i);
+                pieces.push((false, row as u32));
+                continue;
+            }
+            let deleted = w.is_deleted(i);
+            match (deleted, t.is_deleted(row)) {
+                (true, false) => o.deleted += 1,
+                _ => o.updated += 1,
+            }
+            if !(deleted && hard) {
+                o.max_sequence = o.max_sequence.max(w.sequence_micros(i));
+                pieces.push((true, i as u32));
+            }
+            o.replaced += 1;
+        }
+        o.copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
+        new.write(&assemble(&batch, &s.winners, &pieces, &r.schema)?)
+            .map_err(d)?;
+    }
+    if o.replaced > 0 && !r.dry_run {
+        o.add = new.put(&r.fast).await.map_err(d)?;
+    }
+    Ok(o)
+}
+
 /// Decides and (unless `dry_run`) writes the changes of `winners` against the target.
 pub async fn apply(
     target: &Target<'_>,
@@ -378,72 +599,61 @@ pub async fn apply(
         .chain(layout.order.iter())
         .cloned()
         .collect();
-    let probe_schema = sub_schema(layout, &probe_cols)?;
-    let key_conv = key_converter(layout, &layout.keys)?;
-    let tuple_conv = key_converter(layout, &layout.order)?;
-    let nk = layout.keys.len();
+    let slice = Arc::new(Slice {
+        probe_schema: sub_schema(layout, &probe_cols)?,
+        key_conv: key_converter(layout, &layout.keys)?,
+        tuple_conv: key_converter(layout, &layout.order)?,
+        probe_cols,
+        key_type,
+        sorted,
+        layout: layout.clone(),
+        winners: winners.clone(),
+        index,
+        enc,
+        w,
+        store: store.clone(),
+        uri: uri.to_string(),
+    });
+    let parallelism = target.parallelism.max(1);
+    let jobs: Vec<(String, u64)> = listed.iter().map(|i| (i.path.clone(), i.size)).collect();
+    let for_probes = slice.clone();
+    let mut probes = futures::stream::iter(jobs)
+        .map(move |(path, size)| {
+            let slice = for_probes.clone();
+            tokio::spawn(async move { probe_file(&slice, &path, size).await })
+        })
+        .buffered(parallelism);
     let mut files: Vec<DataFile> = Vec::with_capacity(listed.len());
     let mut touched: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
     let mut seen_in: HashMap<usize, usize> = HashMap::new();
-    for (f, info) in listed.iter().enumerate() {
-        let file = DataFile::open(store, &info.path, info.size)
-            .await
-            .map_err(d)?;
-        let groups = admitted_row_groups(&file, &layout.keys[0], &key_type, &sorted)?;
-        // Rows arrive in the order of `groups`: cumulative counts map a row to its group.
-        let mut bounds = Vec::with_capacity(groups.len());
-        let mut end = 0u64;
-        for &g in &groups {
-            end += file.row_groups()[g].num_rows() as u64;
-            bounds.push((end, g));
-        }
-        let mut row = 0u64;
-        let mut at = 0usize;
-        for batch in file.read(store, groups, &probe_cols).await.map_err(d)? {
-            let batch = cast_to(&batch, &probe_schema).map_err(RunError::arrow("apply"))?;
-            let keys = key_conv
-                .convert_columns(&batch.columns()[..nk])
-                .map_err(RunError::arrow("apply"))?;
-            let tuples = tuple_conv
-                .convert_columns(&batch.columns()[nk..])
-                .map_err(RunError::arrow("apply"))?;
-            for r in 0..batch.num_rows() {
-                while at < bounds.len() && row >= bounds[at].0 {
-                    at += 1;
-                }
-                row += 1;
-                let Some(&i) = index.get(keys.row(r).as_ref()) else {
-                    continue;
-                };
-                if let Some(prev) = seen_in.insert(i, f) {
-                    let key = super::changes::render_key(winners, &layout.keys, i);
-                    return Err(RunError::DuplicateTargetKeys {
-                        uri: uri.to_string(),
-                        count: 1,
-                        first: if prev == f {
-                            format!("{key} (twice in {})", info.path)
-                        } else {
-                            format!("{key} (in {} and {})", listed[prev].path, info.path)
-                        },
-                    });
-                }
-                found[i] = match w.tuples.row(i).cmp(&tuples.row(r)) {
-                    Ordering::Less => Found::Older,
-                    _ => {
-                        let g = bounds.get(at).map(|b| b.1).ok_or_else(|| {
-                            d(deltalake::DeltaTableError::Generic(format!(
-                                "{} returned more rows than its row groups hold",
-                                info.path
-                            )))
-                        })?;
-                        touched.entry(f).or_default().insert(g);
-                        Found::Decide(f)
-                    }
-                };
+    let mut f = 0usize;
+    while let Some(joined) = probes.next().await {
+        let (file, matches) = joined_or_panic(joined, &d)??;
+        for (i, group) in matches {
+            if let Some(prev) = seen_in.insert(i, f) {
+                let key = super::changes::render_key(winners, &layout.keys, i);
+                return Err(RunError::DuplicateTargetKeys {
+                    uri: uri.to_string(),
+                    count: 1,
+                    first: if prev == f {
+                        format!("{key} (twice in {})", file.path)
+                    } else {
+                        format!("{key} (in {} and {})", listed[prev].path, file.path)
+                    },
+                });
             }
+            found[i] = match group {
+                None => Found::Older,
+                Some(g) => {
+                    touched.entry(f).or_default().insert(g);
+                    Found::Decide(f)
+                }
+            };
         }
         files.push(file);
+        f += 1;
     }
+    drop(probes);
 
     tracing::debug!(
         files = files.len(),
@@ -469,85 +679,56 @@ pub async fn apply(
             .map(|v| (v.path().to_string(), v.remove_action(true)))
             .collect()
     };
-    for (&f, groups) in &touched {
-        let file = &files[f];
-        let bytes = file.fetch(store).await.map_err(d)?;
-        let mut new = NewFile::new(
-            schema.clone(),
-            target.row_group_rows,
-            bytes.len() + (bytes.len() >> 4),
-        )
-        .map_err(d)?;
-        let copy = new.can_copy_from(file);
-        let mut replaced = 0u64;
-        let mut copied = 0u64;
-        let mut reencoded = 0u64;
-        for g in 0..file.row_groups().len() {
-            if copy && !groups.contains(&g) {
-                new.copy_row_group(file, &bytes, g).map_err(d)?;
-                copied += file.row_groups()[g].num_rows() as u64;
-                continue;
-            }
-            let batch = file.decode(&bytes, g).map_err(d)?;
-            reencoded += batch.num_rows() as u64;
-            let batch = canonical_rows(layout, &batch)?;
-            let t = enc.encode(&batch).map_err(RunError::arrow("apply"))?;
-            // For each row: keep it, or take winner i in its place, or drop it (hard delete).
-            let mut pieces: Vec<(bool, u32)> = Vec::with_capacity(batch.num_rows());
-            for r in 0..batch.num_rows() {
-                let Some(&i) = index.get(t.keys.row(r).as_ref()) else {
-                    pieces.push((false, r as u32));
-                    continue;
-                };
-                if found[i] != Found::Decide(f) {
-                    pieces.push((false, r as u32));
-                    continue;
-                }
-                let tuple_cmp = w.tuples.row(i).cmp(&t.tuples.row(r));
-                let content_cmp = w.contents.row(i).cmp(&t.contents.row(r));
-                if tuple_cmp == Ordering::Equal
-                    && content_cmp != Ordering::Equal
-                    && !already_conflicting.contains(w.keys.row(i).as_ref())
-                {
-                    out.conflicts += 1;
-                }
-                if tuple_cmp.then(content_cmp) != Ordering::Greater {
-                    found[i] = Found::Older;
-                    pieces.push((false, r as u32));
-                    continue;
-                }
-                let deleted = w.is_deleted(i);
-                match (deleted, t.is_deleted(r)) {
-                    (true, false) => out.deleted += 1,
-                    _ => out.updated += 1,
-                }
-                if !(deleted && hard) {
-                    out.max_sequence = out.max_sequence.max(w.sequence_micros(i));
-                    pieces.push((true, i as u32));
-                }
-                replaced += 1;
-            }
-            copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
-            new.write(&assemble(&batch, winners, &pieces, &schema)?)
-                .map_err(d)?;
+    // Files are rewritten side by side (each is independent: keys are unique across files),
+    // and their outcomes merged in file order, so the result does not depend on timing.
+    let shared = Arc::new(Rewrite {
+        slice: slice.clone(),
+        found: found.clone(),
+        already_conflicting: already_conflicting.clone(),
+        schema: schema.clone(),
+        row_group_rows: target.row_group_rows,
+        fast: target.fast.clone(),
+        dry_run,
+    });
+    let jobs: Vec<(usize, DataFile, BTreeSet<usize>)> = files
+        .into_iter()
+        .enumerate()
+        .filter_map(|(f, file)| touched.remove(&f).map(|groups| (f, file, groups)))
+        .collect();
+    let mut outcomes = futures::stream::iter(jobs)
+        .map(move |(f, file, groups)| {
+            let shared = shared.clone();
+            tokio::spawn(async move { rewrite_file(&shared, f, &file, &groups).await })
+        })
+        .buffered(parallelism);
+    while let Some(joined) = outcomes.next().await {
+        let o = joined_or_panic(joined, &d)??;
+        for i in &o.lost {
+            found[*i] = Found::Older;
         }
-        if replaced == 0 {
+        out.conflicts += o.conflicts;
+        out.updated += o.updated;
+        out.deleted += o.deleted;
+        out.max_sequence = out.max_sequence.max(o.max_sequence);
+        if o.replaced == 0 {
             continue;
         }
         out.files_rewritten += 1;
-        out.rows_copied += copied;
-        out.rows_reencoded += reencoded;
+        out.rows_copied += o.copied;
+        out.rows_reencoded += o.reencoded;
         if !dry_run {
-            adds.extend(new.put(target.fast).await.map_err(d)?.map(Action::Add));
-            let remove = views.get(file.path.as_str()).cloned().ok_or_else(|| {
+            adds.extend(o.add.map(Action::Add));
+            let remove = views.get(o.path.as_str()).cloned().ok_or_else(|| {
                 d(deltalake::DeltaTableError::Generic(format!(
                     "file {} is not in the snapshot",
-                    file.path
+                    o.path
                 )))
             })?;
             removes.push(Action::Remove(remove));
         }
     }
+    drop(outcomes);
+    let w = &slice.w;
 
     tracing::debug!(
         files = out.files_rewritten,

@@ -630,6 +630,7 @@ impl<'a> Run<'a> {
                 uri: &self.p.target_uri,
                 fast,
                 row_group_rows: self.p.target_row_group_rows,
+                parallelism: self.ctx.state().config().target_partitions(),
             },
             layout,
             winners,
