@@ -1,18 +1,22 @@
-//! Copy-on-write apply for incremental runs: touch only the files that hold a changed key.
+//! Copy-on-write apply for incremental runs: touch only the row groups that hold a changed key.
 //!
 //! A MERGE by key scans every target file whose key range overlaps the slice's; with a thin tail
 //! of old keys (refunds, chargebacks) that is most of the table. Here the run decides itself:
 //!
 //! 1. **Candidates** — files whose key statistics can hold one of the slice's keys (a binary
 //!    search of the sorted slice keys per file, from the log, no data read).
-//! 2. **Probe** — read only the key and ordering columns of the candidates: a slice row whose
-//!    tuple is older than the target's is settled here; files holding a newer (or equal-tuple)
-//!    version become "touched".
-//! 3. **Rewrite** — read each touched file fully, one at a time, replace the rows that lose,
-//!    and write it again; new keys go to one new file.
+//! 2. **Probe** — per candidate, the footer, then only the key and ordering columns of the row
+//!    groups whose statistics admit a slice key: a slice row whose tuple is older than the
+//!    target's is settled here; row groups holding a newer (or equal-tuple) version are
+//!    "touched".
+//! 3. **Rewrite** — each file with a touched row group is written again: untouched row groups
+//!    are copied as bytes, touched ones decoded, patched with the winning rows and encoded; new
+//!    keys go to one new file.
 //! 4. **Commit** — the removes and adds, the run facts and the source version, in one commit.
 //!
-//! Memory holds the slice plus one target file at a time.
+//! Files are independent (a key lives in one file), so steps 2 and 3 run `parallelism` files at
+//! a time and their outcomes are merged in file order. Memory holds the slice plus one target
+//! file (and its rewrite) per task.
 
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
