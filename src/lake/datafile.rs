@@ -14,7 +14,7 @@
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
-use arrow::datatypes::{Schema, SchemaRef};
+use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
 use deltalake::kernel::Add;
 use deltalake::logstore::ObjectStoreRef;
@@ -89,21 +89,11 @@ impl FastPath {
         {
             return Ok(None);
         }
-        let schema = snapshot.snapshot().arrow_schema();
-        let schema = Arc::new(Schema::new(
-            schema
-                .fields()
-                .iter()
-                .map(|f| {
-                    f.as_ref()
-                        .clone()
-                        .with_data_type(super::storage::storage_type(f.data_type()))
-                })
-                .collect::<Vec<_>>(),
+        let schema = Arc::new(super::storage::storage_schema(
+            &snapshot.snapshot().arrow_schema(),
         ));
-        let stats = StatsColumns::from_configuration(
-            config.iter().map(|(k, v)| (k.as_str(), Some(v.as_str()))),
-        );
+        let stats =
+            StatsColumns::from_configuration(config.iter().map(|(k, v)| (k.as_str(), v.as_str())));
         Ok(Some(FastPath {
             store: table.log_store().object_store(None),
             schema,
@@ -348,7 +338,7 @@ mod tests {
         BooleanArray, Date32Array, Decimal128Array, Float64Array, Int64Array, StringArray,
         TimestampMicrosecondArray,
     };
-    use arrow::datatypes::{DataType, Field, TimeUnit};
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
     use serde_json::Value;
 
     fn batch(rows: std::ops::Range<i64>, bump: Option<i64>) -> RecordBatch {

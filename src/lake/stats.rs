@@ -36,14 +36,12 @@ impl Default for StatsColumns {
 
 impl StatsColumns {
     /// From the table's configuration map (the raw `delta.*` properties).
-    pub fn from_configuration<'a>(
-        mut config: impl Iterator<Item = (&'a str, Option<&'a str>)>,
-    ) -> Self {
+    pub fn from_configuration<'a>(config: impl Iterator<Item = (&'a str, &'a str)>) -> Self {
         let mut named = None;
         let mut first = None;
-        for (k, v) in config.by_ref() {
-            match (k, v) {
-                ("delta.dataSkippingStatsColumns", Some(v)) => {
+        for (k, v) in config {
+            match k {
+                "delta.dataSkippingStatsColumns" => {
                     named = Some(
                         v.split(',')
                             .map(|c| c.trim().trim_matches('`').to_string())
@@ -51,7 +49,7 @@ impl StatsColumns {
                             .collect(),
                     )
                 }
-                ("delta.dataSkippingNumIndexedCols", Some(v)) => {
+                "delta.dataSkippingNumIndexedCols" => {
                     first = v.trim().parse::<i64>().ok();
                 }
                 _ => {}

@@ -18,6 +18,21 @@ pub fn storage_type(dt: &DataType) -> DataType {
     }
 }
 
+/// `schema` with every field in its storage type.
+pub fn storage_schema(schema: &Schema) -> Schema {
+    Schema::new(
+        schema
+            .fields()
+            .iter()
+            .map(|f| {
+                f.as_ref()
+                    .clone()
+                    .with_data_type(storage_type(f.data_type()))
+            })
+            .collect::<Vec<Field>>(),
+    )
+}
+
 /// `batch` with every column cast to its storage type.
 pub fn storage_batch(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
     let schema = batch.schema();
@@ -28,22 +43,14 @@ pub fn storage_batch(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
     {
         return Ok(batch.clone());
     }
-    let fields: Vec<Field> = schema
-        .fields()
-        .iter()
-        .map(|f| {
-            f.as_ref()
-                .clone()
-                .with_data_type(storage_type(f.data_type()))
-        })
-        .collect();
+    let storage = Arc::new(storage_schema(&schema));
     let columns = batch
         .columns()
         .iter()
-        .zip(&fields)
+        .zip(storage.fields())
         .map(|(c, f)| arrow::compute::cast(c, f.data_type()))
         .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
+    RecordBatch::try_new(storage, columns)
 }
 
 /// `batch` with its columns cast to `schema` (matched by name), for comparing rows read from

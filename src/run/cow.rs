@@ -115,14 +115,23 @@ fn sub_schema(layout: &Layout, names: &[String]) -> Result<SchemaRef, RunError> 
     )))
 }
 
-/// Files whose statistics for the first key column admit at least one of `sorted_keys`
-/// (encoded in storage type, ascending). Files without usable statistics are candidates.
+/// Whether a key range `[lo, hi]` (encoded; `None`: unbounded on that side) holds at least one
+/// of the ascending `sorted` keys. Files (from the log) and row groups (from their footers) are
+/// pruned by the same rule.
+fn admits(sorted: &[Box<[u8]>], lo: Option<&[u8]>, hi: Option<&[u8]>) -> bool {
+    let start = lo.map_or(0, |lo| sorted.partition_point(|k| k.as_ref() < lo));
+    start < sorted.len() && hi.is_none_or(|hi| sorted[start].as_ref() <= hi)
+}
+
+/// Files whose statistics for the first key column admit at least one of the slice's keys
+/// (`keys`, see [`sorted_first_keys`]). Files without usable statistics are candidates.
 fn candidates(
     target: &DeltaTable,
     uri: &str,
     layout: &Layout,
-    winners: &RecordBatch,
+    keys: &SortedKeys,
 ) -> Result<Vec<FileInfo>, RunError> {
+    let (key_type, sorted) = keys;
     let d = RunError::delta("apply", uri);
     let adds = target
         .snapshot()
@@ -147,31 +156,13 @@ fn candidates(
     let sizes = sizes
         .as_ref()
         .map(|s| s.as_primitive::<arrow::datatypes::UInt64Type>());
-    let key_type = layout
-        .canonical
-        .field_with_name(first)
-        .map(|f| crate::lake::storage::storage_type(f.data_type()))
-        .map_err(|e| RunError::arrow("apply")(e))?;
     let conv = RowConverter::new(vec![SortField::new(key_type.clone())])
         .map_err(RunError::arrow("apply"))?;
-    let slice_keys = winners
-        .column_by_name(first)
-        .map(|c| arrow::compute::cast(c, &key_type))
-        .transpose()
-        .map_err(RunError::arrow("apply"))?;
-    let Some(slice_keys) = slice_keys else {
-        return Ok(Vec::new());
-    };
-    let encoded = conv
-        .convert_columns(&[slice_keys])
-        .map_err(RunError::arrow("apply"))?;
-    let mut sorted: Vec<Box<[u8]>> = encoded.iter().map(|r| r.as_ref().into()).collect();
-    sorted.sort_unstable();
     let bound = |name: String| -> Result<Option<Rows>, RunError> {
         let Some(col) = adds.column_by_name(&name) else {
             return Ok(None);
         };
-        let col = arrow::compute::cast(col, &key_type).map_err(RunError::arrow("apply"))?;
+        let col = arrow::compute::cast(col, key_type).map_err(RunError::arrow("apply"))?;
         Ok(Some(
             conv.convert_columns(&[col])
                 .map_err(RunError::arrow("apply"))?,
@@ -193,26 +184,19 @@ fn candidates(
                     && !possibly_truncated(raw_max.as_ref(), i)
             })
             .map(|m| m.row(i));
-        let start = match lo {
-            Some(lo) => sorted.partition_point(|k| k.as_ref() < lo.as_ref()),
-            None => 0,
-        };
-        let admits = match (start < sorted.len(), hi) {
-            (false, _) => false,
-            (true, Some(hi)) => sorted[start].as_ref() <= hi.as_ref(),
-            (true, None) => true,
-        };
-        if admits {
+        if admits(
+            sorted,
+            lo.as_ref().map(|r| r.as_ref()),
+            hi.as_ref().map(|r| r.as_ref()),
+        ) {
             let size = sizes.filter(|s| s.is_valid(i)).map(|s| s.value(i));
             out.push(FileInfo {
                 path: paths.value(i).to_string(),
-                size: size.ok_or_else(|| RunError::Delta {
-                    phase: "apply",
-                    uri: uri.to_string(),
-                    source: Box::new(deltalake::DeltaTableError::Generic(format!(
+                size: size.ok_or_else(|| {
+                    RunError::delta("apply", uri)(deltalake::DeltaTableError::Generic(format!(
                         "the log gives no size for {}",
                         paths.value(i)
-                    ))),
+                    )))
                 })?,
             });
         }
@@ -280,13 +264,17 @@ fn admitted_row_groups(
         .map_err(&a)?;
     Ok((0..file.row_groups().len())
         .filter(|&g| {
-            let start = if mins.is_valid(g) {
-                sorted.partition_point(|k| k.as_ref() < lo.row(g).as_ref())
-            } else {
-                0
-            };
-            start < sorted.len()
-                && (!maxs.is_valid(g) || sorted[start].as_ref() <= hi.row(g).as_ref())
+            admits(
+                sorted,
+                mins.is_valid(g)
+                    .then(|| lo.row(g))
+                    .as_ref()
+                    .map(|r| r.as_ref()),
+                maxs.is_valid(g)
+                    .then(|| hi.row(g))
+                    .as_ref()
+                    .map(|r| r.as_ref()),
+            )
         })
         .collect())
 }
@@ -363,17 +351,14 @@ struct Slice {
     probe_schema: SchemaRef,
     key_conv: RowConverter,
     tuple_conv: RowConverter,
-    store: deltalake::logstore::ObjectStoreRef,
+    /// The target's store, schema and statistics settings.
+    fast: FastPath,
     uri: String,
 }
 
 impl Slice {
     fn delta_err(&self, source: deltalake::DeltaTableError) -> RunError {
-        RunError::Delta {
-            phase: "apply",
-            uri: self.uri.clone(),
-            source: Box::new(source),
-        }
+        RunError::delta("apply", &self.uri)(source)
     }
 }
 
@@ -402,7 +387,7 @@ async fn probe_file(
     size: u64,
 ) -> Result<(DataFile, Vec<(usize, Option<usize>)>), RunError> {
     let d = |e| s.delta_err(e);
-    let file = DataFile::open(&s.store, path, size).await.map_err(d)?;
+    let file = DataFile::open(&s.fast.store, path, size).await.map_err(d)?;
     let groups = admitted_row_groups(&file, &s.layout.keys[0], &s.key_type, &s.sorted)?;
     // Rows arrive in the order of `groups`: cumulative counts map a row to its group.
     let mut bounds = Vec::with_capacity(groups.len());
@@ -416,7 +401,7 @@ async fn probe_file(
     let mut row = 0u64;
     let mut at = 0usize;
     for batch in file
-        .read(&s.store, groups, &s.probe_cols)
+        .read(&s.fast.store, groups, &s.probe_cols)
         .await
         .map_err(d)?
     {
@@ -456,9 +441,7 @@ struct Rewrite {
     slice: Arc<Slice>,
     found: Vec<Found>,
     already_conflicting: HashSet<Box<[u8]>>,
-    schema: SchemaRef,
     row_group_rows: usize,
-    fast: FastPath,
     dry_run: bool,
 }
 
@@ -488,9 +471,9 @@ async fn rewrite_file(
     let s = &r.slice;
     let d = |e| s.delta_err(e);
     let hard = s.layout.hard_deletes();
-    let bytes = file.fetch(&r.fast.store).await.map_err(d)?;
+    let bytes = file.fetch(&s.fast.store).await.map_err(d)?;
     let mut new = NewFile::new(
-        r.schema.clone(),
+        s.fast.schema.clone(),
         r.row_group_rows,
         bytes.len() + (bytes.len() >> 4),
     )
@@ -555,11 +538,11 @@ async fn rewrite_file(
             o.replaced += 1;
         }
         o.copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
-        new.write(&assemble(&batch, &s.winners, &pieces, &r.schema)?)
+        new.write(&assemble(&batch, &s.winners, &pieces, &s.fast.schema)?)
             .map_err(d)?;
     }
     if o.replaced > 0 && !r.dry_run {
-        o.add = new.put(&r.fast).await.map_err(d)?;
+        o.add = new.put(&s.fast).await.map_err(d)?;
     }
     Ok(o)
 }
@@ -573,12 +556,7 @@ pub async fn apply(
     dry_run: bool,
 ) -> Result<Applied, RunError> {
     let uri = target.uri;
-    let store = &target.fast.store;
-    let d = |source| RunError::Delta {
-        phase: "apply",
-        uri: uri.to_string(),
-        source: Box::new(source),
-    };
+    let d = |source| RunError::delta("apply", uri)(source);
     let mut out = Applied::default();
     if winners.num_rows() == 0 {
         return Ok(out);
@@ -594,9 +572,10 @@ pub async fn apply(
 
     // 1-2: candidate files by the log's statistics, their row groups by the footers'; the
     // probe reads the key and ordering columns of those row groups only.
-    let listed = candidates(target.table, uri, layout, winners)?;
+    let keys = sorted_first_keys(layout, winners)?;
+    let listed = candidates(target.table, uri, layout, &keys)?;
     out.files_candidate = listed.len() as u64;
-    let (key_type, sorted) = sorted_first_keys(layout, winners)?;
+    let (key_type, sorted) = keys;
     let probe_cols: Vec<String> = layout
         .keys
         .iter()
@@ -615,7 +594,7 @@ pub async fn apply(
         index,
         enc,
         w,
-        store: store.clone(),
+        fast: target.fast.clone(),
         uri: uri.to_string(),
     });
     let parallelism = target.parallelism.max(1);
@@ -666,9 +645,9 @@ pub async fn apply(
         "probed"
     );
 
-    // 3: rewrite touched files one at a time: untouched row groups are copied as bytes.
+    // 3: rewrite the touched files: untouched row groups are copied as bytes.
     let hard = layout.hard_deletes();
-    let schema = target.fast.schema.clone();
+    let schema = &target.fast.schema;
     let mut adds: Vec<Action> = Vec::new();
     let mut removes: Vec<Action> = Vec::new();
     let views: HashMap<String, deltalake::kernel::Remove> = if touched.is_empty() {
@@ -689,9 +668,7 @@ pub async fn apply(
         slice: slice.clone(),
         found: found.clone(),
         already_conflicting: already_conflicting.clone(),
-        schema: schema.clone(),
         row_group_rows: target.row_group_rows,
-        fast: target.fast.clone(),
         dry_run,
     });
     let jobs: Vec<(usize, DataFile, BTreeSet<usize>)> = files
@@ -766,7 +743,7 @@ pub async fn apply(
     if !inserts.is_empty() && !dry_run {
         let rows = arrow::compute::take_record_batch(winners, &UInt32Array::from(inserts))
             .map_err(RunError::arrow("apply"))?;
-        let rows = cast_to(&rows, &schema).map_err(RunError::arrow("apply"))?;
+        let rows = cast_to(&rows, schema).map_err(RunError::arrow("apply"))?;
         let mut new = NewFile::new(schema.clone(), target.row_group_rows, 0).map_err(d)?;
         new.write(&rows).map_err(d)?;
         adds.extend(new.put(target.fast).await.map_err(d)?.map(Action::Add));

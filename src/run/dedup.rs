@@ -62,32 +62,11 @@ pub struct RowEncoders {
     seq_idx: usize,
 }
 
-/// Encoded key and order of one batch (no content: see [`RowEncoders::encode_content`]).
-pub struct EncodedOrder {
-    pub keys: arrow::row::Rows,
-    pub tuples: arrow::row::Rows,
-    pub deleted: Option<arrow::array::BooleanArray>,
-    pub sequence: arrow::array::TimestampMicrosecondArray,
-}
-
-impl EncodedOrder {
-    /// Whether row `i` is a delete.
-    pub fn is_deleted(&self, i: usize) -> bool {
-        self.deleted
-            .as_ref()
-            .is_some_and(|d| d.is_valid(i) && d.value(i))
-    }
-
-    /// Sequence of row `i` in microseconds.
-    pub fn sequence_micros(&self, i: usize) -> Option<i64> {
-        self.sequence.is_valid(i).then(|| self.sequence.value(i))
-    }
-}
-
 /// Encoded roles of one batch.
 pub struct EncodedBatch {
     pub keys: arrow::row::Rows,
     pub tuples: arrow::row::Rows,
+    /// Empty when encoded by [`RowEncoders::encode_order`].
     pub contents: arrow::row::Rows,
     pub deleted: Option<arrow::array::BooleanArray>,
     /// The sequence column in microseconds.
@@ -145,15 +124,10 @@ impl RowEncoders {
         self.content.convert_columns(&cols)
     }
 
-    /// Encodes key, tuple, delete flag and sequence: what every row of a dedup needs.
-    pub fn encode_order(&self, batch: &RecordBatch) -> Result<EncodedOrder, ArrowError> {
-        let e = self.encode_parts(batch, false)?;
-        Ok(EncodedOrder {
-            keys: e.keys,
-            tuples: e.tuples,
-            deleted: e.deleted,
-            sequence: e.sequence,
-        })
+    /// Encodes key, tuple, delete flag and sequence — what every row of a dedup needs — and
+    /// leaves `contents` empty.
+    pub fn encode_order(&self, batch: &RecordBatch) -> Result<EncodedBatch, ArrowError> {
+        self.encode_parts(batch, false)
     }
 
     /// Encodes one canonical batch. Rows compare like the values: ascending, nulls lowest.
@@ -190,7 +164,7 @@ impl RowEncoders {
             keys: self.key.convert_columns(&cols(&self.key_idx))?,
             tuples: self.tuple.convert_columns(&cols(&self.tuple_idx))?,
             contents: if content {
-                self.content.convert_columns(&cols(&self.content_idx))?
+                self.encode_content(batch)?
             } else {
                 self.content.empty_rows(0, 0)
             },
