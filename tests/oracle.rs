@@ -283,3 +283,86 @@ async fn restore_then_incremental_converges() {
         s.to_json()
     );
 }
+
+/// Runs with clocks that are wrong by hours in either direction, then a right one (issue 9:
+/// an NTP step, a VM restore, a replay with `TIDEMARK_FAKE_NOW`). A row is in the target once
+/// some run since it landed (and since the last full reload) found it due by that run's clock —
+/// a run cannot take back what an earlier run merged — and no deferred row is ever lost.
+async fn check_clocks(events: Vec<Event>, runs: Vec<(i64, bool)>) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = write_pipeline(dir.path(), "10m", "soft", "");
+    let pipeline = Pipeline::load(&path, &Vars::new()).expect("pipeline");
+    // (row, batch it landed in)
+    let mut landed: Vec<(Change, usize)> = Vec::new();
+    // clock of every run so far, and the index of the last full reload
+    let mut clocks: Vec<(usize, i64)> = Vec::new();
+    let mut last_full = 0usize;
+    let batches = runs.len();
+    for (b, (offset_h, full)) in runs.into_iter().enumerate() {
+        let mut batch: Vec<Change> = Vec::new();
+        for e in events.iter().filter(|e| e.batch == b) {
+            batch.push(to_change(e));
+        }
+        if !batch.is_empty() {
+            append(&bronze(dir.path()), &batch).await;
+            landed.extend(batch.into_iter().map(|c| (c, b)));
+        }
+        if version(&bronze(dir.path())).await.is_none() {
+            continue;
+        }
+        // the last run always has the right clock
+        let offset = if b + 1 == batches { 0 } else { offset_h * HOUR };
+        let clock = batch_time(b) + offset;
+        let summary = run_once(&pipeline, clock, full).await;
+        if full {
+            last_full = b;
+        }
+        clocks.push((b, clock));
+        let accepted: Vec<Change> = landed
+            .iter()
+            .filter(|(c, at)| {
+                let since = (*at).max(last_full);
+                clocks
+                    .iter()
+                    .filter(|(run, _)| *run >= since)
+                    .any(|(_, clock)| c.seq.is_some_and(|s| s <= clock + SKEW))
+            })
+            .map(|(c, _)| c.clone())
+            .collect();
+        let expected = oracle(&accepted, i64::MAX / 2, false);
+        let actual = read_target(&silver(dir.path())).await;
+        prop_assert_eq!(
+            &actual,
+            &expected,
+            "after batch {} (clock {:+} h, full {}); summary: {}",
+            b,
+            offset / HOUR,
+            full,
+            summary.to_json()
+        );
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12),
+        max_shrink_iters: 64,
+        .. ProptestConfig::default()
+    })]
+
+    #[test]
+    fn deferred_rows_survive_any_sequence_of_clocks(
+        (events, runs) in (3usize..7).prop_flat_map(|batches| (
+            prop::collection::vec(event(batches), 1..30),
+            prop::collection::vec(
+                (prop_oneof![2 => Just(0i64), 1 => Just(-10), 1 => Just(-2), 1 => Just(2), 1 => Just(10)],
+                 prop::bool::weighted(0.1)),
+                batches,
+            ),
+        )),
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+        rt.block_on(check_clocks(events, runs))?;
+    }
+}

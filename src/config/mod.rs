@@ -12,5 +12,7 @@ pub mod vars;
 
 pub use bundle::{Bundle, BundleError, Diagnostic};
 pub use error::ConfigError;
-pub use pipeline::{DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec, SchemaChange};
+pub use pipeline::{
+    DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec, SchemaChange, SourceRecreate,
+};
 pub use vars::Vars;

@@ -43,6 +43,8 @@ struct RawPipeline {
 #[serde(deny_unknown_fields)]
 struct RawSource {
     uri: String,
+    #[serde(default)]
+    on_recreate: SourceRecreate,
 }
 
 #[derive(Debug, Deserialize)]
@@ -114,6 +116,21 @@ pub enum SchemaChange {
     AddNewColumns,
 }
 
+/// What an incremental run does when the source is no longer the table the target was built
+/// from (deleted and recreated at the same location, or replaced: a new Delta table id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SourceRecreate {
+    /// Refuse (exit 65) and say to rebuild with `--full-reload`: the new table's versions say
+    /// nothing about what the target has seen.
+    #[default]
+    Fail,
+    /// Merge every row of the new table into the target incrementally (newest wins per key, as
+    /// always). Keys that only the old table had stay in the target: use this when the new
+    /// table re-delivers the old one's history (a migration), not when it replaces it.
+    ReadAll,
+}
+
 /// Which source rows mean "this key was deleted".
 #[derive(Debug, Clone, PartialEq)]
 pub struct Deletes {
@@ -150,6 +167,8 @@ pub struct ReconcileSpec {
 pub struct Pipeline {
     pub name: String,
     pub source_uri: String,
+    /// `source.on_recreate`: what to do when the source's table id changed.
+    pub source_on_recreate: SourceRecreate,
     pub target_uri: String,
     pub target_file_size: u64,
     /// Rows per Parquet row group in the target's files: the unit an hourly run re-encodes
@@ -459,6 +478,7 @@ impl Ctx<'_> {
         }
         Ok(Pipeline {
             source_uri,
+            source_on_recreate: raw.source.on_recreate,
             target_uri,
             target_file_size,
             target_row_group_rows,

@@ -91,6 +91,19 @@ pub struct AddedFiles {
     /// False when some commit file of the range is gone (log cleanup): the caller must then
     /// fall back to a wider read to stay correct.
     pub complete: bool,
+    /// Commits of the range that took rows away (`remove` with `dataChange = true`: DELETE,
+    /// UPDATE, MERGE, overwrite, RESTORE by another writer). Rows already merged from the removed
+    /// files cannot be taken back by an incremental run.
+    pub rewrites: Vec<Rewrite>,
+}
+
+/// A commit that removed data files as a data change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rewrite {
+    pub version: u64,
+    /// `commitInfo.operation` (`DELETE`, `RESTORE`, `WRITE`, ...), when the commit says.
+    pub operation: Option<String>,
+    pub files_removed: u64,
 }
 
 /// The `add` actions of commits `from_exclusive + 1 ..= to_inclusive`, read from the commit
@@ -104,16 +117,29 @@ pub async fn files_added_between(
     let mut out = AddedFiles {
         adds: Vec::new(),
         complete: true,
+        rewrites: Vec::new(),
     };
     for version in (from_exclusive + 1)..=to_inclusive {
         let Some(bytes) = store.read_commit_entry(version).await? else {
             out.complete = false;
             return Ok(out);
         };
+        let mut operation = None;
+        let mut removed = 0;
         for action in deltalake::logstore::get_actions(version, &bytes)? {
-            if let Action::Add(add) = action {
-                out.adds.push(add);
+            match action {
+                Action::Add(add) => out.adds.push(add),
+                Action::Remove(r) if r.data_change => removed += 1,
+                Action::CommitInfo(ci) => operation = ci.operation,
+                _ => {}
             }
+        }
+        if removed > 0 {
+            out.rewrites.push(Rewrite {
+                version,
+                operation,
+                files_removed: removed,
+            });
         }
     }
     Ok(out)

@@ -12,6 +12,7 @@ mod faulty;
 mod log;
 mod maintain;
 mod open;
+pub mod record;
 mod restore;
 pub mod stats;
 pub mod storage;
@@ -20,10 +21,11 @@ pub use compact::{compact_clustered, Compacted};
 pub use error::LakeError;
 pub use log::{
     files_added_between, max_from_stats, read_commits, row_count_from_stats, AddedFiles,
-    CommitEntry, StatsMax,
+    CommitEntry, Rewrite, StatsMax,
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
 pub use open::{builder, create_url, location_url, open_if_exists, open_required, table_url};
+pub use record::SourceRecord;
 pub use restore::{restore, RestoreOutcome};
 
 /// Key under which tidemark stores its run facts in the Delta `commitInfo`.

@@ -4,7 +4,8 @@
 //! table would still claim that the newest source version had been applied, and the next
 //! incremental run would skip rows that landed after version N's run — late rows would be lost.
 //! So the restore commit also re-records, for every tidemark pipeline writing this table, the
-//! source version that version N had read.
+//! source version that version N had read (with the source's table id and the floor of the rows
+//! then deferred: `super::record`).
 
 use std::collections::BTreeSet;
 
@@ -46,19 +47,18 @@ pub async fn restore(table: DeltaTable, version: u64) -> Result<RestoreOutcome, 
             }
         }
     }
-    let mut props = CommitProperties::default();
+    let mut txns: Vec<Transaction> = Vec::new();
     let mut source_versions = Vec::new();
     for app in apps {
         // No record at the restored version means no source row had been applied: -1 makes the
-        // next run read every source commit again.
-        let v = at_version
-            .snapshot()?
-            .transaction_version(at_version.log_store().as_ref(), &app)
-            .await?
-            .unwrap_or(-1);
-        props = props.with_application_transaction(Transaction::new(&app, v));
+        // next run read every source commit again. The source's table id and the floor of the
+        // rows deferred then come back with it.
+        let mut recorded = super::record::read(&at_version, &app).await?;
+        let v = *recorded.version.get_or_insert(-1);
+        txns.extend(super::record::transactions(&app, &recorded));
         source_versions.push((app, v));
     }
+    let props = CommitProperties::default().with_application_transactions(txns);
     let latest = table.version().unwrap_or(0);
     let (table, metrics) = table
         .restore()

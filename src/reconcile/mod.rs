@@ -4,7 +4,9 @@
 //! on. The expected side is computed the way a full reload computes it — the same validation
 //! (with the same clock, so future-dated rows are left out alike), the same canonical projection
 //! and sort, the same streaming [`Deduper`] — from the source version the target's last run
-//! recorded, so rows that landed since are not reported as missing. The target is read sorted by
+//! recorded when the source only appended since (rows that landed later are not "missing"), and
+//! from its current version when it was rewritten or replaced since, so rows another writer
+//! deleted upstream show as differences; the report says which version it used. The target is read sorted by
 //! key, and the two sorted streams are merge-joined on encoded keys: memory holds one batch per
 //! side and the per-day aggregates, never a whole table.
 
@@ -139,35 +141,54 @@ pub async fn reconcile(
         .map_err(RunError::from)?;
     let mut notes = Vec::new();
 
-    // The source as the target's last run saw it.
+    // Which source version to compare with. The one the target's last run read, when the source
+    // only appended since (rows that landed later are not "missing"); the current one when the
+    // source was rewritten or replaced since — rows another writer deleted upstream must show as
+    // differences, not be compared away.
     let latest = source.version().unwrap_or(0);
-    let recorded = target
-        .snapshot()
-        .map_err(RunError::delta("reconcile", &p.target_uri))?
-        .transaction_version(target.log_store().as_ref(), p.app_id())
+    let recorded = lake::record::read(&target, &p.app_id())
         .await
         .map_err(RunError::delta("reconcile", &p.target_uri))?;
-    let basis = match recorded {
-        Some(v) if v >= 0 && (v as u64) == latest => "recorded by the target's last run",
-        Some(v) if v >= 0 && (v as u64) < latest => match source.load_version(v as u64).await {
-            Ok(()) => "recorded by the target's last run",
-            Err(e) => {
-                source = lake::open_required(&p.source_uri, "source")
-                    .await
-                    .map_err(RunError::from)?;
-                notes.push(format!("the source version the target's last run read ({v}) cannot be loaded ({e}); compared with the latest version, so rows landed since that run show as missing"));
-                "latest"
+    let table_id = lake::record::table_id(&source)
+        .map_err(RunError::delta("reconcile", &p.source_uri))?;
+    let mut basis = "latest";
+    let replaced = recorded
+        .table
+        .is_some_and(|t| t != lake::record::table_fingerprint(&table_id));
+    if replaced {
+        notes.push(format!("the source is not the table the target was built from (its table id is now {table_id}): it was recreated or replaced since the target's last run; compared with its latest version"));
+    }
+    match recorded.version {
+        Some(v) if replaced || v < 0 => {}
+        Some(v) if (v as u64) == latest => basis = "recorded by the target's last run",
+        Some(v) if (v as u64) < latest => {
+            let since = lake::files_added_between(&source, v as u64, latest).await;
+            match since {
+                Ok(added) if added.complete && added.rewrites.is_empty() => {
+                    match source.load_version(v as u64).await {
+                        Ok(()) => basis = "recorded by the target's last run",
+                        Err(e) => {
+                            source = lake::open_required(&p.source_uri, "source")
+                                .await
+                                .map_err(RunError::from)?;
+                            notes.push(format!("the source version the target's last run read ({v}) cannot be loaded ({e}); compared with the latest version, so rows landed since that run show as missing"));
+                        }
+                    }
+                }
+                Ok(added) if !added.rewrites.is_empty() => {
+                    for r in &added.rewrites {
+                        notes.push(format!("source commit {} ({}) removed {} data file(s) after version {v}, which the target's last run read: the source is no longer append-only, so the target is compared with the latest version; only `--full-reload` brings it back in line", r.version, r.operation.as_deref().unwrap_or("unknown"), r.files_removed));
+                    }
+                }
+                _ => notes.push(format!("the source commits after version {v} (read by the target's last run) are no longer in the log, so whether they only appended cannot be checked; compared with the latest version, so rows landed since that run show as missing")),
             }
-        },
-        Some(v) => {
-            notes.push(format!("the target records source version {v} for {}, which the source does not have; compared with the latest version", p.app_id()));
-            "latest"
         }
-        None => {
-            notes.push(format!("the target records no source version for {} (not written by this pipeline?); compared with the latest source version", p.app_id()));
-            "latest"
-        }
-    };
+        Some(v) => notes.push(format!(
+            "the target records source version {v} for {}, which the source does not have; compared with the latest version",
+            p.app_id()
+        )),
+        None => notes.push(format!("the target records no source version for {} (not written by this pipeline?); compared with the latest source version", p.app_id())),
+    }
     let source_version = source.version().unwrap_or(0);
 
     // Expected: exactly what a full reload would write.

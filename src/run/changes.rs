@@ -37,6 +37,8 @@ pub struct ChangeSet {
     pub conflicts: u64,
     /// Largest sequence among the changed rows that stay live (soft: all of them).
     pub max_sequence: Option<i64>,
+    /// Sequence of every changed row, µs.
+    pub changed_sequences: Vec<i64>,
 }
 
 impl ChangeSet {
@@ -106,6 +108,7 @@ pub async fn detect(
         };
         if apply {
             keep.push(i as u32);
+            cs.changed_sequences.extend(e.sequence_micros(i));
             if !(deleted && hard) {
                 cs.max_sequence = cs.max_sequence.max(e.sequence_micros(i));
             }

@@ -49,6 +49,8 @@ pub struct Applied {
     pub conflicts: u64,
     /// Largest sequence among the applied rows that stay live (soft deletes: all of them).
     pub max_sequence: Option<i64>,
+    /// Sequence of every row that changed the target (inserted, updated or deleted), µs.
+    pub changed_sequences: Vec<i64>,
     pub files_candidate: u64,
     pub files_rewritten: u64,
     pub files_added: u64,
@@ -455,6 +457,7 @@ struct FileOutcome {
     deleted: u64,
     conflicts: u64,
     max_sequence: Option<i64>,
+    changed_sequences: Vec<i64>,
     /// Winners whose target version turned out newer by content (equal tuples): unchanged.
     lost: Vec<usize>,
     add: Option<deltalake::kernel::Add>,
@@ -488,6 +491,7 @@ async fn rewrite_file(
         deleted: 0,
         conflicts: 0,
         max_sequence: None,
+        changed_sequences: Vec::new(),
         lost: Vec::new(),
         add: None,
     };
@@ -535,6 +539,7 @@ async fn rewrite_file(
                 o.max_sequence = o.max_sequence.max(w.sequence_micros(i));
                 pieces.push((true, i as u32));
             }
+            o.changed_sequences.extend(w.sequence_micros(i));
             o.replaced += 1;
         }
         o.copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
@@ -691,6 +696,7 @@ pub async fn apply(
         out.updated += o.updated;
         out.deleted += o.deleted;
         out.max_sequence = out.max_sequence.max(o.max_sequence);
+        out.changed_sequences.extend(o.changed_sequences);
         if o.replaced == 0 {
             continue;
         }
@@ -737,6 +743,7 @@ pub async fn apply(
             out.inserted += 1;
         }
         out.max_sequence = out.max_sequence.max(w.sequence_micros(i));
+        out.changed_sequences.extend(w.sequence_micros(i));
         inserts.push(i as u32);
     }
     out.unchanged += found.iter().filter(|f| **f == Found::Older).count() as u64;

@@ -11,6 +11,7 @@ pub(crate) mod changes;
 mod cow;
 pub(crate) mod dedup;
 mod error;
+mod horizon;
 mod layout;
 mod quarantine;
 mod session;
@@ -27,7 +28,6 @@ use datafusion::datasource::MemTable;
 use datafusion::logical_expr::{lit, Expr};
 use datafusion::prelude::{ident, DataFrame, SessionContext};
 use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::Transaction;
 use deltalake::DeltaTable;
 use futures::StreamExt;
 use tracing::{info, info_span, warn, Instrument};
@@ -99,14 +99,19 @@ struct Run<'a> {
     summary: RunSummary,
     /// Source rows per the log's statistics (a full reload reads them all).
     source_rows: Option<u64>,
+    /// The source's table id (`metaData.id`) and its fingerprint, recorded with the version.
+    source_table_id: Option<String>,
+    source_table: Option<i64>,
+    /// Smallest sequence (µs) among the rows this run deferred, recorded so later runs read
+    /// them again until they are due.
+    deferred_floor: Option<i64>,
+    /// Set when the run read whole files behind the slice without knowing which rows landed
+    /// since the previous run: late rows are then the changed rows with a sequence up to it.
+    late_bound: Option<i64>,
 }
 
 fn micros_to_time(us: i64) -> Option<DateTime<Utc>> {
     Utc.timestamp_micros(us).single()
-}
-
-fn to_micros(d: std::time::Duration) -> i64 {
-    i64::try_from(d.as_micros()).unwrap_or(i64::MAX)
 }
 
 impl<'a> Run<'a> {
@@ -161,6 +166,10 @@ impl<'a> Run<'a> {
             phases: BTreeMap::new(),
             summary,
             source_rows: None,
+            source_table_id: None,
+            source_table: None,
+            deferred_floor: None,
+            late_bound: None,
         }
     }
 
@@ -195,6 +204,10 @@ impl<'a> Run<'a> {
         .await?;
         let source_version = source.version().unwrap_or(0);
         self.summary.source_version = source_version;
+        let table_id =
+            lake::record::table_id(&source).map_err(RunError::delta("plan", &self.p.source_uri))?;
+        self.source_table = Some(lake::record::table_fingerprint(&table_id));
+        self.source_table_id = Some(table_id);
         source
             .update_datafusion_session(&self.ctx.state())
             .map_err(RunError::delta("plan", &self.p.source_uri))?;
@@ -253,14 +266,13 @@ impl<'a> Run<'a> {
     /// Whether a run of this pipeline already committed to `target` (it then records the
     /// source version it read). Such a target stays incremental even while it is empty.
     async fn has_run_before(&self, target: &DeltaTable) -> Result<bool, RunError> {
-        Ok(self.previous_source_version(target).await?.is_some())
+        Ok(self.recorded(target).await?.version.is_some())
     }
 
-    async fn previous_source_version(&self, target: &DeltaTable) -> Result<Option<i64>, RunError> {
-        target
-            .snapshot()
-            .map_err(RunError::delta("plan", &self.p.target_uri))?
-            .transaction_version(target.log_store().as_ref(), self.p.app_id())
+    /// What the target's commits recorded about the source (version read, table id, deferred
+    /// rows).
+    async fn recorded(&self, target: &DeltaTable) -> Result<lake::SourceRecord, RunError> {
+        lake::record::read(target, &self.p.app_id())
             .await
             .map_err(RunError::delta("plan", &self.p.target_uri))
     }
@@ -430,16 +442,31 @@ impl<'a> Run<'a> {
                 new_columns.join(", ")
             ));
         }
-        let watermark = self.watermark(&target, layout).await?;
-        self.summary.watermark_before = watermark;
-        let previous = self.previous_source_version(&target).await?;
+        let record = self.recorded(&target).await?;
+        let previous = record.version;
         self.summary.previous_source_version = previous;
+        let target_max = self.watermark(&target, layout).await?;
+        let read = horizon::plan(horizon::Inputs {
+            p: self.p,
+            source: &source,
+            source_version: self.summary.source_version,
+            source_table: self.source_table.unwrap_or_default(),
+            record,
+            watermark: target_max,
+            now: self.now,
+        })
+        .await?;
+        for w in read.warnings {
+            self.warn(w);
+        }
+        let watermark = read.watermark;
+        self.summary.watermark_before = watermark;
         let seq = layout.sequence();
-        let lo = watermark.map(|w| {
-            w.timestamp_micros()
-                .saturating_sub(to_micros(self.p.overlap))
-        });
-        info!(watermark = ?watermark, previous_source_version = ?previous, source_version = self.summary.source_version, "planned incremental run");
+        let lo = read.lo;
+        if read.late_is_approximate {
+            self.late_bound = lo;
+        }
+        info!(watermark = ?watermark, lo = ?lo, previous_source_version = ?previous, source_version = self.summary.source_version, "planned incremental run");
         self.end_phase("plan")?;
 
         // read: the overlap slice, plus every row landed since the previous run behind it.
@@ -460,52 +487,31 @@ impl<'a> Run<'a> {
         }
         .and_then(|df| df.with_column(LATE_COLUMN, lit(false)))
         .map_err(q("read"))?;
-        let landed: Option<DataFrame> = match previous {
-            // Without a watermark (empty target) the slice already is the whole source.
-            _ if lo.is_none() => None,
-            Some(prev) if prev >= self.summary.source_version as i64 => None,
-            Some(prev) => {
-                let added = lake::files_added_between(
-                    &source,
-                    prev.max(0) as u64,
-                    self.summary.source_version,
-                )
-                .await
-                .map_err(RunError::delta("read", &self.p.source_uri))?;
-                let provider = if added.complete {
-                    source
-                        .table_provider()
-                        .with_file_selection(
-                            deltalake::delta_datafusion::FileSelection::from_adds(added.adds)
-                                .with_missing_file_policy(
-                                    deltalake::delta_datafusion::MissingSelectedFilePolicy::Ignore,
-                                ),
-                        )
-                        .await
-                        .map_err(q("read"))?
-                } else {
-                    self.warn(format!(
-                        "source commits after version {prev} are no longer in the log; read the whole source behind the overlap to find late rows (slower, still correct)"
-                    ));
-                    source_provider.clone()
-                };
-                Some(
-                    self.ctx
-                        .read_table(provider)
-                        .and_then(|df| df.filter(behind(lo)))
-                        .and_then(|df| df.with_column(LATE_COLUMN, lit(true)))
-                        .map_err(q("read"))?,
-                )
-            }
-            None => {
-                if lo.is_some() {
-                    self.warn(format!(
-                        "the target has no record of the source version tidemark last read (app id {}); rows landing behind the overlap cannot be found until a run commits. Run once with --full-reload to start tracking",
-                        self.p.app_id()
-                    ));
-                }
-                None
-            }
+        let landed_provider = match read.landed {
+            horizon::Landed::Nothing => None,
+            horizon::Landed::WholeSource => Some(source_provider.clone()),
+            horizon::Landed::Files(adds) => Some(
+                source
+                    .table_provider()
+                    .with_file_selection(
+                        deltalake::delta_datafusion::FileSelection::from_adds(adds)
+                            .with_missing_file_policy(
+                                deltalake::delta_datafusion::MissingSelectedFilePolicy::Ignore,
+                            ),
+                    )
+                    .await
+                    .map_err(q("read"))?,
+            ),
+        };
+        let landed = match landed_provider {
+            Some(provider) => Some(
+                self.ctx
+                    .read_table(provider)
+                    .and_then(|df| df.filter(behind(lo)))
+                    .and_then(|df| df.with_column(LATE_COLUMN, lit(true)))
+                    .map_err(q("read"))?,
+            ),
+            None => None,
         };
         let input = match landed {
             Some(l) => slice.union(l).map_err(q("read"))?,
@@ -551,7 +557,11 @@ impl<'a> Run<'a> {
             .drop_columns(&[LATE_COLUMN])
             .map_err(q("validate"))?;
         self.quarantine(rejected).await?;
-        self.summary.num_deferred = split.deferred.count().await.map_err(q("validate"))? as u64;
+        let (deferred, floor) = validate::deferred_summary(split.deferred, layout)
+            .await
+            .map_err(q("validate"))?;
+        self.summary.num_deferred = deferred;
+        self.deferred_floor = floor;
         self.end_phase("validate")?;
 
         // dedup
@@ -577,7 +587,8 @@ impl<'a> Run<'a> {
             .map_err(RunError::arrow("dedup"))?;
         self.end_phase("dedup")?;
 
-        let before = watermark.map(|w| w.timestamp_micros());
+        // What the target really holds, not the clamped planning watermark.
+        let before = target_max.map(|w| w.timestamp_micros());
         let fast = if new_columns.is_empty() {
             FastPath::check(&target).map_err(RunError::delta("apply", &self.p.target_uri))?
         } else {
@@ -597,10 +608,17 @@ impl<'a> Run<'a> {
         &mut self,
         counts: [u64; 5],
         max_sequence: Option<i64>,
+        changed_sequences: &[i64],
         before: Option<i64>,
         previous: Option<i64>,
     ) {
         let [inserted, updated, deleted, unchanged, conflicts] = counts;
+        if let Some(lo) = self.late_bound {
+            // Every landed row was flagged late (log gap, recreated source): count those that
+            // changed something and that the slice could not have found.
+            self.summary.num_late_rows =
+                changed_sequences.iter().filter(|s| **s <= lo).count() as u64;
+        }
         self.summary.num_conflicts += conflicts;
         self.summary.num_inserted = inserted;
         self.summary.num_updated = updated;
@@ -648,6 +666,7 @@ impl<'a> Run<'a> {
                 applied.conflicts,
             ],
             applied.max_sequence,
+            &applied.changed_sequences,
             before,
             previous,
         );
@@ -699,6 +718,7 @@ impl<'a> Run<'a> {
                 cs.conflicts,
             ],
             cs.max_sequence,
+            &cs.changed_sequences,
             before,
             previous,
         );
@@ -751,12 +771,11 @@ impl<'a> Run<'a> {
         };
         self.end_phase("read")?;
         self.quarantine(split.rejected).await?;
-        self.summary.num_deferred = split
-            .deferred
-            .count()
+        let (deferred, floor) = validate::deferred_summary(split.deferred, layout)
             .await
-            .map_err(RunError::scan("validate", &self.p.source_uri))?
-            as u64;
+            .map_err(RunError::scan("validate", &self.p.source_uri))?;
+        self.summary.num_deferred = deferred;
+        self.deferred_floor = floor;
         self.end_phase("validate")?;
 
         let sorted = split
@@ -918,13 +937,17 @@ impl<'a> Run<'a> {
             "num_updated": s.num_updated,
             "num_deleted": s.num_deleted,
             "num_conflicts": s.num_conflicts,
+            "source_table_id": self.source_table_id,
+            "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| t.to_rfc3339()),
         });
+        let record = lake::SourceRecord {
+            version: Some(s.source_version as i64),
+            table: self.source_table,
+            deferred_floor: self.deferred_floor,
+        };
         CommitProperties::default()
             .with_metadata([(COMMIT_INFO_KEY.to_string(), facts)])
-            .with_application_transaction(Transaction::new(
-                self.p.app_id(),
-                s.source_version as i64,
-            ))
+            .with_application_transactions(lake::record::transactions(&self.p.app_id(), &record))
     }
 
     fn finish(mut self) -> RunSummary {

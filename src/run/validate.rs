@@ -82,3 +82,42 @@ pub fn split(
         deferred,
     })
 }
+
+/// How many rows `deferred` holds and the smallest sequence among them (µs, rounded down), in
+/// one aggregate. The smallest sequence is recorded with the run's commit, so later runs read the
+/// source from there on until those rows are due (`crate::lake::record`).
+pub async fn deferred_summary(
+    deferred: DataFrame,
+    layout: &Layout,
+) -> Result<(u64, Option<i64>), datafusion::error::DataFusionError> {
+    use arrow::array::{Array, AsArray};
+    use arrow::datatypes::{Int64Type, TimeUnit, TimestampMicrosecondType};
+    use datafusion::functions_aggregate::expr_fn::{count, min};
+    let seq = ident(layout.sequence());
+    let batches = deferred
+        .aggregate(
+            vec![],
+            vec![
+                count(lit(1)).alias("n"),
+                min(datafusion::logical_expr::cast(
+                    seq,
+                    DataType::Timestamp(TimeUnit::Microsecond, None),
+                ))
+                .alias("floor"),
+            ],
+        )?
+        .collect()
+        .await?;
+    let Some(b) = batches.iter().find(|b| b.num_rows() > 0) else {
+        return Ok((0, None));
+    };
+    let n = arrow::compute::cast(b.column(0), &DataType::Int64)?;
+    let n = n.as_primitive::<Int64Type>();
+    let floor = b.column(1).as_primitive::<TimestampMicrosecondType>();
+    let count = if n.is_valid(0) {
+        n.value(0).max(0) as u64
+    } else {
+        0
+    };
+    Ok((count, floor.is_valid(0).then(|| floor.value(0))))
+}
