@@ -149,8 +149,8 @@ pub async fn reconcile(
     let recorded = lake::record::read(&target, &p.app_id())
         .await
         .map_err(RunError::delta("reconcile", &p.target_uri))?;
-    let table_id = lake::record::table_id(&source)
-        .map_err(RunError::delta("reconcile", &p.source_uri))?;
+    let table_id =
+        lake::record::table_id(&source).map_err(RunError::delta("reconcile", &p.source_uri))?;
     let mut basis = "latest";
     let replaced = recorded
         .table
