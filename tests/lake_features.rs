@@ -206,7 +206,11 @@ async fn target_with_a_deletion_vector_from_another_tool() {
         v["watermark_before"], "2025-01-06T02:00:00Z",
         "the watermark comes from the log: {v}"
     );
-    assert_eq!((v["num_inserted"].as_u64(), v["num_updated"].as_u64()), (Some(1), Some(1)), "{v}");
+    assert_eq!(
+        (v["num_inserted"].as_u64(), v["num_updated"].as_u64()),
+        (Some(1), Some(1)),
+        "{v}"
+    );
     let mut expected = oracle(&all, NOW, false);
     expected.retain(|r| r.id != "k2");
     assert_eq!(
@@ -223,7 +227,10 @@ async fn target_with_a_deletion_vector_from_another_tool() {
     all.extend(last);
     let v = run_ok(d, &pipeline);
     assert_eq!(v["num_updated"], 1, "{v}");
-    assert_eq!(v["num_files_candidate"], 1, "copy-on-write probed one file: {v}");
+    assert_eq!(
+        v["num_files_candidate"], 1,
+        "copy-on-write probed one file: {v}"
+    );
     let mut expected = oracle(&all, NOW, false);
     expected.retain(|r| r.id != "k2");
     assert_eq!(read_target(&tgt).await, expected);
@@ -288,7 +295,9 @@ fn first_parquet(dir: &Path) -> Option<std::path::PathBuf> {
         if p.is_dir() {
             first_parquet(p)
         } else {
-            p.extension().is_some_and(|x| x == "parquet").then(|| p.clone())
+            p.extension()
+                .is_some_and(|x| x == "parquet")
+                .then(|| p.clone())
         }
     })
 }

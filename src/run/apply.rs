@@ -123,11 +123,13 @@ pub async fn overwrite(
     };
     let table = match target {
         Some(t) => Ok(t),
-        None => lake::create_url(uri).map_err(RunError::from).and_then(|url| {
-            lake::builder(url)
-                .and_then(|b| b.build())
-                .map_err(d("write", uri))
-        }),
+        None => lake::create_url(uri)
+            .map_err(RunError::from)
+            .and_then(|url| {
+                lake::builder(url)
+                    .and_then(|b| b.build())
+                    .map_err(d("write", uri))
+            }),
     };
     let table = match table {
         Ok(t) => t,
