@@ -1,7 +1,8 @@
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use arrow::array::{Array, AsArray};
-use arrow::datatypes::{DataType, Int64Type, TimeUnit, TimestampMicrosecondType};
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Int64Type, Schema, TimeUnit, TimestampMicrosecondType};
 use deltalake::kernel::{Action, Add};
 use deltalake::{DeltaTable, DeltaTableError};
 
@@ -19,10 +20,60 @@ pub enum StatsMax {
     Missing,
 }
 
+/// The live files of a table as `add_actions_table(true)` flattens them (`path`, `size_bytes`,
+/// `num_records`, `min.<col>`, `max.<col>`, `null_count.<col>`), and per file the rows its
+/// deletion vector marks deleted (0 without one).
+///
+/// delta-rs 1.1 cannot flatten the `deletion_vector` column when some files have a DV and others
+/// do not (or none does, in a table with the feature): the struct's non-nullable fields then hold
+/// nulls ("Column 'deletion_vector.storageType' is declared as non-nullable but contains null
+/// values"). So the table is read nested and the DV struct taken apart here.
+pub struct LiveFiles {
+    pub files: RecordBatch,
+    pub deleted_rows: Vec<u64>,
+}
+
+/// Reads [`LiveFiles`] from the log (no data file is opened).
+pub fn live_files(table: &DeltaTable) -> Result<LiveFiles, DeltaTableError> {
+    let nested = table.snapshot()?.add_actions_table(false)?;
+    let schema = nested.schema();
+    let mut deleted_rows = vec![0u64; nested.num_rows()];
+    let mut fields = Vec::new();
+    let mut columns = Vec::new();
+    for (field, column) in schema.fields().iter().zip(nested.columns()) {
+        if field.name() != "deletion_vector" {
+            fields.push(field.clone());
+            columns.push(column.clone());
+            continue;
+        }
+        let Some(dv) = column.as_struct_opt() else {
+            continue;
+        };
+        if let Some(cardinality) = dv.column_by_name("cardinality") {
+            let cardinality = arrow::compute::cast(cardinality, &DataType::Int64)?;
+            let cardinality = cardinality.as_primitive::<Int64Type>();
+            for (i, slot) in deleted_rows.iter_mut().enumerate() {
+                if dv.is_valid(i) && cardinality.is_valid(i) {
+                    *slot = cardinality.value(i).max(0) as u64;
+                }
+            }
+        }
+    }
+    let flat = Schema::new_with_metadata(fields, schema.metadata().clone());
+    let files = RecordBatch::try_new(Arc::new(flat), columns)?.normalize(".", None)?;
+    Ok(LiveFiles {
+        files,
+        deleted_rows,
+    })
+}
+
 /// Reads `max(column)` from the `add` actions' statistics: its cost follows the number of files,
-/// never the number of rows.
+/// never the number of rows. A file with a deletion vector keeps the statistics of all its rows,
+/// deleted ones included, so the result is then an upper bound of the live rows' maximum; for
+/// the watermark that only narrows the overlap slice, and the rows that landed since the
+/// previous run are read whatever their sequence.
 pub fn max_from_stats(table: &DeltaTable, column: &str) -> Result<StatsMax, DeltaTableError> {
-    let adds = table.snapshot()?.add_actions_table(true)?;
+    let adds = live_files(table)?.files;
     if adds.num_rows() == 0 {
         return Ok(StatsMax::Empty);
     }
@@ -55,7 +106,7 @@ pub fn max_from_stats(table: &DeltaTable, column: &str) -> Result<StatsMax, Delt
 }
 
 fn int_column(
-    batch: &arrow::record_batch::RecordBatch,
+    batch: &RecordBatch,
     name: &str,
 ) -> Result<Option<arrow::array::PrimitiveArray<Int64Type>>, DeltaTableError> {
     match batch.column_by_name(name) {
@@ -67,18 +118,26 @@ fn int_column(
     }
 }
 
-/// Total rows of a table from the `numRecords` statistics of its files; `None` when a file
-/// lacks them (then only a scan can tell).
+/// Live rows of a table from the `numRecords` statistics of its files, minus the rows their
+/// deletion vectors delete; `None` when a file lacks them (then only a scan can tell).
 pub fn row_count_from_stats(table: &DeltaTable) -> Result<Option<u64>, DeltaTableError> {
-    let adds = table.snapshot()?.add_actions_table(true)?;
-    let Some(records) = int_column(&adds, "num_records")? else {
+    let LiveFiles {
+        files,
+        deleted_rows,
+    } = live_files(table)?;
+    let Some(records) = int_column(&files, "num_records")? else {
         return Ok(None);
     };
     if records.null_count() > 0 {
         return Ok(None);
     }
     Ok(Some(
-        records.values().iter().map(|v| (*v).max(0) as u64).sum(),
+        records
+            .values()
+            .iter()
+            .zip(&deleted_rows)
+            .map(|(v, deleted)| ((*v).max(0) as u64).saturating_sub(*deleted))
+            .sum(),
     ))
 }
 

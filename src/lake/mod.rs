@@ -20,11 +20,13 @@ pub mod storage;
 pub use compact::{compact_clustered, Compacted};
 pub use error::LakeError;
 pub use log::{
-    files_added_between, max_from_stats, read_commits, row_count_from_stats, AddedFiles,
-    CommitEntry, Rewrite, StatsMax,
+    files_added_between, live_files, max_from_stats, read_commits, row_count_from_stats,
+    AddedFiles, CommitEntry, LiveFiles, Rewrite, StatsMax,
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
-pub use open::{builder, create_url, location_url, open_if_exists, open_required, table_url};
+pub use open::{
+    builder, create_url, location_url, open_if_exists, open_required, table_url, NewDirs,
+};
 pub use record::SourceRecord;
 pub use restore::{restore, RestoreOutcome};
 

@@ -29,6 +29,35 @@ pub fn create_url(uri: &str) -> Result<Url, LakeError> {
     })
 }
 
+/// The local directories a table creation at `uri` would make: those of its path that do not
+/// exist yet. A creation that fails calls [`NewDirs::remove_empty`], so a failed bootstrap does
+/// not leave an empty target folder behind.
+#[derive(Debug, Default)]
+pub struct NewDirs(Vec<std::path::PathBuf>);
+
+impl NewDirs {
+    /// Records the missing directories of `uri` (none for object storage), before creating it.
+    pub fn before_create(uri: &str) -> Self {
+        let mut missing = Vec::new();
+        let mut dir = local_path(uri);
+        while let Some(d) = dir.filter(|d| !d.as_os_str().is_empty() && !d.exists()) {
+            dir = d.parent().map(std::path::Path::to_path_buf);
+            missing.push(d);
+        }
+        NewDirs(missing)
+    }
+
+    /// Removes the recorded directories that are still empty, deepest first. A directory that
+    /// holds anything (another writer's files, a crashed write's orphans) is kept.
+    pub fn remove_empty(self) {
+        for dir in self.0 {
+            if std::fs::remove_dir(&dir).is_err() {
+                return;
+            }
+        }
+    }
+}
+
 /// The URL of a storage location that is not a table (e.g. the lease store); creates local
 /// directories, accepts whatever is already there.
 pub fn location_url(uri: &str) -> Result<Url, LakeError> {

@@ -33,17 +33,32 @@ pub fn storage_schema(schema: &Schema) -> Schema {
     )
 }
 
-/// `batch` with every column cast to its storage type.
+/// `schema` without field metadata. Reading a column-mapped table annotates each field with its
+/// `delta.columnMapping.*` id and physical name; those describe the table read, not the data,
+/// and delta-rs refuses to create a table from a schema that carries them. Rows tidemark writes
+/// elsewhere (target, quarantine) go through this, so a new table gets plain logical names.
+pub fn plain_schema(schema: &Schema) -> Schema {
+    Schema::new_with_metadata(
+        schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_metadata(Default::default()))
+            .collect::<Vec<Field>>(),
+        schema.metadata().clone(),
+    )
+}
+
+/// `batch` with every column cast to its storage type, without field metadata.
 pub fn storage_batch(batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
     let schema = batch.schema();
     if schema
         .fields()
         .iter()
-        .all(|f| storage_type(f.data_type()) == *f.data_type())
+        .all(|f| storage_type(f.data_type()) == *f.data_type() && f.metadata().is_empty())
     {
         return Ok(batch.clone());
     }
-    let storage = Arc::new(storage_schema(&schema));
+    let storage = Arc::new(plain_schema(&storage_schema(&schema)));
     let columns = batch
         .columns()
         .iter()

@@ -116,11 +116,27 @@ pub async fn overwrite(
         row_group_rows,
     } = shape;
     let size = NonZeroU64::new(file_size);
+    // A failed bootstrap leaves no empty target folder behind.
+    let new_dirs = match target {
+        Some(_) => lake::NewDirs::default(),
+        None => lake::NewDirs::before_create(uri),
+    };
     let table = match target {
-        Some(t) => t,
-        None => lake::builder(lake::create_url(uri)?)
-            .and_then(|b| b.build())
-            .map_err(d("write", uri))?,
+        Some(t) => Ok(t),
+        None => lake::create_url(uri)
+            .map_err(RunError::from)
+            .and_then(|url| {
+                lake::builder(url)
+                    .and_then(|b| b.build())
+                    .map_err(d("write", uri))
+            }),
+    };
+    let table = match table {
+        Ok(t) => t,
+        Err(e) => {
+            new_dirs.remove_empty();
+            return Err(e);
+        }
     };
     let fresh = table.version().is_none();
     let mut builder = table
@@ -138,5 +154,9 @@ pub async fn overwrite(
             Some(file_size.to_string()),
         )]);
     }
-    builder.await.map_err(d("write", uri))
+    let written = builder.await.map_err(d("write", uri));
+    if written.is_err() {
+        new_dirs.remove_empty();
+    }
+    written
 }

@@ -134,12 +134,9 @@ fn candidates(
     keys: &SortedKeys,
 ) -> Result<Vec<FileInfo>, RunError> {
     let (key_type, sorted) = keys;
-    let d = RunError::delta("apply", uri);
-    let adds = target
-        .snapshot()
-        .map_err(d)?
-        .add_actions_table(true)
-        .map_err(RunError::delta("apply", uri))?;
+    let adds = crate::lake::live_files(target)
+        .map_err(RunError::delta("apply", uri))?
+        .files;
     let first = &layout.keys[0];
     let paths = adds
         .column_by_name("path")

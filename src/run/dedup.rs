@@ -391,10 +391,11 @@ impl std::fmt::Debug for DedupPartition {
 }
 
 impl DedupPartition {
-    /// Wraps `input` (sorted canonical rows).
+    /// Wraps `input` (sorted canonical rows). Its schema loses the source's field metadata
+    /// (column-mapping annotations), which must not reach a table the winners create.
     pub fn new(layout: &Layout, input: SendableRecordBatchStream) -> Result<Self, ArrowError> {
         Ok(DedupPartition {
-            schema: input.schema(),
+            schema: Arc::new(crate::lake::storage::plain_schema(&input.schema())),
             input: Mutex::new(Some(input)),
             deduper: Arc::new(Mutex::new(Some(Deduper::new(layout)?))),
             counts: Arc::new(Mutex::new(DedupCounts::default())),

@@ -97,7 +97,7 @@ impl Layout {
             .fields()
             .iter()
             .filter(|f| !p.exclude.contains(f.name()))
-            .map(|f| f.as_ref().clone())
+            .map(|f| f.as_ref().clone().with_metadata(Default::default()))
             .collect();
         if p.deletes.is_some() {
             fields.push(Field::new(DELETED_COLUMN, DataType::Boolean, false));
