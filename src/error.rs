@@ -90,6 +90,46 @@ pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
     }
 }
 
+/// Classifies a failed delta-rs *write* (data files, a commit, the quarantine table): a full disk
+/// and an OS refusal to write (a read-only directory or `_delta_log`) are local I/O (74), not
+/// "unavailable" — the table was found; what failed is writing to it. Anything else is
+/// classified as by [`classify_delta`].
+pub fn classify_delta_write(err: &deltalake::DeltaTableError) -> ErrorClass {
+    if is_disk_full(err) || os_error_kind(err) == Some(std::io::ErrorKind::PermissionDenied) {
+        return ErrorClass::Io;
+    }
+    classify_delta(err)
+}
+
+/// The kind of the first OS (`std::io`) error in an error's chain, also when a library flattened
+/// it into a message (`... Permission denied (os error 13)`). An `io::Error` of kind `Other` that
+/// only wraps another error's text (as the Parquet writer does) does not hide the OS error in
+/// that text.
+pub fn os_error_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut wrapped = false;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() != std::io::ErrorKind::Other {
+                return Some(io.kind());
+            }
+            wrapped = true;
+        }
+        next = e.source();
+    }
+    let text = err.to_string();
+    let found = [
+        ("(os error 13)", std::io::ErrorKind::PermissionDenied),
+        ("(os error 1)", std::io::ErrorKind::PermissionDenied),
+        ("(os error 2)", std::io::ErrorKind::NotFound),
+        ("(os error 28)", std::io::ErrorKind::StorageFull),
+        ("(os error 122)", std::io::ErrorKind::QuotaExceeded),
+    ]
+    .into_iter()
+    .find_map(|(code, kind)| text.contains(code).then_some(kind));
+    found.or(wrapped.then_some(std::io::ErrorKind::Other))
+}
+
 /// Whether an error (anywhere in its chain, or in a message that flattened the chain) is a full
 /// disk or an exhausted quota: local I/O the operator can fix, not a bug.
 pub fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
@@ -126,5 +166,35 @@ mod tests {
         assert!(is_disk_full(&flattened));
         let other = datafusion::error::DataFusionError::Execution("bad plan".into());
         assert!(!is_disk_full(&other));
+    }
+
+    /// A local store wraps the OS error in a generic store error; a write refused by the OS is
+    /// local I/O, a read refused stays "unavailable" (see `run::error`).
+    #[test]
+    fn a_write_refused_by_the_os_is_local_io() {
+        let denied = || deltalake::DeltaTableError::ObjectStore {
+            source: deltalake::ObjectStoreError::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(std::io::Error::from_raw_os_error(13)),
+            },
+        };
+        assert_eq!(
+            os_error_kind(&denied()),
+            Some(std::io::ErrorKind::PermissionDenied)
+        );
+        assert_eq!(classify_delta_write(&denied()), ErrorClass::Io);
+        let full = deltalake::DeltaTableError::Generic(
+            "Arrow error: Io error: No space left on device (os error 28)".into(),
+        );
+        assert_eq!(classify_delta_write(&full), ErrorClass::Io);
+        assert_eq!(classify_delta(&full), ErrorClass::Io);
+        let flattened = deltalake::DeltaTableError::Generic(
+            "Failed to write: Permission denied (os error 13)".into(),
+        );
+        assert_eq!(classify_delta_write(&flattened), ErrorClass::Io);
+        assert_eq!(
+            classify_delta_write(&deltalake::DeltaTableError::VersionAlreadyExists(3)),
+            ErrorClass::Retryable
+        );
     }
 }

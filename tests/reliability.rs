@@ -44,7 +44,8 @@ fn tidemark(dir: &Path) -> Command {
         .env("TIDEMARK_FAKE_NOW", rfc3339(NOW))
         .env("RUST_LOG", "warn")
         .env("NO_COLOR", "1")
-        .env_remove("RUST_BACKTRACE");
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("TIDEMARK_FAILPOINTS");
     c
 }
 
@@ -400,6 +401,9 @@ struct Case {
     /// The command under test, after `tidemark` (default: `run pipeline.yml`). `PIPELINE` and
     /// `LAKE` are replaced.
     command: Option<Vec<String>>,
+    /// `TIDEMARK_FAILPOINTS` for the command under test only (not for `run` steps): faults
+    /// the OS would cause but root cannot (a file it may not read, a read-only `_delta_log`).
+    failpoints: Option<String>,
     expect: Expect,
 }
 
@@ -439,6 +443,8 @@ enum Damage {
     DeleteDataFiles,
     /// Overwrite every data file with bytes that are not Parquet.
     GarbleDataFiles,
+    /// Keep the first half of every data file's bytes (its footer is gone).
+    TruncateDataFiles,
     /// Put a directory where the next commit's log entry must go.
     BlockNextCommit,
     /// Remove `_delta_log`, leaving the data files.
@@ -623,16 +629,19 @@ fn corrupt(table: &Path, damage: Damage, version: Option<u64>) -> Result<(), Str
         Damage::GarbleLog => {
             std::fs::write(entry(version)?, "this is not a delta log entry {\n").map_err(io)?
         }
-        Damage::DeleteDataFiles | Damage::GarbleDataFiles => {
+        Damage::DeleteDataFiles | Damage::GarbleDataFiles | Damage::TruncateDataFiles => {
             let files = data_files(table);
             if files.is_empty() {
                 return Err(format!("{} has no data files to damage", table.display()));
             }
             for f in files {
-                if matches!(damage, Damage::DeleteDataFiles) {
-                    std::fs::remove_file(&f).map_err(io)?;
-                } else {
-                    std::fs::write(&f, b"PAR1 this is not parquet").map_err(io)?;
+                match damage {
+                    Damage::DeleteDataFiles => std::fs::remove_file(&f).map_err(io)?,
+                    Damage::TruncateDataFiles => {
+                        let bytes = std::fs::read(&f).map_err(io)?;
+                        std::fs::write(&f, &bytes[..bytes.len() / 2]).map_err(io)?;
+                    }
+                    _ => std::fs::write(&f, b"PAR1 this is not parquet").map_err(io)?,
                 }
             }
         }
@@ -912,7 +921,11 @@ async fn try_case(case_dir: &Path, name: &str, outcome: &mut Outcome) -> Result<
         .command
         .clone()
         .unwrap_or_else(|| vec!["run".into(), "PIPELINE".into()]);
-    let out = exec(tidemark(&ctx.dir).args(command.iter().map(|a| ctx.subst(a))));
+    let mut cmd = tidemark(&ctx.dir);
+    if let Some(fp) = &case.failpoints {
+        cmd.env("TIDEMARK_FAILPOINTS", fp);
+    }
+    let out = exec(cmd.args(command.iter().map(|a| ctx.subst(a))));
     outcome.exit = Some(out.code);
     outcome.message = out
         .stderr
