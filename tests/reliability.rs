@@ -1433,3 +1433,64 @@ async fn reconcile_leaves_hard_deleted_keys_out_like_a_full_reload() {
         "{v}"
     );
 }
+
+/// A summed double column holding NaN (and a negative zero) is no difference: the target is
+/// identical right after a run and right after a full reload (NaN used to make every such target
+/// "DIFFERENT", exit 65). A real change of such a value is still found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_compares_nan_as_nan_and_negative_zero_as_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let lake = d.join("lake");
+    let pipeline = d.join("amounts.yml");
+    let text = BASE_PIPELINE.replace("LAKE", &lake.display().to_string())
+        + "reconcile: { day: updated_at, sum: [amount] }\n";
+    std::fs::write(&pipeline, text).expect("pipeline");
+    let schema = parse_schema(
+        "id string, updated_at timestamp, _ingested_at timestamp, amount double, op string",
+    )
+    .expect("schema");
+    let batch = build_batch(
+        &schema,
+        &rows(
+            "[
+        {id: a, updated_at: +1h, _ingested_at: +1h, amount: .nan},
+        {id: b, updated_at: +1h, _ingested_at: +1h, amount: -0.0},
+        {id: c, updated_at: +1h, _ingested_at: +1h, amount: 1.5},
+        {id: d, updated_at: +2h, _ingested_at: +2h, amount: 2.5}]",
+        ),
+    )
+    .expect("batch");
+    write_table(&lake.join("bronze"), batch, SaveMode::Append, None)
+        .await
+        .expect("source");
+    for extra in [&[][..], &["--full-reload"][..]] {
+        let out = exec(tidemark(d).arg("run").arg(&pipeline).args(extra));
+        assert_eq!(out.code, 0, "run {extra:?}: {}", out.stderr);
+        let (v, out) = reconcile_json(d, &pipeline, 0);
+        assert_eq!(
+            v["identical"], true,
+            "after run {extra:?}: {v}\n{}",
+            out.stderr
+        );
+        assert_eq!(v["buckets_differing"], 0, "{v}");
+        assert_eq!(v["totals"]["matches"], true, "{v}");
+        assert_eq!(
+            v["totals"]["actual"]["sum"]["amount"], "NaN",
+            "NaN is named, not null: {v}"
+        );
+        assert_eq!(v["differing_keys"]["different"], 0, "{v}");
+    }
+
+    // A NaN replaced by a number by hand is a difference, in the content and in the sum.
+    let t = open(&lake.join("silver")).await.expect("target");
+    t.update()
+        .with_predicate("id = 'a'")
+        .with_update("amount", "7.0")
+        .await
+        .expect("update a");
+    let (v, _) = reconcile_json(d, &pipeline, 65);
+    assert_eq!(v["differing_keys"]["different"], 1, "{v}");
+    assert_eq!(v["keys"][0]["key"]["id"], "a", "{v}");
+    assert_eq!(v["buckets_differing"], 1, "{v}");
+}
