@@ -1494,3 +1494,96 @@ async fn reconcile_compares_nan_as_nan_and_negative_zero_as_zero() {
     assert_eq!(v["keys"][0]["key"]["id"], "a", "{v}");
     assert_eq!(v["buckets_differing"], 1, "{v}");
 }
+
+/// The real fault behind the corpus case `source_data_file_unreadable`: a source data file with
+/// mode 000 is "unavailable" (exit 66), not bad data. Root reads such a file anyway (these tests
+/// run as root on CI), so there the test says so and stops: the corpus case covers the
+/// classification with the `store.get_data=eacces` failpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_data_file_with_mode_000_is_unavailable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let lake = d.join("lake");
+    let pipeline = d.join("p.yml");
+    std::fs::write(
+        &pipeline,
+        BASE_PIPELINE.replace("LAKE", &lake.display().to_string()),
+    )
+    .expect("pipeline");
+    let batch = build_batch(
+        &parse_schema(BASE_SCHEMA).expect("schema"),
+        &rows("[{id: a, updated_at: +1h, val: 1}]"),
+    )
+    .expect("batch");
+    write_table(&lake.join("bronze"), batch, SaveMode::Append, None)
+        .await
+        .expect("source");
+    let files = data_files(&lake.join("bronze"));
+    for f in &files {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o000)).expect("chmod 000");
+    }
+    let readable = files.iter().any(|f| std::fs::read(f).is_ok());
+    if !readable {
+        let out = exec(tidemark(d).arg("run").arg(&pipeline));
+        assert_eq!(out.code, 66, "{}", out.stderr);
+        assert!(out.stderr.contains("Permission denied"), "{}", out.stderr);
+    }
+    for f in &files {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).expect("chmod back");
+    }
+    if readable {
+        eprintln!("skipped: this process reads files with mode 000 (it runs as root), so the OS cannot refuse the read; the corpus case source_data_file_unreadable covers it with a failpoint");
+    }
+}
+
+/// The real fault behind the corpus case `target_log_read_only`: the target's `_delta_log` is
+/// read-only, so the commit cannot be written — a failed write (exit 74), not a failed read,
+/// and nothing committed. Root writes into such a directory anyway: there the test says so and
+/// stops (the corpus case covers it with the `store.put_commit=eacces` failpoint).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_target_log_is_a_failed_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let lake = d.join("lake");
+    let pipeline = d.join("p.yml");
+    std::fs::write(
+        &pipeline,
+        BASE_PIPELINE.replace("LAKE", &lake.display().to_string()),
+    )
+    .expect("pipeline");
+    let schema = parse_schema(BASE_SCHEMA).expect("schema");
+    for (i, row) in [
+        "[{id: a, updated_at: +1h, val: 1}]",
+        "[{id: a, updated_at: +2h, val: 2}]",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let batch = build_batch(&schema, &rows(row)).expect("batch");
+        write_table(&lake.join("bronze"), batch, SaveMode::Append, None)
+            .await
+            .expect("source");
+        if i == 0 {
+            let out = exec(tidemark(d).arg("run").arg(&pipeline));
+            assert_eq!(out.code, 0, "{}", out.stderr);
+        }
+    }
+    let log = lake.join("silver/_delta_log");
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o555)).expect("chmod 555");
+    let probe = log.join("probe");
+    let writable = std::fs::write(&probe, "x").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    let before = table_version(&lake.join("silver")).await;
+    let out = (!writable).then(|| exec(tidemark(d).arg("run").arg(&pipeline)));
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o755)).expect("chmod back");
+    match out {
+        Some(out) => {
+            assert_eq!(out.code, 74, "{}", out.stderr);
+            assert!(out.stderr.contains("cannot write to"), "{}", out.stderr);
+            assert_eq!(table_version(&lake.join("silver")).await, before);
+        }
+        None => eprintln!("skipped: this process writes into a read-only directory (it runs as root), so the OS cannot refuse the commit; the corpus case target_log_read_only covers it with a failpoint"),
+    }
+}

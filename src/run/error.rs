@@ -335,3 +335,100 @@ fn classify_datafusion(e: &datafusion::error::DataFusionError) -> ErrorClass {
         _ => ErrorClass::Internal,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::error::DataFusionError as D;
+
+    fn store(source: std::io::Error) -> deltalake::ObjectStoreError {
+        deltalake::ObjectStoreError::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(source),
+        }
+    }
+
+    /// How the Parquet reader reports a data file it could not read: the store's error
+    /// flattened into its message.
+    fn flattened(store_error: &str) -> D {
+        D::ParquetError(Box::new(parquet::errors::ParquetError::General(format!(
+            "Parquet error: Failed to fetch metadata for file t/part-0.parquet: Object Store error: {store_error}"
+        ))))
+    }
+
+    #[test]
+    fn a_refused_read_is_unavailable_and_a_short_or_missing_file_is_damage() {
+        let refused = D::ObjectStore(Box::new(store(std::io::Error::from_raw_os_error(13))));
+        assert_eq!(file_error_class(&refused), Some(ErrorClass::Unavailable));
+        assert_eq!(
+            file_error_class(&flattened(
+                "Generic LocalFileSystem error: Permission denied (os error 13)"
+            )),
+            Some(ErrorClass::Unavailable)
+        );
+        assert_eq!(
+            file_error_class(&flattened(
+                "Generic LocalFileSystem error: Requested range was invalid"
+            )),
+            Some(ErrorClass::BadData)
+        );
+        let missing = D::ObjectStore(Box::new(deltalake::ObjectStoreError::NotFound {
+            path: "t/part-0.parquet".into(),
+            source: "gone".into(),
+        }));
+        assert_eq!(file_error_class(&missing), Some(ErrorClass::BadData));
+        let other = D::ObjectStore(Box::new(store(std::io::Error::other("connection reset"))));
+        assert_eq!(file_error_class(&other), Some(ErrorClass::Io));
+        assert_eq!(file_error_class(&D::Execution("no file".into())), None);
+    }
+
+    #[test]
+    fn scans_name_a_refused_source_read_and_leave_a_full_disk_to_io() {
+        let err = RunError::scan("read", "s3://b/src")(flattened(
+            "Generic LocalFileSystem error: Permission denied (os error 13)",
+        ));
+        assert!(matches!(err, RunError::SourceUnreadable { .. }), "{err}");
+        assert_eq!(err.class(), ErrorClass::Unavailable);
+        assert!(err.to_string().contains("readable"), "{err}");
+        let full = RunError::scan("read", "s3://b/src")(D::Execution(
+            "Arrow error: Io error: No space left on device (os error 28)".into(),
+        ));
+        assert_eq!(full.class(), ErrorClass::Io);
+        assert!(full.to_string().contains("free space"), "{full}");
+        let damaged = RunError::scan("read", "s3://b/src")(flattened(
+            "Object at location t/part-0.parquet not found: No such file or directory (os error 2)",
+        ));
+        assert_eq!(damaged.class(), ErrorClass::BadData);
+    }
+
+    #[test]
+    fn a_damaged_target_file_says_full_reload_and_a_refused_write_is_local_io() {
+        let gone = RunError::TargetRead {
+            uri: "t".into(),
+            source: Box::new(deltalake::DeltaTableError::ObjectStore {
+                source: deltalake::ObjectStoreError::NotFound {
+                    path: "t/part-0.parquet".into(),
+                    source: "gone".into(),
+                },
+            }),
+        };
+        assert_eq!(gone.class(), ErrorClass::BadData);
+        assert!(gone.to_string().contains("--full-reload"), "{gone}");
+        let refused = RunError::TargetRead {
+            uri: "t".into(),
+            source: Box::new(deltalake::DeltaTableError::ObjectStore {
+                source: store(std::io::Error::from_raw_os_error(13)),
+            }),
+        };
+        assert_eq!(refused.class(), ErrorClass::Unavailable);
+        let write = RunError::write("commit", "t")(deltalake::DeltaTableError::ObjectStore {
+            source: store(std::io::Error::from_raw_os_error(13)),
+        });
+        assert_eq!(write.class(), ErrorClass::Io);
+        assert!(write.to_string().contains("writable"), "{write}");
+        let race =
+            RunError::write("write", "t")(deltalake::DeltaTableError::VersionAlreadyExists(4));
+        assert!(race.is_commit_conflict());
+        assert_eq!(race.class(), ErrorClass::Retryable);
+    }
+}
