@@ -90,6 +90,21 @@ pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
     }
 }
 
+/// The next error in a chain. An `io::Error` that wraps another error (`io::Error::other(e)`)
+/// reports `e`'s source as its own, skipping `e`; this steps into `e` itself, so a store error
+/// a writer wrapped in an `io::Error` is still found.
+pub fn next_in_chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    match e
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+    {
+        Some(inner) => Some(inner),
+        None => e.source(),
+    }
+}
+
 /// Classifies a failed delta-rs *write* (data files, a commit, the quarantine table): a full disk
 /// and an OS refusal to write (a read-only directory or `_delta_log`) are local I/O (74), not
 /// "unavailable" — the table was found; what failed is writing to it. Anything else is
@@ -98,7 +113,24 @@ pub fn classify_delta_write(err: &deltalake::DeltaTableError) -> ErrorClass {
     if is_disk_full(err) || os_error_kind(err) == Some(std::io::ErrorKind::PermissionDenied) {
         return ErrorClass::Io;
     }
-    classify_delta(err)
+    let class = classify_delta(err);
+    if class != ErrorClass::Internal {
+        return class;
+    }
+    // The Parquet writer reports a failed upload of a data file as a Parquet error around the
+    // store's error: a storage failure, not a bug.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        if let Some(o) = e.downcast_ref::<deltalake::ObjectStoreError>() {
+            return match o {
+                deltalake::ObjectStoreError::PermissionDenied { .. }
+                | deltalake::ObjectStoreError::Unauthenticated { .. } => ErrorClass::Unavailable,
+                _ => ErrorClass::Io,
+            };
+        }
+        next = next_in_chain(e);
+    }
+    class
 }
 
 /// The kind of the first OS (`std::io`) error in an error's chain, also when a library flattened
@@ -115,7 +147,7 @@ pub fn os_error_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io:
             }
             wrapped = true;
         }
-        next = e.source();
+        next = next_in_chain(e);
     }
     let text = err.to_string();
     let found = [
@@ -147,7 +179,7 @@ pub fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
         if text.contains("No space left on device") || text.contains("Disk quota exceeded") {
             return true;
         }
-        next = e.source();
+        next = next_in_chain(e);
     }
     false
 }
@@ -196,5 +228,26 @@ mod tests {
             classify_delta_write(&deltalake::DeltaTableError::VersionAlreadyExists(3)),
             ErrorClass::Retryable
         );
+        // A data file's failed upload, as the Parquet writer wraps it.
+        let upload = deltalake::DeltaTableError::Parquet {
+            source: parquet::errors::ParquetError::External(Box::new(
+                deltalake::ObjectStoreError::Generic {
+                    store: "S3",
+                    source: "connection reset".into(),
+                },
+            )),
+        };
+        assert_eq!(classify_delta(&upload), ErrorClass::Internal);
+        assert_eq!(classify_delta_write(&upload), ErrorClass::Io);
+        // ... or inside an io::Error, which hides it from `source()`.
+        let wrapped = deltalake::DeltaTableError::Parquet {
+            source: parquet::errors::ParquetError::External(Box::new(std::io::Error::other(
+                deltalake::ObjectStoreError::Generic {
+                    store: "S3",
+                    source: "connection reset".into(),
+                },
+            ))),
+        };
+        assert_eq!(classify_delta_write(&wrapped), ErrorClass::Io);
     }
 }

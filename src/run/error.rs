@@ -290,7 +290,7 @@ pub(crate) fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<
         if e.downcast_ref::<parquet::errors::ParquetError>().is_some() {
             found = Some(ErrorClass::BadData);
         }
-        next = e.source();
+        next = crate::error::next_in_chain(e);
     }
     // The Parquet reader flattens the store's error into its message: a refused or failed read
     // is not a damaged file.
