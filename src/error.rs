@@ -90,6 +90,78 @@ pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
     }
 }
 
+/// The next error in a chain. An `io::Error` that wraps another error (`io::Error::other(e)`)
+/// reports `e`'s source as its own, skipping `e`; this steps into `e` itself, so a store error
+/// a writer wrapped in an `io::Error` is still found.
+pub fn next_in_chain<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a (dyn std::error::Error + 'static)> {
+    match e
+        .downcast_ref::<std::io::Error>()
+        .and_then(std::io::Error::get_ref)
+    {
+        Some(inner) => Some(inner),
+        None => e.source(),
+    }
+}
+
+/// Classifies a failed delta-rs *write* (data files, a commit, the quarantine table): a full disk
+/// and an OS refusal to write (a read-only directory or `_delta_log`) are local I/O (74), not
+/// "unavailable" — the table was found; what failed is writing to it. Anything else is
+/// classified as by [`classify_delta`].
+pub fn classify_delta_write(err: &deltalake::DeltaTableError) -> ErrorClass {
+    if is_disk_full(err) || os_error_kind(err) == Some(std::io::ErrorKind::PermissionDenied) {
+        return ErrorClass::Io;
+    }
+    let class = classify_delta(err);
+    if class != ErrorClass::Internal {
+        return class;
+    }
+    // The Parquet writer reports a failed upload of a data file as a Parquet error around the
+    // store's error: a storage failure, not a bug.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        if let Some(o) = e.downcast_ref::<deltalake::ObjectStoreError>() {
+            return match o {
+                deltalake::ObjectStoreError::PermissionDenied { .. }
+                | deltalake::ObjectStoreError::Unauthenticated { .. } => ErrorClass::Unavailable,
+                _ => ErrorClass::Io,
+            };
+        }
+        next = next_in_chain(e);
+    }
+    class
+}
+
+/// The kind of the first OS (`std::io`) error in an error's chain, also when a library flattened
+/// it into a message (`... Permission denied (os error 13)`). An `io::Error` of kind `Other` that
+/// only wraps another error's text (as the Parquet writer does) does not hide the OS error in
+/// that text.
+pub fn os_error_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io::ErrorKind> {
+    let mut wrapped = false;
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if io.kind() != std::io::ErrorKind::Other {
+                return Some(io.kind());
+            }
+            wrapped = true;
+        }
+        next = next_in_chain(e);
+    }
+    let text = err.to_string();
+    let found = [
+        ("(os error 13)", std::io::ErrorKind::PermissionDenied),
+        ("(os error 1)", std::io::ErrorKind::PermissionDenied),
+        ("(os error 2)", std::io::ErrorKind::NotFound),
+        ("(os error 28)", std::io::ErrorKind::StorageFull),
+        ("(os error 122)", std::io::ErrorKind::QuotaExceeded),
+    ]
+    .into_iter()
+    .find_map(|(code, kind)| text.contains(code).then_some(kind));
+    found.or(wrapped.then_some(std::io::ErrorKind::Other))
+}
+
 /// Whether an error (anywhere in its chain, or in a message that flattened the chain) is a full
 /// disk or an exhausted quota: local I/O the operator can fix, not a bug.
 pub fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
@@ -107,7 +179,7 @@ pub fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
         if text.contains("No space left on device") || text.contains("Disk quota exceeded") {
             return true;
         }
-        next = e.source();
+        next = next_in_chain(e);
     }
     false
 }
@@ -126,5 +198,56 @@ mod tests {
         assert!(is_disk_full(&flattened));
         let other = datafusion::error::DataFusionError::Execution("bad plan".into());
         assert!(!is_disk_full(&other));
+    }
+
+    /// A local store wraps the OS error in a generic store error; a write refused by the OS is
+    /// local I/O, a read refused stays "unavailable" (see `run::error`).
+    #[test]
+    fn a_write_refused_by_the_os_is_local_io() {
+        let denied = || deltalake::DeltaTableError::ObjectStore {
+            source: deltalake::ObjectStoreError::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(std::io::Error::from_raw_os_error(13)),
+            },
+        };
+        assert_eq!(
+            os_error_kind(&denied()),
+            Some(std::io::ErrorKind::PermissionDenied)
+        );
+        assert_eq!(classify_delta_write(&denied()), ErrorClass::Io);
+        let full = deltalake::DeltaTableError::Generic(
+            "Arrow error: Io error: No space left on device (os error 28)".into(),
+        );
+        assert_eq!(classify_delta_write(&full), ErrorClass::Io);
+        assert_eq!(classify_delta(&full), ErrorClass::Io);
+        let flattened = deltalake::DeltaTableError::Generic(
+            "Failed to write: Permission denied (os error 13)".into(),
+        );
+        assert_eq!(classify_delta_write(&flattened), ErrorClass::Io);
+        assert_eq!(
+            classify_delta_write(&deltalake::DeltaTableError::VersionAlreadyExists(3)),
+            ErrorClass::Retryable
+        );
+        // A data file's failed upload, as the Parquet writer wraps it.
+        let upload = deltalake::DeltaTableError::Parquet {
+            source: parquet::errors::ParquetError::External(Box::new(
+                deltalake::ObjectStoreError::Generic {
+                    store: "S3",
+                    source: "connection reset".into(),
+                },
+            )),
+        };
+        assert_eq!(classify_delta(&upload), ErrorClass::Internal);
+        assert_eq!(classify_delta_write(&upload), ErrorClass::Io);
+        // ... or inside an io::Error, which hides it from `source()`.
+        let wrapped = deltalake::DeltaTableError::Parquet {
+            source: parquet::errors::ParquetError::External(Box::new(std::io::Error::other(
+                deltalake::ObjectStoreError::Generic {
+                    store: "S3",
+                    source: "connection reset".into(),
+                },
+            ))),
+        };
+        assert_eq!(classify_delta_write(&wrapped), ErrorClass::Io);
     }
 }

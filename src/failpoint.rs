@@ -7,6 +7,8 @@
 //! | --- | --- |
 //! | `error` | the point returns a retryable error |
 //! | `error*N` | the first N hits return an error, later hits pass (retry tests) |
+//! | `enospc` | the point fails as a full disk does (`No space left on device`, os error 28) |
+//! | `eacces` | the point fails as a denied permission does (`Permission denied`, os error 13) |
 //! | `panic` | the process panics at the point |
 //! | `abort` | the process aborts (no destructors, like `kill -9`) |
 //! | `exit(C)` | the process exits with code C |
@@ -15,10 +17,50 @@
 //!
 //! Without the feature every point compiles to nothing.
 
-/// An armed `error` failpoint fired.
+/// What an armed failpoint makes its caller see.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// A transient failure (`error`, `error*N`).
+    Error,
+    /// The disk is full (`enospc`): the OS error a write gets then.
+    DiskFull,
+    /// Permission denied (`eacces`): the OS error an access without the right gets.
+    PermissionDenied,
+}
+
+/// An armed `error`, `enospc` or `eacces` failpoint fired.
 #[derive(Debug, Clone, thiserror::Error)]
-#[error("injected failure at failpoint `{0}` (TIDEMARK_FAILPOINTS); rerun without it")]
-pub struct Injected(pub String);
+#[error("injected failure at failpoint `{point}` (TIDEMARK_FAILPOINTS){}; rerun without it", self.detail())]
+pub struct Injected {
+    pub point: String,
+    pub fault: Fault,
+}
+
+impl Injected {
+    fn detail(&self) -> String {
+        self.io_error()
+            .map(|e| format!(": {e}"))
+            .unwrap_or_default()
+    }
+
+    /// The class of what the fault stands for: a plain injected error is transient; a full
+    /// disk or a denied permission is local I/O the operator has to fix.
+    pub fn class(&self) -> crate::error::ErrorClass {
+        match self.fault {
+            Fault::Error => crate::error::ErrorClass::Retryable,
+            Fault::DiskFull | Fault::PermissionDenied => crate::error::ErrorClass::Io,
+        }
+    }
+
+    /// The OS error the fault stands for (`None` for a plain injected error).
+    pub fn io_error(&self) -> Option<std::io::Error> {
+        match self.fault {
+            Fault::Error => None,
+            Fault::DiskFull => Some(std::io::Error::from_raw_os_error(28)),
+            Fault::PermissionDenied => Some(std::io::Error::from_raw_os_error(13)),
+        }
+    }
+}
 
 /// Environment variable that arms failpoints.
 pub const ENV: &str = "TIDEMARK_FAILPOINTS";
@@ -28,7 +70,7 @@ mod imp {
     use std::collections::HashMap;
     use std::sync::Mutex;
 
-    use super::{Injected, ENV};
+    use super::{Fault, Injected, ENV};
 
     static HITS: Mutex<Option<HashMap<String, u64>>> = Mutex::new(None);
 
@@ -52,13 +94,20 @@ mod imp {
             *c
         };
         tracing::warn!(failpoint = name, action = %action, hit = count, "failpoint reached");
-        if action == "error" {
-            return Err(Injected(name.to_string()));
+        let injected = |fault| Injected {
+            point: name.to_string(),
+            fault,
+        };
+        match action.as_str() {
+            "error" => return Err(injected(Fault::Error)),
+            "enospc" => return Err(injected(Fault::DiskFull)),
+            "eacces" => return Err(injected(Fault::PermissionDenied)),
+            _ => {}
         }
         if let Some(n) = action.strip_prefix("error*") {
             let limit: u64 = n.parse().unwrap_or(1);
             return if count <= limit {
-                Err(Injected(name.to_string()))
+                Err(injected(Fault::Error))
             } else {
                 Ok(())
             };

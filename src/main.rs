@@ -19,6 +19,7 @@ fn main() {
         }
     };
     init_logging(&cli);
+    quiet_upstream_abort_panic();
     let clock = match tidemark::clock::from_env() {
         Ok(c) => c,
         Err(msg) => {
@@ -59,6 +60,32 @@ fn main() {
             std::process::exit(class.exit_code());
         }
     }
+}
+
+/// When a write to a table fails (a full disk, a refused permission), delta-rs aborts the data
+/// file's upload, and `object_store`'s buffered writer panics "Already shut down" if the failed
+/// upload had already been shut down; delta-rs catches that panic and reports the write's own
+/// error, which decides the exit code. The default hook would still print "thread panicked" above
+/// the real message, as if tidemark had crashed: that one known, caught panic is logged at debug
+/// level instead. Every other panic is printed as before.
+fn quiet_upstream_abort_panic() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let message = info
+            .payload()
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| info.payload().downcast_ref::<String>().map(String::as_str));
+        let upstream_abort = message == Some("Already shut down")
+            && info.location().is_some_and(|l| {
+                l.file().contains("object_store") && l.file().ends_with("buffered.rs")
+            });
+        if upstream_abort {
+            tracing::debug!(location = ?info.location(), "object_store: aborting an upload that had already failed (caught by delta-rs)");
+            return;
+        }
+        default(info);
+    }));
 }
 
 /// Prints a command's output. A reader that went away (`tidemark reconcile ... | head`) is not an

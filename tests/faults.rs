@@ -2,8 +2,13 @@
 //! inside delta-rs' writes (storage failpoints before data files and before the commit file),
 //! and with real SIGKILLs at random moments; after each fault, rerun the same command and check
 //! that the target equals the oracle, holds no duplicate key, never saw its watermark go back,
-//! and no source version was applied twice. Also: concurrent writers. The figures go to
-//! `target/reliability/scoreboard.json` (merged with the bad-input corpus's figures when present).
+//! and no source version was applied twice. I/O faults — a full disk or a refused permission
+//! while writing data files or a commit (the target's or the quarantine's), a refused read of a
+//! data file, a full disk under the spill files, a target data file deleted or cut short by hand —
+//! must end in their documented exit code (74, 66, 65), never 70; after a damaged target the
+//! rerun is the `--full-reload` the error advises. Every exit 70 of any command is counted.
+//! Also: concurrent writers. The figures go to `target/reliability/scoreboard.json` (merged with
+//! the bad-input corpus's figures when present).
 
 mod common;
 
@@ -36,6 +41,17 @@ const RELOAD_POINTS: &[&str] = &[
 const STORE_POINTS: &[&str] = &["store.put_data", "store.put_commit"];
 const ACTIONS: &[&str] = &["error", "panic", "abort"];
 const BATCHES: usize = 3;
+/// Failpoints and actions that stand for a fault of the OS, with the exit code each must end in:
+/// writes refused or out of space are local I/O (74), a refused read is "unavailable" (66).
+const IO_FAULTS: &[(&str, &str, i32)] = &[
+    ("store.put_data", "enospc", 74),
+    ("store.put_data", "eacces", 74),
+    ("store.put_commit", "enospc", 74),
+    ("store.put_commit", "eacces", 74),
+    ("store.get_data", "eacces", 66),
+];
+/// Exit code of a run over a target whose data file was deleted or cut short: damaged target.
+const DAMAGED_TARGET_EXIT: i32 = 65;
 
 #[derive(Debug, Clone)]
 enum Fault {
@@ -44,6 +60,20 @@ enum Fault {
         action: &'static str,
         batch: usize,
         full_reload: bool,
+    },
+    /// A failpoint standing for an OS fault: the faulted run must exit `exit`.
+    Io {
+        name: &'static str,
+        action: &'static str,
+        batch: usize,
+        full_reload: bool,
+        exit: i32,
+    },
+    /// Every target data file deleted (or cut to half its bytes) before the run of `batch`: the
+    /// run must exit 65, and the rerun is `--full-reload`.
+    Damage {
+        batch: usize,
+        truncate: bool,
     },
     Kill {
         batch: usize,
@@ -61,6 +91,10 @@ struct Tally {
     duplicate_keys: u64,
     double_applied_batches: u64,
     watermark_regressions: u64,
+    /// Commands that exited 70 ("internal: a bug"), faulted or not.
+    exit_70_seen: u64,
+    /// I/O faults (and damaged targets) that ended in another exit code than documented.
+    io_faults_misclassified: u64,
 }
 
 impl Tally {
@@ -73,6 +107,8 @@ impl Tally {
         self.duplicate_keys += o.duplicate_keys;
         self.double_applied_batches += o.double_applied_batches;
         self.watermark_regressions += o.watermark_regressions;
+        self.exit_70_seen += o.exit_70_seen;
+        self.io_faults_misclassified += o.io_faults_misclassified;
     }
 }
 
@@ -156,6 +192,40 @@ fn output(cmd: &mut Command) -> Output {
     cmd.output().expect("spawn tidemark")
 }
 
+/// Runs a command, counting an exit 70 in `tally` — unless `panic_injected`: a panic injected
+/// inside delta-rs' writer (`store.put_*=panic`) is caught there and reported as what it stands
+/// for, a bug (70); every outside-world fault must end in another code.
+fn counted_unless(cmd: &mut Command, tally: &mut Tally, panic_injected: bool) -> Output {
+    let out = output(cmd);
+    if out.status.code() == Some(70) && !panic_injected {
+        tally.exit_70_seen += 1;
+        eprintln!(
+            "exit 70 (internal) from {cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    out
+}
+
+fn counted(cmd: &mut Command, tally: &mut Tally) -> Output {
+    counted_unless(cmd, tally, false)
+}
+
+/// Every data file of the table at `dir` deleted, or cut to the first half of its bytes.
+fn damage_data_files(dir: &Path, truncate: bool) {
+    for e in std::fs::read_dir(dir).expect("target dir") {
+        let p = e.expect("entry").path();
+        if p.extension().is_some_and(|x| x == "parquet") {
+            if truncate {
+                let bytes = std::fs::read(&p).expect("read data file");
+                std::fs::write(&p, &bytes[..bytes.len() / 2]).expect("truncate data file");
+            } else {
+                std::fs::remove_file(&p).expect("delete data file");
+            }
+        }
+    }
+}
+
 fn summary(out: &Output) -> Option<Value> {
     serde_json::from_slice(&out.stdout).ok()
 }
@@ -176,8 +246,11 @@ fn scenario(seed: u64, fault: &Fault, rt: &tokio::runtime::Runtime) -> Tally {
         rt.block_on(append(&bronze(dir.path()), &rows));
         landed.extend(rows);
         let now = batch_time(b);
-        let full_reload =
-            matches!(fault, Fault::Point { batch, full_reload: true, .. } if *batch == b);
+        let full_reload = matches!(fault,
+            Fault::Point { batch, full_reload: true, .. } | Fault::Io { batch, full_reload: true, .. }
+                if *batch == b);
+        // After a damaged target the repair the error advises is a full reload.
+        let mut rerun_full_reload = full_reload;
         match fault {
             Fault::Point {
                 name,
@@ -185,13 +258,62 @@ fn scenario(seed: u64, fault: &Fault, rt: &tokio::runtime::Runtime) -> Tally {
                 batch,
                 ..
             } if *batch == b => {
-                let out = output(&mut command(
-                    &pipeline,
-                    now,
-                    full_reload,
-                    Some(format!("{name}={action}")),
-                ));
+                let out = counted_unless(
+                    &mut command(
+                        &pipeline,
+                        now,
+                        full_reload,
+                        Some(format!("{name}={action}")),
+                    ),
+                    &mut tally,
+                    *action == "panic",
+                );
                 fault_fired = !out.status.success();
+            }
+            Fault::Io {
+                name,
+                action,
+                batch,
+                exit,
+                ..
+            } if *batch == b => {
+                let out = counted(
+                    &mut command(
+                        &pipeline,
+                        now,
+                        full_reload,
+                        Some(format!("{name}={action}")),
+                    ),
+                    &mut tally,
+                );
+                fault_fired = !out.status.success();
+                if fault_fired && out.status.code() != Some(*exit) {
+                    tally.io_faults_misclassified += 1;
+                    eprintln!(
+                        "seed {seed} {fault:?}: exit {:?}, expected {exit}: {}",
+                        out.status.code(),
+                        String::from_utf8_lossy(&out.stderr)
+                    );
+                }
+            }
+            Fault::Damage { batch, truncate } if *batch == b => {
+                damage_data_files(&silver(dir.path()), *truncate);
+                let out = counted(&mut command(&pipeline, now, false, None), &mut tally);
+                // A run whose slice touches no damaged file has nothing to report; either way
+                // the rerun is the full reload that repairs the target.
+                fault_fired = !out.status.success();
+                rerun_full_reload = true;
+                let stderr = String::from_utf8_lossy(&out.stderr);
+                if fault_fired
+                    && (out.status.code() != Some(DAMAGED_TARGET_EXIT)
+                        || !stderr.contains("--full-reload"))
+                {
+                    tally.io_faults_misclassified += 1;
+                    eprintln!(
+                        "seed {seed} {fault:?}: exit {:?}, expected {DAMAGED_TARGET_EXIT} advising --full-reload: {stderr}",
+                        out.status.code()
+                    );
+                }
             }
             Fault::Kill { batch, after_ms } if *batch == b => {
                 let mut child = command(&pipeline, now, false, None).spawn().expect("spawn");
@@ -203,7 +325,10 @@ fn scenario(seed: u64, fault: &Fault, rt: &tokio::runtime::Runtime) -> Tally {
             }
             _ => {}
         }
-        let out = output(&mut command(&pipeline, now, full_reload, None));
+        let out = counted(
+            &mut command(&pipeline, now, rerun_full_reload, None),
+            &mut tally,
+        );
         if !out.status.success() {
             converged = false;
             eprintln!(
@@ -309,6 +434,31 @@ fn scenarios() -> Vec<(u64, Fault)> {
             }
         }
     }
+    // OS faults: on the bootstrap (seed 0), on an incremental run (seed 1: its first write is to
+    // the quarantine table, batch 1 holding a null key) and on a full reload over a live target
+    // (seed 2: the quarantine first again, then the target).
+    for (name, action, exit) in IO_FAULTS {
+        for (seed, batch, full_reload) in [(0u64, 0usize, false), (1, 1, false), (2, 1, true)] {
+            out.push((
+                seed,
+                Fault::Io {
+                    name,
+                    action,
+                    batch,
+                    full_reload,
+                    exit: *exit,
+                },
+            ));
+        }
+    }
+    for (seed, batch, truncate) in [
+        (3u64, 1usize, false),
+        (3, 2, true),
+        (4, 1, true),
+        (4, 2, false),
+    ] {
+        out.push((seed, Fault::Damage { batch, truncate }));
+    }
     // A third history for the incremental points, armed on the second incremental run.
     for action in ACTIONS {
         for name in RUN_POINTS {
@@ -335,6 +485,102 @@ fn scenarios() -> Vec<(u64, Fault)> {
     out
 }
 
+/// The disk holding the spill files fills up during a full reload that spills (the payments
+/// generator's 60,000 payments sorted under a 16 MiB memory limit): exit 74 saying to free space,
+/// nothing committed; the rerun succeeds and `reconcile` finds the target identical to its source.
+fn spill_scenario() -> Tally {
+    let mut tally = Tally {
+        scenarios: 1,
+        ..Tally::default()
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lake = dir.path().join("lake");
+    let spill = dir.path().join("spill");
+    let pipeline = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("pipelines/payments.yml");
+    let tm = |args: &[&str], failpoint: Option<&str>| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(args)
+            .env("TIDEMARK_FAKE_NOW", "2025-03-01T00:00:00Z")
+            .env("RUST_LOG", "error")
+            .env("NO_COLOR", "1")
+            .env_remove("TIDEMARK_FAILPOINTS");
+        if let Some(fp) = failpoint {
+            cmd.env("TIDEMARK_FAILPOINTS", fp);
+        }
+        cmd
+    };
+    let bronze = lake.join("bronze/payments_raw");
+    let generated = output(&mut tm(
+        &[
+            "generate",
+            "--out",
+            bronze.to_str().expect("utf8"),
+            "--payments",
+            "60000",
+            "--days",
+            "5",
+            "--seed",
+            "1",
+            "--start",
+            "2025-02-20",
+        ],
+        None,
+    ));
+    assert!(
+        generated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&generated.stderr)
+    );
+    let var = format!("lake={}", lake.display());
+    let run = [
+        "run",
+        pipeline.to_str().expect("utf8"),
+        "--var",
+        &var,
+        "--full-reload",
+        "--threads",
+        "1",
+        "--memory-limit",
+        "16MiB",
+        "--spill-dir",
+        spill.to_str().expect("utf8"),
+    ];
+    let out = counted(&mut tm(&run, Some("spill.write=enospc")), &mut tally);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        tally.faults_injected += 1;
+        if out.status.code() != Some(74) || !stderr.contains("free space") {
+            tally.io_faults_misclassified += 1;
+            eprintln!(
+                "spill disk full: exit {:?}, expected 74 saying to free space: {stderr}",
+                out.status.code()
+            );
+        }
+    } else {
+        eprintln!("spill disk full: the run did not spill, no fault injected");
+    }
+    let rerun = counted(&mut tm(&run, None), &mut tally);
+    let reconciled = counted(
+        &mut tm(
+            &["reconcile", pipeline.to_str().expect("utf8"), "--var", &var],
+            None,
+        ),
+        &mut tally,
+    );
+    let converged = rerun.status.success() && reconciled.status.success();
+    if !converged {
+        eprintln!(
+            "spill disk full: rerun or reconcile failed: {}{}",
+            String::from_utf8_lossy(&rerun.stderr),
+            String::from_utf8_lossy(&reconciled.stdout)
+        );
+    }
+    if tally.faults_injected == 1 && converged {
+        tally.faults_survived = 1;
+    }
+    tally
+}
+
 fn report_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/reliability")
 }
@@ -359,6 +605,7 @@ fn every_fault_converges_after_a_rerun() {
             });
         }
     });
+    total.lock().expect("tally").add(&spill_scenario());
     let t = *total.lock().expect("tally");
     let faults = json!({
         "scenarios": t.scenarios,
@@ -369,6 +616,8 @@ fn every_fault_converges_after_a_rerun() {
         "duplicate_keys": t.duplicate_keys,
         "double_applied_batches": t.double_applied_batches,
         "watermark_regressions": t.watermark_regressions,
+        "exit_70_seen": t.exit_70_seen,
+        "io_faults_misclassified": t.io_faults_misclassified,
     });
     std::fs::create_dir_all(report_dir()).expect("report dir");
     std::fs::write(
@@ -381,6 +630,14 @@ fn every_fault_converges_after_a_rerun() {
         if let Ok(bad) = serde_json::from_str::<Value>(&text) {
             board["bad_inputs_tried"] = bad["bad_inputs_tried"].clone();
             board["bad_inputs_rejected_cleanly"] = bad["bad_inputs_rejected_cleanly"].clone();
+        }
+    }
+    // Foreign changes (tests/foreign.rs), when that suite already ran.
+    if let Ok(text) = std::fs::read_to_string(report_dir().join("foreign.json")) {
+        if let Ok(Value::Object(foreign)) = serde_json::from_str::<Value>(&text) {
+            for (k, v) in foreign {
+                board[k] = v;
+            }
         }
     }
     std::fs::write(
@@ -404,6 +661,11 @@ fn every_fault_converges_after_a_rerun() {
         ),
         (0, 0, 0, 0, 0),
         "{t:?}"
+    );
+    assert_eq!(
+        (t.exit_70_seen, t.io_faults_misclassified),
+        (0, 0),
+        "an outside-world fault ended in the wrong exit code: {t:?}"
     );
 }
 

@@ -44,7 +44,8 @@ fn tidemark(dir: &Path) -> Command {
         .env("TIDEMARK_FAKE_NOW", rfc3339(NOW))
         .env("RUST_LOG", "warn")
         .env("NO_COLOR", "1")
-        .env_remove("RUST_BACKTRACE");
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("TIDEMARK_FAILPOINTS");
     c
 }
 
@@ -400,6 +401,9 @@ struct Case {
     /// The command under test, after `tidemark` (default: `run pipeline.yml`). `PIPELINE` and
     /// `LAKE` are replaced.
     command: Option<Vec<String>>,
+    /// `TIDEMARK_FAILPOINTS` for the command under test only (not for `run` steps): faults
+    /// the OS would cause but root cannot (a file it may not read, a read-only `_delta_log`).
+    failpoints: Option<String>,
     expect: Expect,
 }
 
@@ -439,6 +443,8 @@ enum Damage {
     DeleteDataFiles,
     /// Overwrite every data file with bytes that are not Parquet.
     GarbleDataFiles,
+    /// Keep the first half of every data file's bytes (its footer is gone).
+    TruncateDataFiles,
     /// Put a directory where the next commit's log entry must go.
     BlockNextCommit,
     /// Remove `_delta_log`, leaving the data files.
@@ -623,16 +629,19 @@ fn corrupt(table: &Path, damage: Damage, version: Option<u64>) -> Result<(), Str
         Damage::GarbleLog => {
             std::fs::write(entry(version)?, "this is not a delta log entry {\n").map_err(io)?
         }
-        Damage::DeleteDataFiles | Damage::GarbleDataFiles => {
+        Damage::DeleteDataFiles | Damage::GarbleDataFiles | Damage::TruncateDataFiles => {
             let files = data_files(table);
             if files.is_empty() {
                 return Err(format!("{} has no data files to damage", table.display()));
             }
             for f in files {
-                if matches!(damage, Damage::DeleteDataFiles) {
-                    std::fs::remove_file(&f).map_err(io)?;
-                } else {
-                    std::fs::write(&f, b"PAR1 this is not parquet").map_err(io)?;
+                match damage {
+                    Damage::DeleteDataFiles => std::fs::remove_file(&f).map_err(io)?,
+                    Damage::TruncateDataFiles => {
+                        let bytes = std::fs::read(&f).map_err(io)?;
+                        std::fs::write(&f, &bytes[..bytes.len() / 2]).map_err(io)?;
+                    }
+                    _ => std::fs::write(&f, b"PAR1 this is not parquet").map_err(io)?,
                 }
             }
         }
@@ -912,7 +921,11 @@ async fn try_case(case_dir: &Path, name: &str, outcome: &mut Outcome) -> Result<
         .command
         .clone()
         .unwrap_or_else(|| vec!["run".into(), "PIPELINE".into()]);
-    let out = exec(tidemark(&ctx.dir).args(command.iter().map(|a| ctx.subst(a))));
+    let mut cmd = tidemark(&ctx.dir);
+    if let Some(fp) = &case.failpoints {
+        cmd.env("TIDEMARK_FAILPOINTS", fp);
+    }
+    let out = exec(cmd.args(command.iter().map(|a| ctx.subst(a))));
     outcome.exit = Some(out.code);
     outcome.message = out
         .stderr
@@ -1419,4 +1432,158 @@ async fn reconcile_leaves_hard_deleted_keys_out_like_a_full_reload() {
             .all(|b| b["group"]["currency"] != "USD" || b["day"] != "2025-01-06"),
         "{v}"
     );
+}
+
+/// A summed double column holding NaN (and a negative zero) is no difference: the target is
+/// identical right after a run and right after a full reload (NaN used to make every such target
+/// "DIFFERENT", exit 65). A real change of such a value is still found.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_compares_nan_as_nan_and_negative_zero_as_zero() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let lake = d.join("lake");
+    let pipeline = d.join("amounts.yml");
+    let text = BASE_PIPELINE.replace("LAKE", &lake.display().to_string())
+        + "reconcile: { day: updated_at, sum: [amount] }\n";
+    std::fs::write(&pipeline, text).expect("pipeline");
+    let schema = parse_schema(
+        "id string, updated_at timestamp, _ingested_at timestamp, amount double, op string",
+    )
+    .expect("schema");
+    let batch = build_batch(
+        &schema,
+        &rows(
+            "[
+        {id: a, updated_at: +1h, _ingested_at: +1h, amount: .nan},
+        {id: b, updated_at: +1h, _ingested_at: +1h, amount: -0.0},
+        {id: c, updated_at: +1h, _ingested_at: +1h, amount: 1.5},
+        {id: d, updated_at: +2h, _ingested_at: +2h, amount: 2.5}]",
+        ),
+    )
+    .expect("batch");
+    write_table(&lake.join("bronze"), batch, SaveMode::Append, None)
+        .await
+        .expect("source");
+    for extra in [&[][..], &["--full-reload"][..]] {
+        let out = exec(tidemark(d).arg("run").arg(&pipeline).args(extra));
+        assert_eq!(out.code, 0, "run {extra:?}: {}", out.stderr);
+        let (v, out) = reconcile_json(d, &pipeline, 0);
+        assert_eq!(
+            v["identical"], true,
+            "after run {extra:?}: {v}\n{}",
+            out.stderr
+        );
+        assert_eq!(v["buckets_differing"], 0, "{v}");
+        assert_eq!(v["totals"]["matches"], true, "{v}");
+        assert_eq!(
+            v["totals"]["actual"]["sum"]["amount"], "NaN",
+            "NaN is named, not null: {v}"
+        );
+        assert_eq!(v["differing_keys"]["different"], 0, "{v}");
+    }
+
+    // A NaN replaced by a number by hand is a difference, in the content and in the sum.
+    let t = open(&lake.join("silver")).await.expect("target");
+    t.update()
+        .with_predicate("id = 'a'")
+        .with_update("amount", "7.0")
+        .await
+        .expect("update a");
+    let (v, _) = reconcile_json(d, &pipeline, 65);
+    assert_eq!(v["differing_keys"]["different"], 1, "{v}");
+    assert_eq!(v["keys"][0]["key"]["id"], "a", "{v}");
+    assert_eq!(v["buckets_differing"], 1, "{v}");
+}
+
+/// The real fault behind the corpus case `source_data_file_unreadable`: a source data file with
+/// mode 000 is "unavailable" (exit 66), not bad data. Root reads such a file anyway (these tests
+/// run as root on CI), so there the test says so and stops: the corpus case covers the
+/// classification with the `store.get_data=eacces` failpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_data_file_with_mode_000_is_unavailable() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let lake = d.join("lake");
+    let pipeline = d.join("p.yml");
+    std::fs::write(
+        &pipeline,
+        BASE_PIPELINE.replace("LAKE", &lake.display().to_string()),
+    )
+    .expect("pipeline");
+    let batch = build_batch(
+        &parse_schema(BASE_SCHEMA).expect("schema"),
+        &rows("[{id: a, updated_at: +1h, val: 1}]"),
+    )
+    .expect("batch");
+    write_table(&lake.join("bronze"), batch, SaveMode::Append, None)
+        .await
+        .expect("source");
+    let files = data_files(&lake.join("bronze"));
+    for f in &files {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o000)).expect("chmod 000");
+    }
+    let readable = files.iter().any(|f| std::fs::read(f).is_ok());
+    if !readable {
+        let out = exec(tidemark(d).arg("run").arg(&pipeline));
+        assert_eq!(out.code, 66, "{}", out.stderr);
+        assert!(out.stderr.contains("Permission denied"), "{}", out.stderr);
+    }
+    for f in &files {
+        std::fs::set_permissions(f, std::fs::Permissions::from_mode(0o644)).expect("chmod back");
+    }
+    if readable {
+        eprintln!("skipped: this process reads files with mode 000 (it runs as root), so the OS cannot refuse the read; the corpus case source_data_file_unreadable covers it with a failpoint");
+    }
+}
+
+/// The real fault behind the corpus case `target_log_read_only`: the target's `_delta_log` is
+/// read-only, so the commit cannot be written — a failed write (exit 74), not a failed read,
+/// and nothing committed. Root writes into such a directory anyway: there the test says so and
+/// stops (the corpus case covers it with the `store.put_commit=eacces` failpoint).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_target_log_is_a_failed_write() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let lake = d.join("lake");
+    let pipeline = d.join("p.yml");
+    std::fs::write(
+        &pipeline,
+        BASE_PIPELINE.replace("LAKE", &lake.display().to_string()),
+    )
+    .expect("pipeline");
+    let schema = parse_schema(BASE_SCHEMA).expect("schema");
+    for (i, row) in [
+        "[{id: a, updated_at: +1h, val: 1}]",
+        "[{id: a, updated_at: +2h, val: 2}]",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let batch = build_batch(&schema, &rows(row)).expect("batch");
+        write_table(&lake.join("bronze"), batch, SaveMode::Append, None)
+            .await
+            .expect("source");
+        if i == 0 {
+            let out = exec(tidemark(d).arg("run").arg(&pipeline));
+            assert_eq!(out.code, 0, "{}", out.stderr);
+        }
+    }
+    let log = lake.join("silver/_delta_log");
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o555)).expect("chmod 555");
+    let probe = log.join("probe");
+    let writable = std::fs::write(&probe, "x").is_ok();
+    let _ = std::fs::remove_file(&probe);
+    let before = table_version(&lake.join("silver")).await;
+    let out = (!writable).then(|| exec(tidemark(d).arg("run").arg(&pipeline)));
+    std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o755)).expect("chmod back");
+    match out {
+        Some(out) => {
+            assert_eq!(out.code, 74, "{}", out.stderr);
+            assert!(out.stderr.contains("cannot write to"), "{}", out.stderr);
+            assert_eq!(table_version(&lake.join("silver")).await, before);
+        }
+        None => eprintln!("skipped: this process writes into a read-only directory (it runs as root), so the OS cannot refuse the commit; the corpus case target_log_read_only covers it with a failpoint"),
+    }
 }

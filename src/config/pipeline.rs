@@ -426,12 +426,6 @@ impl Ctx<'_> {
                     format!("`columns.exclude` lists `{c}`, which the merge needs (key, sequence or tie-breaker)"),
                 ));
             }
-            if c == DELETED_COLUMN {
-                return Err(self.invalid(
-                    "exclude",
-                    format!("`{DELETED_COLUMN}` is tidemark's own tombstone column; it cannot be excluded"),
-                ));
-            }
         }
         if let Some(f) = raw.quarantine.max_fraction {
             if !(0.0..=1.0).contains(&f) {

@@ -57,7 +57,7 @@ impl Classify for JobsError {
             JobsError::Ledger { source, .. } => classify_delta(source),
             JobsError::LedgerQuery { .. } => ErrorClass::Internal,
             JobsError::Lake(e) => e.class(),
-            JobsError::Injected(_) => ErrorClass::Retryable,
+            JobsError::Injected(e) => e.class(),
         }
     }
 }

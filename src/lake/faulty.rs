@@ -3,7 +3,10 @@
 //! Crashes inside delta-rs cannot be reached by the run's own failpoints: "while data files are
 //! written" and "after the data files, before the commit" happen inside a MERGE or WRITE. This
 //! wrapper sits under every table tidemark opens and fires `store.put_data` before each data
-//! file and `store.put_commit` before each `_delta_log` commit file.
+//! file and `store.put_commit` before each `_delta_log` commit file, and `store.get_data` before
+//! each read of a data file. With the `enospc` / `eacces` actions the store fails the way a local
+//! disk does: the OS error (`No space left on device`, `Permission denied`) under a generic store
+//! error, as `object_store`'s `LocalFileSystem` reports it.
 
 use std::fmt;
 use std::sync::Arc;
@@ -31,15 +34,36 @@ impl FaultyStore {
         let p = location.as_ref();
         let point = if p.contains("_delta_log/") && p.ends_with(".json") {
             "store.put_commit"
-        } else if p.ends_with(".parquet") && !p.contains("_delta_log/") {
+        } else if is_data_file(p) {
             "store.put_data"
         } else {
             return Ok(());
         };
-        crate::failpoint::hit(point).map_err(|e| object_store::Error::Generic {
-            store: "FaultyStore",
-            source: Box::new(e),
-        })
+        crate::failpoint::hit(point).map_err(store_error)
+    }
+
+    fn check_read(location: &Path) -> Result<()> {
+        if !is_data_file(location.as_ref()) {
+            return Ok(());
+        }
+        crate::failpoint::hit("store.get_data").map_err(store_error)
+    }
+}
+
+fn is_data_file(path: &str) -> bool {
+    path.ends_with(".parquet") && !path.contains("_delta_log/")
+}
+
+/// The store error an injected fault stands for: the OS error itself for a full disk or a
+/// denied permission (what `LocalFileSystem` wraps), the injected error otherwise.
+fn store_error(e: crate::failpoint::Injected) -> object_store::Error {
+    let source: Box<dyn std::error::Error + Send + Sync> = match e.io_error() {
+        Some(io) => Box::new(io),
+        None => Box::new(e),
+    };
+    object_store::Error::Generic {
+        store: "FaultyStore",
+        source,
     }
 }
 
@@ -71,6 +95,7 @@ impl ObjectStore for FaultyStore {
     }
 
     async fn get_opts(&self, location: &Path, options: GetOptions) -> Result<GetResult> {
+        Self::check_read(location)?;
         self.inner.get_opts(location, options).await
     }
 
@@ -79,6 +104,7 @@ impl ObjectStore for FaultyStore {
         location: &Path,
         ranges: &[std::ops::Range<u64>],
     ) -> Result<Vec<bytes::Bytes>> {
+        Self::check_read(location)?;
         self.inner.get_ranges(location, ranges).await
     }
 
@@ -111,6 +137,17 @@ impl ObjectStore for FaultyStore {
 
     async fn rename_opts(&self, from: &Path, to: &Path, options: RenameOptions) -> Result<()> {
         self.inner.rename_opts(from, to, options).await
+    }
+}
+
+/// DataFusion reads local data files through the session's `file://` store, not the table's:
+/// when failpoints are armed the faulty store replaces it there too, so `store.get_data` also
+/// stops scans.
+pub fn register_for_scans(env: &datafusion::execution::runtime_env::RuntimeEnv) {
+    if let Ok(url) = url::Url::parse("file:///") {
+        if let Some(store) = store_for(&url) {
+            env.register_object_store(&url, store);
+        }
     }
 }
 

@@ -8,7 +8,7 @@ mod compact;
 pub mod datafile;
 mod error;
 #[cfg(feature = "failpoints")]
-mod faulty;
+pub(crate) mod faulty;
 mod log;
 mod maintain;
 mod open;

@@ -431,6 +431,7 @@ impl Encoders {
     }
 
     fn encode(&self, batch: RecordBatch) -> Result<Loaded, ArrowError> {
+        let batch = canonical_floats(batch, &self.value_idx)?;
         let cols = |idx: &[usize]| {
             idx.iter()
                 .map(|i| batch.column(*i).clone())
@@ -442,6 +443,38 @@ impl Encoders {
             batch,
         })
     }
+}
+
+/// The batch with its floating-point value columns (`columns`) as reconcile compares them:
+/// every NaN is one NaN (whatever its sign and payload bits) and -0.0 is 0.0. Two writers may
+/// store the same number with different bits; the row format compares bits, so without this an
+/// identical target could show "different content". Key columns are left alone: they carry the
+/// sort order both sides were read in.
+fn canonical_floats(batch: RecordBatch, columns: &[usize]) -> Result<RecordBatch, ArrowError> {
+    use arrow::datatypes::{DataType, Float32Type, Float64Type};
+    use std::sync::Arc;
+    let mut out = batch.columns().to_vec();
+    let mut changed = false;
+    for i in columns {
+        let Some(col) = out.get(*i) else { continue };
+        let canonical: arrow::array::ArrayRef = match col.data_type() {
+            DataType::Float64 => Arc::new(
+                col.as_primitive::<Float64Type>()
+                    .unary::<_, Float64Type>(|v| if v.is_nan() { f64::NAN } else { v + 0.0 }),
+            ),
+            DataType::Float32 => Arc::new(
+                col.as_primitive::<Float32Type>()
+                    .unary::<_, Float32Type>(|v| if v.is_nan() { f32::NAN } else { v + 0.0 }),
+            ),
+            _ => continue,
+        };
+        out[*i] = canonical;
+        changed = true;
+    }
+    if !changed {
+        return Ok(batch);
+    }
+    RecordBatch::try_new(batch.schema(), out)
 }
 
 /// The merge-join of the two sides and what it found.
@@ -661,6 +694,39 @@ reconcile: { day: updated_at, group_by: [cur], sum: [amount], count_by: [status]
         j.run(stream(expected), stream(actual)).await.expect("run");
         assert!(notes.is_empty(), "{notes:?}");
         j
+    }
+
+    #[test]
+    fn float_values_compare_by_number_not_by_bits() {
+        let schema = Arc::new(Schema::new(vec![Field::new("x", DataType::Float64, true)]));
+        let side = |values: Vec<Option<f64>>| {
+            RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(arrow::array::Float64Array::from(values))],
+            )
+            .expect("batch")
+        };
+        // Another writer's NaN payload and a negative zero, against this one's.
+        let a = side(vec![
+            Some(f64::from_bits(0x7ff8_0000_0000_0001)),
+            Some(-0.0),
+            None,
+            Some(1.5),
+        ]);
+        let b = side(vec![Some(-f64::NAN), Some(0.0), None, Some(1.5)]);
+        let conv = RowConverter::new(vec![SortField::new(DataType::Float64)]).expect("conv");
+        let rows = |b: &RecordBatch| conv.convert_columns(&[b.column(0).clone()]).expect("rows");
+        let (raw_a, raw_b) = (rows(&a), rows(&b));
+        assert_ne!(raw_a.row(0), raw_b.row(0), "the bits differ");
+        assert_ne!(raw_a.row(1), raw_b.row(1), "the bits differ");
+        let a = canonical_floats(a, &[0]).expect("canonical");
+        let b = canonical_floats(b, &[0]).expect("canonical");
+        let (ra, rb) = (rows(&a), rows(&b));
+        for i in 0..4 {
+            assert_eq!(ra.row(i), rb.row(i), "row {i}");
+        }
+        assert_ne!(ra.row(0), ra.row(3), "NaN is still not 1.5");
+        assert_eq!(a.column(0).null_count(), 1);
     }
 
     #[tokio::test]

@@ -245,7 +245,11 @@ fn sum_value(v: SumValue, scale: i8) -> Value {
             let sign = if n < 0 { "-" } else { "" };
             Value::from(format!("{sign}{int}.{frac}"))
         }
-        SumValue::Float(f) => Value::from(f),
+        // JSON has no NaN or infinity (serde_json would print null): name them.
+        SumValue::Float(f) if f.is_nan() => Value::from("NaN"),
+        SumValue::Float(f) if f.is_infinite() => Value::from(if f > 0.0 { "inf" } else { "-inf" }),
+        // -0.0 is shown as 0, as it compares.
+        SumValue::Float(f) => Value::from(f + 0.0),
     }
 }
 
@@ -569,6 +573,21 @@ mod tests {
             sum_value(SumValue::Exact(i128::MAX), 0),
             Value::from(i128::MAX.to_string())
         );
+    }
+
+    #[test]
+    fn float_sums_name_nan_and_infinity_and_drop_the_sign_of_zero() {
+        assert_eq!(sum_value(SumValue::Float(f64::NAN), 0), Value::from("NaN"));
+        assert_eq!(
+            sum_value(SumValue::Float(f64::INFINITY), 0),
+            Value::from("inf")
+        );
+        assert_eq!(
+            sum_value(SumValue::Float(f64::NEG_INFINITY), 0),
+            Value::from("-inf")
+        );
+        assert_eq!(sum_value(SumValue::Float(-0.0), 0).to_string(), "0.0");
+        assert_eq!(sum_value(SumValue::Float(1.5), 0), Value::from(1.5));
     }
 
     #[test]

@@ -29,12 +29,25 @@ pub enum Side {
 pub type BucketKey = (Option<i32>, Vec<Option<String>>);
 
 /// A running sum of one `reconcile.sum` column.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, Copy)]
 pub enum SumValue {
     /// Integers and decimals, exactly, as an unscaled integer (the column's scale applies).
     Exact(i128),
     /// Floating-point columns.
     Float(f64),
+}
+
+/// Two sums are equal when they hold the same number. For floating-point sums a NaN equals a
+/// NaN (a column holding NaN sums to NaN on both sides of an identical table) and -0.0 equals
+/// 0.0; IEEE equality would call every table with a NaN in a summed column different.
+impl PartialEq for SumValue {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (SumValue::Exact(a), SumValue::Exact(b)) => a == b,
+            (SumValue::Float(a), SumValue::Float(b)) => a == b || (a.is_nan() && b.is_nan()),
+            _ => false,
+        }
+    }
 }
 
 /// The aggregates of one side in one bucket. Rows that are soft-delete tombstones are counted
@@ -316,6 +329,20 @@ fn hash64(bytes: &[u8]) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn float_sums_compare_nan_as_nan_and_zero_regardless_of_sign() {
+        assert_eq!(SumValue::Float(f64::NAN), SumValue::Float(-f64::NAN));
+        assert_eq!(SumValue::Float(-0.0), SumValue::Float(0.0));
+        assert_ne!(SumValue::Float(f64::NAN), SumValue::Float(0.0));
+        assert_ne!(SumValue::Float(1.5), SumValue::Float(2.5));
+        assert_ne!(
+            SumValue::Float(f64::INFINITY),
+            SumValue::Float(f64::NEG_INFINITY)
+        );
+        assert_eq!(SumValue::Exact(3), SumValue::Exact(3));
+        assert_ne!(SumValue::Exact(0), SumValue::Float(0.0));
+    }
 
     #[test]
     fn key_hash_is_order_independent_and_tells_keys_apart() {

@@ -89,7 +89,7 @@ pub async fn merge(
             i
         })
         .map_err(d("merge", uri))?;
-    builder.await.map_err(d("merge", uri))
+    builder.await.map_err(RunError::write("merge", uri))
 }
 
 /// How big the target's files and their row groups are (the pipeline's `target:` block).
@@ -154,7 +154,7 @@ pub async fn overwrite(
             Some(file_size.to_string()),
         )]);
     }
-    let written = builder.await.map_err(d("write", uri));
+    let written = builder.await.map_err(RunError::write("write", uri));
     if written.is_err() {
         new_dirs.remove_empty();
     }

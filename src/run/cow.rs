@@ -359,6 +359,14 @@ impl Slice {
     fn delta_err(&self, source: deltalake::DeltaTableError) -> RunError {
         RunError::delta("apply", &self.uri)(source)
     }
+
+    /// A target data file could not be read (missing, cut short, not Parquet, refused).
+    fn read_err(&self, source: deltalake::DeltaTableError) -> RunError {
+        RunError::TargetRead {
+            uri: self.uri.clone(),
+            source: Box::new(source),
+        }
+    }
 }
 
 /// A spawned task's result; a panic inside it goes on unwinding here, as it would have
@@ -385,8 +393,10 @@ async fn probe_file(
     path: &str,
     size: u64,
 ) -> Result<(DataFile, Vec<(usize, Option<usize>)>), RunError> {
-    let d = |e| s.delta_err(e);
-    let file = DataFile::open(&s.fast.store, path, size).await.map_err(d)?;
+    let read = |e| s.read_err(e);
+    let file = DataFile::open(&s.fast.store, path, size)
+        .await
+        .map_err(read)?;
     let groups = admitted_row_groups(&file, &s.layout.keys[0], &s.key_type, &s.sorted)?;
     // Rows arrive in the order of `groups`: cumulative counts map a row to its group.
     let mut bounds = Vec::with_capacity(groups.len());
@@ -402,7 +412,7 @@ async fn probe_file(
     for batch in file
         .read(&s.fast.store, groups, &s.probe_cols)
         .await
-        .map_err(d)?
+        .map_err(read)?
     {
         let batch = cast_to(&batch, &s.probe_schema).map_err(RunError::arrow("apply"))?;
         let keys = s
@@ -424,7 +434,7 @@ async fn probe_file(
             let group = match s.w.tuples.row(i).cmp(&tuples.row(r)) {
                 Ordering::Less => None,
                 _ => Some(bounds.get(at).map(|b| b.1).ok_or_else(|| {
-                    d(deltalake::DeltaTableError::Generic(format!(
+                    read(deltalake::DeltaTableError::Generic(format!(
                         "{path} returned more rows than its row groups hold"
                     )))
                 })?),
@@ -470,8 +480,9 @@ async fn rewrite_file(
 ) -> Result<FileOutcome, RunError> {
     let s = &r.slice;
     let d = |e| s.delta_err(e);
+    let read = |e| s.read_err(e);
     let hard = s.layout.hard_deletes();
-    let bytes = file.fetch(&s.fast.store).await.map_err(d)?;
+    let bytes = file.fetch(&s.fast.store).await.map_err(read)?;
     let mut new = NewFile::new(
         s.fast.schema.clone(),
         r.row_group_rows,
@@ -495,11 +506,11 @@ async fn rewrite_file(
     let w = &s.w;
     for g in 0..file.row_groups().len() {
         if copy && !groups.contains(&g) {
-            new.copy_row_group(file, &bytes, g).map_err(d)?;
+            new.copy_row_group(file, &bytes, g).map_err(read)?;
             o.copied += file.row_groups()[g].num_rows() as u64;
             continue;
         }
-        let batch = file.decode(&bytes, g).map_err(d)?;
+        let batch = file.decode(&bytes, g).map_err(read)?;
         o.reencoded += batch.num_rows() as u64;
         let batch = canonical_rows(&s.layout, &batch)?;
         let t = s.enc.encode(&batch).map_err(RunError::arrow("apply"))?;
@@ -544,7 +555,10 @@ async fn rewrite_file(
             .map_err(d)?;
     }
     if o.replaced > 0 && !r.dry_run {
-        o.add = new.put(&s.fast).await.map_err(d)?;
+        o.add = new
+            .put(&s.fast)
+            .await
+            .map_err(RunError::write("apply", &s.uri))?;
     }
     Ok(o)
 }
@@ -750,7 +764,12 @@ pub async fn apply(
         let rows = cast_to(&rows, schema).map_err(RunError::arrow("apply"))?;
         let mut new = NewFile::new(schema.clone(), target.row_group_rows, 0).map_err(d)?;
         new.write(&rows).map_err(d)?;
-        adds.extend(new.put(target.fast).await.map_err(d)?.map(Action::Add));
+        adds.extend(
+            new.put(target.fast)
+                .await
+                .map_err(RunError::write("apply", uri))?
+                .map(Action::Add),
+        );
     }
     out.files_added = adds.len() as u64;
     out.files_removed = removes.len() as u64;
@@ -802,6 +821,6 @@ pub async fn commit(
         .with_actions(applied.actions)
         .build(Some(snapshot), target.log_store(), operation)
         .await
-        .map_err(RunError::delta("commit", uri))?;
+        .map_err(RunError::write("commit", uri))?;
     Ok(finalized.version())
 }

@@ -1,5 +1,5 @@
 use crate::config::ConfigError;
-use crate::error::{classify_delta, Classify, ErrorClass};
+use crate::error::{classify_delta, classify_delta_write, Classify, ErrorClass};
 use crate::lake::LakeError;
 
 /// Why a run stopped. Nothing is committed to the target when a run returns one of these,
@@ -20,6 +20,14 @@ pub enum RunError {
     /// A Delta operation failed.
     #[error("{phase}: {uri}: {source}")]
     Delta {
+        phase: &'static str,
+        uri: String,
+        #[source]
+        source: Box<deltalake::DeltaTableError>,
+    },
+    /// Writing to a table failed: its data files, its commit, or the quarantine table.
+    #[error("{phase}: cannot write to {uri}: {source}{}", write_hint(source))]
+    Write {
         phase: &'static str,
         uri: String,
         #[source]
@@ -88,6 +96,25 @@ pub enum RunError {
         recorded: i64,
         pipeline: String,
     },
+    /// A data file of the source may not be read: the OS (file permissions) or the store
+    /// (credentials, policy) refused. Nothing was written to the target.
+    #[error("cannot read the source table {uri}: {source}. Reading one of its data files was refused: make the table's files readable for the user running tidemark (or fix the store's credentials or policy), then rerun; the target was not changed")]
+    SourceUnreadable {
+        uri: String,
+        #[source]
+        source: Box<datafusion::error::DataFusionError>,
+    },
+    /// A data file of the target could not be read: missing, cut short, not Parquet (the target
+    /// is damaged), or refused by the OS or the store. Nothing was committed.
+    #[error(
+        "cannot read the target table {uri}: {source}. {}",
+        target_read_advice(source)
+    )]
+    TargetRead {
+        uri: String,
+        #[source]
+        source: Box<deltalake::DeltaTableError>,
+    },
     /// The target holds the same key twice: it was corrupted outside tidemark.
     #[error("target {uri} holds {count} duplicate key(s) (first: {first}); an incremental merge cannot fix that. Rebuild with --full-reload, or restore a good version (`tidemark history`, `tidemark restore`)")]
     DuplicateTargetKeys {
@@ -105,12 +132,65 @@ fn memory_hint(e: &datafusion::error::DataFusionError) -> &'static str {
         datafusion::error::DataFusionError::ResourcesExhausted(_)
     ) {
         ". The run needed more memory than its limit: raise --memory-limit (or the job cluster's memory_limit), or run with fewer --threads; nothing was committed"
+    } else if crate::error::is_disk_full(e) {
+        ". The disk is full (spill files go to --spill-dir, or the job cluster's spill_directory): free space or point it at a larger disk, then rerun; nothing was committed"
+    } else {
+        ""
+    }
+}
+
+/// What to do about a target data file that could not be read, by what went wrong.
+fn target_read_advice(e: &deltalake::DeltaTableError) -> &'static str {
+    match target_read_class(e) {
+        ErrorClass::BadData => "A data file its log references is missing or damaged: the target is damaged. Rebuild it with `tidemark run <pipeline> --full-reload` (the reload replaces every file without reading them), or restore a good version (`tidemark history`, `tidemark restore`); nothing was committed",
+        ErrorClass::Unavailable => "Reading one of its data files was refused: make the table's files readable for the user running tidemark (or fix the store's credentials or policy), then rerun; nothing was committed",
+        _ => "Rerun once the storage is reachable (for a full disk, free space first); nothing was committed",
+    }
+}
+
+/// The class of a failure to read a target data file: a file that is gone, shorter than its log
+/// entry says, or not Parquet is a damaged target (bad data); a refused read is unavailable; a
+/// full disk or another storage failure is I/O.
+fn target_read_class(e: &deltalake::DeltaTableError) -> ErrorClass {
+    if crate::error::is_disk_full(e) {
+        return ErrorClass::Io;
+    }
+    match file_error_class(e) {
+        Some(class) => class,
+        // delta-rs' own parquet and generic errors (a footer that does not decode)
+        None => match e {
+            deltalake::DeltaTableError::Parquet { .. }
+            | deltalake::DeltaTableError::Arrow { .. }
+            | deltalake::DeltaTableError::Generic(_) => ErrorClass::BadData,
+            other => classify_delta(other),
+        },
+    }
+}
+
+/// What to do about a failed write, when the OS said why.
+fn write_hint(e: &deltalake::DeltaTableError) -> &'static str {
+    if crate::error::is_disk_full(e) {
+        ". The disk (or quota) is full: free space, then rerun; nothing was committed"
+    } else if crate::error::os_error_kind(e) == Some(std::io::ErrorKind::PermissionDenied) {
+        ". The OS refused the write: make the table's directory (and its _delta_log) writable for the user running tidemark, then rerun; nothing was committed"
     } else {
         ""
     }
 }
 
 impl RunError {
+    /// For delta-rs operations that write (see [`RunError::Write`]).
+    pub(crate) fn write<'u>(
+        phase: &'static str,
+        uri: &'u str,
+    ) -> impl FnOnce(deltalake::DeltaTableError) -> Self + 'u {
+        move |source| RunError::Write {
+            phase,
+            uri: uri.to_string(),
+            source: Box::new(source),
+        }
+    }
+
     pub(crate) fn query(
         phase: &'static str,
     ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self {
@@ -138,7 +218,19 @@ impl RunError {
         uri: &'u str,
     ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self + 'u {
         move |source| {
-            if file_error_class(&source).is_some() && !crate::error::is_disk_full(&source) {
+            if crate::error::is_disk_full(&source) {
+                return RunError::Query {
+                    phase,
+                    source: Box::new(source),
+                };
+            }
+            if file_error_class(&source) == Some(ErrorClass::Unavailable) {
+                return RunError::SourceUnreadable {
+                    uri: uri.to_string(),
+                    source: Box::new(source),
+                };
+            }
+            if file_error_class(&source).is_some() {
                 RunError::SourceRead {
                     uri: uri.to_string(),
                     source: Box::new(source),
@@ -164,7 +256,7 @@ impl RunError {
         use deltalake::kernel::transaction::TransactionError as T;
         match self {
             RunError::Conflict { .. } => true,
-            RunError::Delta { source, .. } => matches!(
+            RunError::Delta { source, .. } | RunError::Write { source, .. } => matches!(
                 source.as_ref(),
                 deltalake::DeltaTableError::Transaction {
                     source: T::CommitConflict(_)
@@ -185,9 +277,13 @@ impl Classify for RunError {
             RunError::Query { source, .. } | RunError::SourceRead { source, .. } => {
                 classify_datafusion(source)
             }
+            RunError::SourceUnreadable { .. } => ErrorClass::Unavailable,
+            RunError::TargetRead { source, .. } => target_read_class(source),
             RunError::Delta { source, .. } => classify_delta(source),
+            RunError::Write { source, .. } => classify_delta_write(source),
             RunError::Arrow { .. } => ErrorClass::Internal,
-            RunError::Injected(_) | RunError::Conflict { .. } => ErrorClass::Retryable,
+            RunError::Injected(e) => e.class(),
+            RunError::Conflict { .. } => ErrorClass::Retryable,
             RunError::QuarantineLimit { .. }
             | RunError::SchemaDrift { .. }
             | RunError::DuplicateTargetKeys { .. }
@@ -200,8 +296,9 @@ impl Classify for RunError {
 
 /// The class of a failure to read a data file, found anywhere in an error's chain: a file that
 /// is missing (the log references it) or is not Parquet is bad data; a file that may not be read
-/// is unavailable; other storage failures are I/O. `None` when no file was involved.
-fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<ErrorClass> {
+/// (the OS or the store refused: permissions, credentials) is unavailable; other storage failures
+/// are I/O. `None` when no file was involved.
+pub(crate) fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<ErrorClass> {
     use deltalake::ObjectStoreError as O;
     let mut found = None;
     let mut next = Some(e);
@@ -210,15 +307,42 @@ fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<ErrorClass>
             return Some(match o {
                 O::NotFound { .. } => ErrorClass::BadData,
                 O::PermissionDenied { .. } | O::Unauthenticated { .. } => ErrorClass::Unavailable,
-                _ => ErrorClass::Io,
+                // A local store reports the OS error under a generic one.
+                _ => match crate::error::os_error_kind(o) {
+                    Some(std::io::ErrorKind::PermissionDenied) => ErrorClass::Unavailable,
+                    Some(std::io::ErrorKind::NotFound) => ErrorClass::BadData,
+                    // A range past the file's end: the file is shorter than its log entry says.
+                    _ if is_short_file(o) => ErrorClass::BadData,
+                    _ => ErrorClass::Io,
+                },
             });
         }
         if e.downcast_ref::<parquet::errors::ParquetError>().is_some() {
             found = Some(ErrorClass::BadData);
         }
-        next = e.source();
+        next = crate::error::next_in_chain(e);
+    }
+    // The Parquet reader flattens the store's error into its message: a refused or failed read
+    // is not a damaged file.
+    if found.is_some() {
+        match crate::error::os_error_kind(e) {
+            Some(std::io::ErrorKind::PermissionDenied) => return Some(ErrorClass::Unavailable),
+            Some(std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) => {
+                return Some(ErrorClass::Io)
+            }
+            _ => {}
+        }
     }
     found
+}
+
+/// Whether a store error says a requested byte range is not in the object: the file is shorter
+/// than the size its log entry records (cut short by hand or by a crashed copy).
+fn is_short_file(e: &deltalake::ObjectStoreError) -> bool {
+    let text = e.to_string().to_ascii_lowercase();
+    text.contains("requested range was invalid")
+        || text.contains("range not satisfiable")
+        || text.contains("out of range for object")
 }
 
 fn classify_datafusion(e: &datafusion::error::DataFusionError) -> ErrorClass {
@@ -239,5 +363,102 @@ fn classify_datafusion(e: &datafusion::error::DataFusionError) -> ErrorClass {
         },
         D::Context(_, inner) => classify_datafusion(inner),
         _ => ErrorClass::Internal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use datafusion::error::DataFusionError as D;
+
+    fn store(source: std::io::Error) -> deltalake::ObjectStoreError {
+        deltalake::ObjectStoreError::Generic {
+            store: "LocalFileSystem",
+            source: Box::new(source),
+        }
+    }
+
+    /// How the Parquet reader reports a data file it could not read: the store's error
+    /// flattened into its message.
+    fn flattened(store_error: &str) -> D {
+        D::ParquetError(Box::new(parquet::errors::ParquetError::General(format!(
+            "Parquet error: Failed to fetch metadata for file t/part-0.parquet: Object Store error: {store_error}"
+        ))))
+    }
+
+    #[test]
+    fn a_refused_read_is_unavailable_and_a_short_or_missing_file_is_damage() {
+        let refused = D::ObjectStore(Box::new(store(std::io::Error::from_raw_os_error(13))));
+        assert_eq!(file_error_class(&refused), Some(ErrorClass::Unavailable));
+        assert_eq!(
+            file_error_class(&flattened(
+                "Generic LocalFileSystem error: Permission denied (os error 13)"
+            )),
+            Some(ErrorClass::Unavailable)
+        );
+        assert_eq!(
+            file_error_class(&flattened(
+                "Generic LocalFileSystem error: Requested range was invalid"
+            )),
+            Some(ErrorClass::BadData)
+        );
+        let missing = D::ObjectStore(Box::new(deltalake::ObjectStoreError::NotFound {
+            path: "t/part-0.parquet".into(),
+            source: "gone".into(),
+        }));
+        assert_eq!(file_error_class(&missing), Some(ErrorClass::BadData));
+        let other = D::ObjectStore(Box::new(store(std::io::Error::other("connection reset"))));
+        assert_eq!(file_error_class(&other), Some(ErrorClass::Io));
+        assert_eq!(file_error_class(&D::Execution("no file".into())), None);
+    }
+
+    #[test]
+    fn scans_name_a_refused_source_read_and_leave_a_full_disk_to_io() {
+        let err = RunError::scan("read", "s3://b/src")(flattened(
+            "Generic LocalFileSystem error: Permission denied (os error 13)",
+        ));
+        assert!(matches!(err, RunError::SourceUnreadable { .. }), "{err}");
+        assert_eq!(err.class(), ErrorClass::Unavailable);
+        assert!(err.to_string().contains("readable"), "{err}");
+        let full = RunError::scan("read", "s3://b/src")(D::Execution(
+            "Arrow error: Io error: No space left on device (os error 28)".into(),
+        ));
+        assert_eq!(full.class(), ErrorClass::Io);
+        assert!(full.to_string().contains("free space"), "{full}");
+        let damaged = RunError::scan("read", "s3://b/src")(flattened(
+            "Object at location t/part-0.parquet not found: No such file or directory (os error 2)",
+        ));
+        assert_eq!(damaged.class(), ErrorClass::BadData);
+    }
+
+    #[test]
+    fn a_damaged_target_file_says_full_reload_and_a_refused_write_is_local_io() {
+        let gone = RunError::TargetRead {
+            uri: "t".into(),
+            source: Box::new(deltalake::DeltaTableError::ObjectStore {
+                source: deltalake::ObjectStoreError::NotFound {
+                    path: "t/part-0.parquet".into(),
+                    source: "gone".into(),
+                },
+            }),
+        };
+        assert_eq!(gone.class(), ErrorClass::BadData);
+        assert!(gone.to_string().contains("--full-reload"), "{gone}");
+        let refused = RunError::TargetRead {
+            uri: "t".into(),
+            source: Box::new(deltalake::DeltaTableError::ObjectStore {
+                source: store(std::io::Error::from_raw_os_error(13)),
+            }),
+        };
+        assert_eq!(refused.class(), ErrorClass::Unavailable);
+        let write = RunError::write("commit", "t")(deltalake::DeltaTableError::ObjectStore {
+            source: store(std::io::Error::from_raw_os_error(13)),
+        });
+        assert_eq!(write.class(), ErrorClass::Io);
+        assert!(write.to_string().contains("writable"), "{write}");
+        let race =
+            RunError::write("write", "t")(deltalake::DeltaTableError::VersionAlreadyExists(4));
+        assert!(race.is_commit_conflict());
+        assert_eq!(race.class(), ErrorClass::Retryable);
     }
 }

@@ -72,10 +72,16 @@ impl Layout {
                 return Err(missing("column", &d.column));
             }
         }
-        if has(DELETED_COLUMN) && p.deletes.is_some() {
+        // The source's own `_deleted` would collide with the tombstone column tidemark adds
+        // (in both delete modes: hard deletes use it to steer the merge). Excluded, it is still
+        // read — so it can be the `deletes.column` itself — but never copied.
+        if has(DELETED_COLUMN)
+            && p.deletes.is_some()
+            && !p.exclude.iter().any(|e| e == DELETED_COLUMN)
+        {
             return Err(p.error_at(
                 "deletes",
-                format!("the source already has a `{DELETED_COLUMN}` column, which tidemark adds for deletes; exclude it with `columns.exclude` or rename it upstream"),
+                format!("the source already has a `{DELETED_COLUMN}` column, which tidemark adds to the target for deletes; add it to `columns.exclude` (e.g. `columns: {{ exclude: [{}] }}`: the target's `{DELETED_COLUMN}` is then tidemark's, and `deletes.column: {DELETED_COLUMN}` may still read the source's), or rename it upstream", p.exclude.iter().map(String::as_str).chain([DELETED_COLUMN]).collect::<Vec<_>>().join(", ")),
             ));
         }
         let seq_type = source

@@ -81,7 +81,7 @@ pub async fn store(
             .with_save_mode(SaveMode::Append)
             .with_schema_mode(SchemaMode::Merge)
             .await
-            .map_err(RunError::delta("quarantine", uri))?;
+            .map_err(RunError::write("quarantine", uri))?;
     }
     Ok(Outcome {
         rejected: total as u64,

@@ -144,6 +144,8 @@ impl Engine {
     /// needed for streamed writes, and identifiers stay case-sensitive).
     pub fn context(&self) -> SessionContext {
         let ctx = DeltaSessionContext::with_runtime_env(self.runtime_env.clone()).into_inner();
+        #[cfg(feature = "failpoints")]
+        crate::lake::faulty::register_for_scans(ctx.runtime_env().as_ref());
         let state = ctx.state();
         let partitions = self.target_partitions.max(1);
         let mut config = state.config().clone().with_target_partitions(partitions);
@@ -210,7 +212,70 @@ impl TempFileFactory for SpillCounter {
             ))
         })?;
         self.created.fetch_add(1, Ordering::Relaxed);
-        inner.create_tmp_file(description)
+        let file = inner.create_tmp_file(description)?;
+        #[cfg(feature = "failpoints")]
+        if std::env::var(crate::failpoint::ENV).is_ok() {
+            return Ok(Arc::new(faulty_spill::FaultySpillFile(file)));
+        }
+        Ok(file)
+    }
+}
+
+/// Spill files whose writes stop at the `spill.write` failpoint (failpoints builds only): with
+/// `enospc` a write fails as on a full disk, the way DataFusion's own spill writer would.
+#[cfg(feature = "failpoints")]
+mod faulty_spill {
+    use std::sync::Arc;
+
+    use datafusion::execution::spill_file::{SpillFile, SpillWriter};
+
+    pub struct FaultySpillFile(pub Arc<dyn SpillFile>);
+
+    impl SpillFile for FaultySpillFile {
+        fn path(&self) -> Option<&std::path::Path> {
+            self.0.path()
+        }
+
+        fn size(&self) -> Option<u64> {
+            self.0.size()
+        }
+
+        fn read_stream(
+            &self,
+        ) -> datafusion::error::Result<
+            std::pin::Pin<
+                Box<dyn futures::Stream<Item = datafusion::error::Result<bytes::Bytes>> + Send>,
+            >,
+        > {
+            self.0.read_stream()
+        }
+
+        fn open_writer(&self) -> datafusion::error::Result<Box<dyn SpillWriter>> {
+            Ok(Box::new(FaultyWriter(self.0.open_writer()?)))
+        }
+    }
+
+    struct FaultyWriter(Box<dyn SpillWriter>);
+
+    impl std::io::Write for FaultyWriter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if let Err(e) = crate::failpoint::hit("spill.write") {
+                return Err(e
+                    .io_error()
+                    .unwrap_or_else(|| std::io::Error::other(e.to_string())));
+            }
+            self.0.write(buf)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.0.flush()
+        }
+    }
+
+    impl SpillWriter for FaultyWriter {
+        fn finish(&mut self) -> datafusion::error::Result<()> {
+            self.0.finish()
+        }
     }
 }
 
