@@ -151,8 +151,8 @@ pub struct AddedFiles {
     /// fall back to a wider read to stay correct.
     pub complete: bool,
     /// Commits of the range that took rows away (`remove` with `dataChange = true`: DELETE,
-    /// UPDATE, MERGE, overwrite, RESTORE by another writer). Rows already merged from the removed
-    /// files cannot be taken back by an incremental run.
+    /// UPDATE, MERGE, overwrite, RESTORE by another writer) from files that existed before the
+    /// range. Rows already merged from those files cannot be taken back by an incremental run.
     pub rewrites: Vec<Rewrite>,
 }
 
@@ -178,6 +178,10 @@ pub async fn files_added_between(
         complete: true,
         rewrites: Vec::new(),
     };
+    // Files added within the range: removing one of them (a DELETE of rows that landed since
+    // `from_exclusive`, e.g. a deletion vector on a new file) takes away nothing a reader of
+    // `from_exclusive` has seen, so it is not a rewrite.
+    let mut added_in_range = std::collections::HashSet::new();
     for version in (from_exclusive + 1)..=to_inclusive {
         let Some(bytes) = store.read_commit_entry(version).await? else {
             out.complete = false;
@@ -185,14 +189,19 @@ pub async fn files_added_between(
         };
         let mut operation = None;
         let mut removed = 0;
+        let mut adds = Vec::new();
         for action in deltalake::logstore::get_actions(version, &bytes)? {
             match action {
-                Action::Add(add) => out.adds.push(add),
-                Action::Remove(r) if r.data_change => removed += 1,
+                Action::Add(add) => adds.push(add),
+                Action::Remove(r) if r.data_change && !added_in_range.contains(&r.path) => {
+                    removed += 1
+                }
                 Action::CommitInfo(ci) => operation = ci.operation,
                 _ => {}
             }
         }
+        added_in_range.extend(adds.iter().map(|a| a.path.clone()));
+        out.adds.extend(adds);
         if removed > 0 {
             out.rewrites.push(Rewrite {
                 version,

@@ -172,13 +172,14 @@ async fn target_rows(
     };
 
     let provider = target.table_provider().await.map_err(q("compare"))?;
+    let columns = layout.target_exprs_for(&provider.schema());
     let left: Vec<&str> = layout.keys.iter().map(String::as_str).collect();
     let right: Vec<&str> = key_names.iter().map(String::as_str).collect();
     let batches = ctx
         .read_table(provider)
         .and_then(|df| df.filter(ident(first).between(lit(lo), lit(hi))))
         .and_then(|df| df.join(slice_keys, JoinType::LeftSemi, &left, &right, None))
-        .and_then(|df| df.select(layout.target_exprs()))
+        .and_then(|df| df.select(columns))
         .map_err(q("compare"))?
         .collect()
         .await

@@ -200,6 +200,27 @@ impl Layout {
             .collect()
     }
 
+    /// [`Self::target_exprs`] for a target that may lack columns the pipeline now produces
+    /// (`on_schema_change: add_new_columns` before the run that adds them): those read as null.
+    pub fn target_exprs_for(&self, target: &arrow::datatypes::Schema) -> Vec<Expr> {
+        self.target_exprs()
+            .into_iter()
+            .zip(self.canonical.fields().iter())
+            .map(|(e, f)| {
+                let stored = f.name() == DELETED_COLUMN && self.hard_deletes();
+                if stored || target.field_with_name(f.name()).is_ok() {
+                    e
+                } else {
+                    datafusion::logical_expr::cast(
+                        lit(datafusion::scalar::ScalarValue::Null),
+                        f.data_type().clone(),
+                    )
+                    .alias(f.name())
+                }
+            })
+            .collect()
+    }
+
     /// The dedup order: key ascending, then the newest version first (greatest tuple, nulls
     /// lowest). Among equal tuples the dedup itself keeps the greatest content, so the choice
     /// depends only on the rows' values — the same on every run and every machine — without
