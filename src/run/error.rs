@@ -70,7 +70,7 @@ pub enum RunError {
         source: Box<datafusion::error::DataFusionError>,
     },
     /// The source is a different Delta table than the one the target was built from.
-    #[error("the source {uri} is not the table the target was built from: its table id is now {table_id} (deleted and recreated, or replaced, since the target's last run), so its version numbers cannot tell which rows the target has seen; nothing was read or written. Rebuild the target from the new source with `tidemark run {path} --full-reload`, or — if the new table re-delivers the old one's history — set `source.on_recreate: read_all` in {path} to merge all of it")]
+    #[error("the source {uri} is not the table the target was built from: its table id is now {table_id} (deleted and recreated, or replaced, since the target's last run), so its version numbers cannot tell which rows the target has seen; nothing was read or written. Rebuild the target from the new source with `tidemark run {path} --full-reload` (in a bundle: `tidemark job run <job> --full-reload`), or — if the new table re-delivers the old one's history — set `source.on_recreate: read_all` in {path} to merge all of it")]
     SourceReplaced {
         uri: String,
         table_id: String,
@@ -86,7 +86,7 @@ pub enum RunError {
         pipeline: String,
     },
     /// The source stopped being append-only: rows the target may hold were taken away.
-    #[error("the source {uri} is no longer append-only: commit {version} ({operation}) removed {files_removed} data file(s) after version {recorded}, which the target's last run read{}; rows the target may hold were deleted or rewritten upstream, and an incremental merge cannot take them back. Nothing was written. Rebuild the target with `tidemark run {pipeline} --full-reload` (or `tidemark job run <job> --full-reload`); compaction with dataChange = false is fine", if *more > 0 { format!(", and {more} later commit(s) did too") } else { String::new() })]
+    #[error("the source {uri} is no longer append-only: commit {version} ({operation}) removed {files_removed} data file(s) after version {recorded}, which the target's last run read{}; rows the target may hold were deleted or rewritten upstream, and an incremental merge cannot take them back. Nothing was written. Rebuild the target with `tidemark run {pipeline} --full-reload` (in a bundle: `tidemark job run <job> --full-reload`); compaction with dataChange = false is fine", if *more > 0 { format!(", and {more} later commit(s) did too") } else { String::new() })]
     SourceRewritten {
         uri: String,
         version: u64,
