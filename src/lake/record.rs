@@ -63,16 +63,13 @@ pub async fn read(table: &DeltaTable, pipeline_app: &str) -> Result<SourceRecord
     let snapshot = table.snapshot()?;
     let store = table.log_store();
     let [version_app, table_app, floor_app] = app_ids(pipeline_app);
-    let version = snapshot
-        .transaction_version(store.as_ref(), &version_app)
-        .await?;
-    let table_fp = snapshot
-        .transaction_version(store.as_ref(), &table_app)
-        .await?;
-    let floor = snapshot
-        .transaction_version(store.as_ref(), &floor_app)
-        .await?
-        .filter(|f| *f != NO_DEFERRED);
+    // Each look-up replays the log for `txn` actions (off the async threads): run them at once.
+    let (version, table_fp, floor) = futures::try_join!(
+        snapshot.transaction_version(store.as_ref(), &version_app),
+        snapshot.transaction_version(store.as_ref(), &table_app),
+        snapshot.transaction_version(store.as_ref(), &floor_app),
+    )?;
+    let floor = floor.filter(|f| *f != NO_DEFERRED);
     Ok(SourceRecord {
         version,
         table: table_fp,

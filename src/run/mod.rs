@@ -108,6 +108,8 @@ struct Run<'a> {
     /// Set when the run read whole files behind the slice without knowing which rows landed
     /// since the previous run: late rows are then the changed rows with a sequence up to it.
     late_bound: Option<i64>,
+    /// What the target recorded about the source, once read.
+    record: Option<lake::SourceRecord>,
 }
 
 fn micros_to_time(us: i64) -> Option<DateTime<Utc>> {
@@ -170,6 +172,7 @@ impl<'a> Run<'a> {
             source_table: None,
             deferred_floor: None,
             late_bound: None,
+            record: None,
         }
     }
 
@@ -265,16 +268,21 @@ impl<'a> Run<'a> {
 
     /// Whether a run of this pipeline already committed to `target` (it then records the
     /// source version it read). Such a target stays incremental even while it is empty.
-    async fn has_run_before(&self, target: &DeltaTable) -> Result<bool, RunError> {
+    async fn has_run_before(&mut self, target: &DeltaTable) -> Result<bool, RunError> {
         Ok(self.recorded(target).await?.version.is_some())
     }
 
     /// What the target's commits recorded about the source (version read, table id, deferred
-    /// rows).
-    async fn recorded(&self, target: &DeltaTable) -> Result<lake::SourceRecord, RunError> {
-        lake::record::read(target, &self.p.app_id())
+    /// rows); read once per run.
+    async fn recorded(&mut self, target: &DeltaTable) -> Result<lake::SourceRecord, RunError> {
+        if let Some(r) = self.record {
+            return Ok(r);
+        }
+        let r = lake::record::read(target, &self.p.app_id())
             .await
-            .map_err(RunError::delta("plan", &self.p.target_uri))
+            .map_err(RunError::delta("plan", &self.p.target_uri))?;
+        self.record = Some(r);
+        Ok(r)
     }
 
     /// Fails with a (re-plannable) conflict when another writer committed to the target after
