@@ -121,7 +121,10 @@ fn the_bundle_validate_transcript_is_what_the_binary_prints() {
                 .args(&args),
         );
         let printed = format!("{}{}", out.stdout, out.stderr);
-        for expected in lines[i + 1..].iter().take_while(|l| !l.starts_with('$') && !l.starts_with("```")) {
+        for expected in lines[i + 1..]
+            .iter()
+            .take_while(|l| !l.starts_with('$') && !l.starts_with("```"))
+        {
             let expected = expected.trim_start_matches('…');
             assert!(
                 printed.lines().any(|l| l.ends_with(expected)),
@@ -152,7 +155,9 @@ fn the_layout_names_real_paths() {
 
 /// The first column of the run-summary table: every field a person may look for.
 fn summary_fields(text: &str) -> Vec<String> {
-    let start = text.find("### The run summary").expect("run summary section");
+    let start = text
+        .find("### The run summary")
+        .expect("run summary section");
     let mut fields = Vec::new();
     for line in text[start..].lines().skip(1) {
         if line.starts_with("###") || line.starts_with("## ") {
@@ -162,7 +167,11 @@ fn summary_fields(text: &str) -> Vec<String> {
             continue;
         };
         for part in first.split(", ") {
-            if let Some(name) = part.trim().strip_prefix('`').and_then(|p| p.strip_suffix('`')) {
+            if let Some(name) = part
+                .trim()
+                .strip_prefix('`')
+                .and_then(|p| p.strip_suffix('`'))
+            {
                 fields.push(name.to_string());
             }
         }
