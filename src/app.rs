@@ -135,7 +135,9 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
 fn load_pipeline(name: &str, dir: &Path, vars: &[String]) -> Result<Pipeline, AppError> {
     let vars = Vars::from_args(vars).map_err(ConfigError::BadVarArg)?;
     let path = resolve_pipeline_path(name, dir)?;
-    Ok(Pipeline::load(&path, &vars)?)
+    let p = Pipeline::load(&path, &vars)?;
+    p.check_vars_used(vars.names())?;
+    Ok(p)
 }
 
 /// The compute `tidemark run` was given on its command line (the same settings a bundle's
@@ -326,6 +328,7 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
             Ok(path) => {
                 let vars = Vars::from_args(&args.vars).map_err(ConfigError::BadVarArg)?;
                 let p = Pipeline::load(&path, &vars)?;
+                p.check_vars_used(vars.names())?;
                 (
                     p.target_uri,
                     Some((p.target_file_size, p.keys)),

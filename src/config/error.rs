@@ -43,12 +43,20 @@ pub enum ConfigError {
     /// A `--var` argument that is not `NAME=VALUE`.
     #[error("--var {0:?} is not NAME=VALUE (example: --var lake=./lake)")]
     BadVarArg(String),
+    /// A `--var NAME=...` that the pipeline never references: most likely a typo, which would
+    /// otherwise be ignored silently.
+    #[error("--var {name}: {path} has no ${{var.{name}}}{hint}; remove it or fix its name")]
+    UnusedVar {
+        name: String,
+        path: PathBuf,
+        hint: String,
+    },
 }
 
 impl Classify for ConfigError {
     fn class(&self) -> ErrorClass {
         match self {
-            ConfigError::BadVarArg(_) => ErrorClass::Usage,
+            ConfigError::BadVarArg(_) | ConfigError::UnusedVar { .. } => ErrorClass::Usage,
             _ => ErrorClass::Config,
         }
     }

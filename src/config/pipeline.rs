@@ -257,6 +257,39 @@ impl Pipeline {
         )
     }
 
+    /// Refuses `--var` values the pipeline file never references (a typo would otherwise be
+    /// ignored and the file's own default, if any, used silently).
+    pub fn check_vars_used<'a>(
+        &self,
+        given: impl IntoIterator<Item = &'a str>,
+    ) -> Result<(), ConfigError> {
+        let referenced = super::vars::referenced(&self.text);
+        for name in given {
+            if referenced.contains(name) {
+                continue;
+            }
+            let near = super::location::nearest(name, referenced.iter().map(String::as_str));
+            let hint = match (near, referenced.is_empty()) {
+                (Some(n), _) => format!(" (did you mean `{n}`?)"),
+                (None, true) => " (it references no variables)".to_string(),
+                (None, false) => format!(
+                    " (it references {})",
+                    referenced
+                        .iter()
+                        .map(|r| format!("`{r}`"))
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            };
+            return Err(ConfigError::UnusedVar {
+                name: name.to_string(),
+                path: self.path.clone(),
+                hint,
+            });
+        }
+        Ok(())
+    }
+
     /// The Delta application-transaction id under which runs record the source version read.
     pub fn app_id(&self) -> String {
         format!("tidemark/{}", self.name)

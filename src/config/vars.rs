@@ -142,6 +142,18 @@ impl Vars {
     }
 }
 
+/// The names `text` references as `${var.NAME}`.
+pub fn referenced(text: &str) -> BTreeSet<String> {
+    text.match_indices("${var.")
+        .filter_map(|(i, m)| {
+            let rest = &text[i + m.len()..];
+            let end = rest.find('}')?;
+            Some(rest[..end].to_string())
+        })
+        .filter(|n| is_name(n))
+        .collect()
+}
+
 fn is_name(s: &str) -> bool {
     !s.is_empty()
         && s.chars()
