@@ -7,6 +7,7 @@
 mod compact;
 pub mod datafile;
 mod error;
+pub mod facts;
 #[cfg(feature = "failpoints")]
 pub(crate) mod faulty;
 mod log;

@@ -109,6 +109,7 @@ pub async fn overwrite(
     shape: FileShape,
     plan: LogicalPlan,
     props: CommitProperties,
+    final_facts: lake::facts::FinalFacts,
 ) -> Result<DeltaTable, RunError> {
     let d = RunError::delta;
     let FileShape {
@@ -139,6 +140,7 @@ pub async fn overwrite(
         }
     };
     let fresh = table.version().is_none();
+    let table = lake::facts::with_final_facts(table, final_facts);
     let mut builder = table
         .write(std::iter::empty())
         .with_input_plan(plan)

@@ -840,6 +840,7 @@ impl<'a> Run<'a> {
             let props = self.commit_properties();
             let plan = winners.into_unoptimized_plan();
             let ctx = self.ctx.clone();
+            let final_facts = streamed_facts(counts.clone(), layout.hard_deletes());
             let written = apply::overwrite(
                 &ctx,
                 target,
@@ -851,6 +852,7 @@ impl<'a> Run<'a> {
                 },
                 plan,
                 props,
+                final_facts,
             )
             .instrument(info_span!("commit"))
             .await;
@@ -972,6 +974,33 @@ impl<'a> Run<'a> {
         );
         self.summary
     }
+}
+
+/// The facts of a streamed reload that are known only once every winner was written; the
+/// commit (written last) carries them, like the run summary.
+fn streamed_facts(
+    counts: Arc<std::sync::Mutex<DedupCounts>>,
+    hard_deletes: bool,
+) -> lake::facts::FinalFacts {
+    Arc::new(move || {
+        let c = *counts.lock().ok()?;
+        let mut facts = serde_json::Map::new();
+        facts.insert(
+            "num_inserted".into(),
+            (c.winners - c.deleted_winners).into(),
+        );
+        facts.insert("num_deleted".into(), c.deleted_winners.into());
+        facts.insert("num_duplicates_collapsed".into(), c.collapsed.into());
+        facts.insert("num_conflicts".into(), c.conflicts.into());
+        facts.insert(
+            "watermark_after".into(),
+            c.watermark(hard_deletes)
+                .and_then(micros_to_time)
+                .map(|t| t.to_rfc3339())
+                .into(),
+        );
+        Some(facts)
+    })
 }
 
 /// Files added and removed by the table's latest commit (from its log entry).
