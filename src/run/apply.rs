@@ -99,6 +99,13 @@ pub struct FileShape {
     pub row_group_rows: usize,
 }
 
+/// What the overwrite commit carries: the run's facts known before the write, and those
+/// completed when the commit file is written (`crate::lake::facts`).
+pub struct OverwriteCommit {
+    pub props: CommitProperties,
+    pub final_facts: lake::facts::FinalFacts,
+}
+
 /// Replaces the whole target with the rows of `plan` in one commit; creates the table (with
 /// `delta.targetFileSize`) when it does not exist. Readers see the old table or the new one.
 pub async fn overwrite(
@@ -108,9 +115,9 @@ pub async fn overwrite(
     name: &str,
     shape: FileShape,
     plan: LogicalPlan,
-    props: CommitProperties,
-    final_facts: lake::facts::FinalFacts,
+    commit: OverwriteCommit,
 ) -> Result<DeltaTable, RunError> {
+    let OverwriteCommit { props, final_facts } = commit;
     let d = RunError::delta;
     let FileShape {
         file_size,

@@ -851,8 +851,7 @@ impl<'a> Run<'a> {
                     row_group_rows: self.p.target_row_group_rows,
                 },
                 plan,
-                props,
-                final_facts,
+                apply::OverwriteCommit { props, final_facts },
             )
             .instrument(info_span!("commit"))
             .await;
