@@ -75,6 +75,9 @@ pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
     if is_disk_full(err) {
         return ErrorClass::Io;
     }
+    if let Some(fault) = crate::lake::store_fault(err) {
+        return fault.class;
+    }
     match err {
         E::NotATable(_) | E::InvalidTableLocation(_) => ErrorClass::Unavailable,
         E::ObjectStore { source } => match source {
@@ -112,6 +115,9 @@ pub fn next_in_chain<'a>(
 pub fn classify_delta_write(err: &deltalake::DeltaTableError) -> ErrorClass {
     if is_disk_full(err) || os_error_kind(err) == Some(std::io::ErrorKind::PermissionDenied) {
         return ErrorClass::Io;
+    }
+    if let Some(fault) = crate::lake::store_fault(err) {
+        return fault.class;
     }
     let class = classify_delta(err);
     if class != ErrorClass::Internal {
