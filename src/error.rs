@@ -24,6 +24,10 @@ pub enum ErrorClass {
     Retryable,
     /// A bug in tidemark: please report it with the log.
     Internal,
+    /// Stopped by SIGINT (Ctrl-C): the work was cancelled and cleaned up; rerunning is safe.
+    Interrupted,
+    /// Stopped by SIGTERM: the work was cancelled and cleaned up; rerunning is safe.
+    Terminated,
 }
 
 impl ErrorClass {
@@ -37,6 +41,8 @@ impl ErrorClass {
             ErrorClass::Io => 74,
             ErrorClass::Retryable => 75,
             ErrorClass::Config => 78,
+            ErrorClass::Interrupted => 130,
+            ErrorClass::Terminated => 143,
         }
     }
 
@@ -56,6 +62,8 @@ impl fmt::Display for ErrorClass {
             ErrorClass::Io => "io",
             ErrorClass::Retryable => "retryable",
             ErrorClass::Internal => "internal",
+            ErrorClass::Interrupted => "interrupted",
+            ErrorClass::Terminated => "terminated",
         };
         f.write_str(s)
     }

@@ -23,6 +23,11 @@ use deltalake::delta_datafusion::DeltaSessionContext;
 
 use crate::config::bundle::Compute;
 
+// A sibling file (src/run/spill.rs), declared here so that src/run/mod.rs stays untouched.
+#[path = "spill.rs"]
+mod spill;
+use spill::SpillDir;
+
 /// Why the compute of a job cluster cannot be set up.
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -59,6 +64,8 @@ pub struct Engine {
     runtime_env: Arc<RuntimeEnv>,
     spill: Arc<SpillCounter>,
     threads: Option<Arc<OwnedRuntime>>,
+    /// This engine's own directory under the spill directory (none without spilling set up).
+    spill_dir: Option<Arc<SpillDir>>,
 }
 
 impl Default for Engine {
@@ -72,6 +79,7 @@ impl Default for Engine {
             runtime_env,
             spill: counter,
             threads: None,
+            spill_dir: None,
         }
     }
 }
@@ -91,25 +99,25 @@ impl Engine {
             let bytes = usize::try_from(bytes).unwrap_or(usize::MAX);
             builder = builder.with_memory_pool(Arc::new(FairSpillPool::new(bytes)));
         }
-        let mode = match &compute.spill_directory {
-            Some(dir) => {
-                std::fs::create_dir_all(dir).map_err(|source| EngineError::SpillDirectory {
-                    path: dir.clone(),
-                    source,
-                })?;
-                DiskManagerMode::Directories(vec![dir.clone()])
-            }
-            None => DiskManagerMode::OsTmpDirectory,
-        };
+        let base = compute
+            .spill_directory
+            .clone()
+            .unwrap_or_else(std::env::temp_dir);
+        let spill_dir =
+            SpillDir::create(&base).map_err(|source| EngineError::SpillDirectory {
+                path: base.clone(),
+                source,
+            })?;
+        let mode = DiskManagerMode::Directories(vec![spill_dir.path().to_path_buf()]);
         let inner = DiskManagerBuilder::default()
             .with_mode(mode)
             .build()
-            .map_err(|e| match (&compute.spill_directory, e) {
-                (Some(dir), DataFusionError::IoError(source)) => EngineError::SpillDirectory {
-                    path: dir.clone(),
+            .map_err(|e| match e {
+                DataFusionError::IoError(source) => EngineError::SpillDirectory {
+                    path: base.clone(),
                     source,
                 },
-                (_, e) => EngineError::Runtime(Box::new(e)),
+                e => EngineError::Runtime(Box::new(e)),
             })?;
         let counter = Arc::new(SpillCounter {
             inner: Some(Arc::new(inner)),
@@ -137,6 +145,7 @@ impl Engine {
             runtime_env,
             spill: counter,
             threads,
+            spill_dir: Some(Arc::new(spill_dir)),
         })
     }
 
@@ -169,6 +178,15 @@ impl Engine {
     /// Spill files created through this engine so far (a job reports the difference per task).
     pub fn spill_files(&self) -> u64 {
         self.spill.created.load(Ordering::Relaxed)
+    }
+
+    /// Removes this engine's spill directory and the spill files still in it. Call it when no
+    /// more work will run on the engine (the run or job run ended, however it ended); dropping
+    /// the last clone of the engine does the same.
+    pub fn remove_spill_dir(&self) {
+        if let Some(dir) = &self.spill_dir {
+            dir.remove();
+        }
     }
 
     /// Runs `future` on this engine's worker threads (on the caller's runtime when the engine
