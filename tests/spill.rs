@@ -164,3 +164,51 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
         entries(&spill)
     );
 }
+
+/// The smallest memory limit (16 MiB) carries a full reload of 100k generated payments (272k
+/// rows) on two threads, spilling; so does 64 MiB. Both ran out of memory when each thread
+/// sorted its own partition in its share of the pool.
+#[test]
+fn the_smallest_memory_limit_carries_a_full_reload_on_two_threads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let lake = d.join("lake");
+    generate(&lake, 100_000);
+    let bundle = d.join("bundle");
+    std::fs::create_dir_all(bundle.join("resources")).expect("mkdir");
+    std::fs::write(
+        bundle.join("tidemark.yml"),
+        format!("bundle: {{ name: floor }}\ninclude: [resources/*.yml]\nvariables:\n  lake: {{ default: \"{}\" }}\ntargets:\n  local: {{ default: true }}\n", lake.display()),
+    )
+    .expect("write");
+    let job = |name: &str, memory: &str| {
+        format!(
+            "    {name}:\n      job_clusters:\n        - job_cluster_key: c\n          new_cluster: {{ worker_threads: 2, memory_limit: {memory}, spill_directory: \"{}\" }}\n      tasks:\n        - task_key: t\n          job_cluster_key: c\n          pipeline_task: {{ pipeline: \"{}\", mode: full_reload }}\n",
+            d.join("spill").display(),
+            payments_pipeline().display()
+        )
+    };
+    std::fs::write(
+        bundle.join("resources/jobs.yml"),
+        format!("resources:\n  jobs:\n{}{}", job("floor", "16MiB"), job("small", "64MiB")),
+    )
+    .expect("write");
+    for name in ["floor", "small"] {
+        let out = output(
+            tidemark()
+                .args(["job", "run", name, "--output", "json", "--bundle"])
+                .arg(&bundle),
+        );
+        assert_eq!(out.code, 0, "{name}: {}\n{}", out.stdout, out.stderr);
+        let report: Value = serde_json::from_str(&out.stdout).expect("json");
+        let attempt = &report["tasks"][0]["attempts"][0];
+        assert!(
+            attempt["spill_files"].as_u64().unwrap_or(0) > 0,
+            "{name} did not spill: {attempt}"
+        );
+        assert_eq!(
+            attempt["summary"]["num_source_rows_read"], 272_136,
+            "{attempt}"
+        );
+    }
+}
