@@ -194,9 +194,8 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
         dry_run: args.dry_run,
     };
     let on_engine = engine.clone();
-    let mut handle = engine.spawn(async move {
-        run::run(&pipeline, &opts, clock.as_ref(), &on_engine).await
-    });
+    let mut handle =
+        engine.spawn(async move { run::run(&pipeline, &opts, clock.as_ref(), &on_engine).await });
     let result = tokio::select! {
         joined = &mut handle => joined,
         signal = crate::signal::stop_signal() => {

@@ -296,8 +296,16 @@ fn tidemark_at(endpoint: &str, secret: Option<&str>, args: &[&str]) -> Output {
 fn assert_store_fault(out: &Output, code: i32, says: &str, what: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(code), "{what}:\n{stderr}");
-    assert!(stderr.contains(says), "{what} should say {says:?}:\n{stderr}");
-    for never in ["damaged", "move the table", "Error performing", "retry_timeout"] {
+    assert!(
+        stderr.contains(says),
+        "{what} should say {says:?}:\n{stderr}"
+    );
+    for never in [
+        "damaged",
+        "move the table",
+        "Error performing",
+        "retry_timeout",
+    ] {
         assert!(!stderr.contains(never), "{what} says {never:?}:\n{stderr}");
     }
 }

@@ -106,7 +106,11 @@ async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
     )
     .await;
     let bundle = write_bundle(d);
-    let first = output(tidemark(NOW).args(["job", "run", "j", "--bundle"]).arg(&bundle));
+    let first = output(
+        tidemark(NOW)
+            .args(["job", "run", "j", "--bundle"])
+            .arg(&bundle),
+    );
     assert_eq!(first.code, 0, "{}", first.stderr);
     let before = version(&silver(d)).await;
     append(
@@ -117,10 +121,7 @@ async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
 
     let pause = Pause::new();
     let child = tidemark(NOW)
-        .env(
-            "TIDEMARK_FAILPOINTS",
-            pause.at("incremental.before_commit"),
-        )
+        .env("TIDEMARK_FAILPOINTS", pause.at("incremental.before_commit"))
         .args(["job", "run", "j", "--output", "json", "--bundle"])
         .arg(&bundle)
         .stdout(Stdio::piped())
@@ -201,7 +202,10 @@ async fn a_stopped_run_exits_by_its_signal_and_leaves_no_spill_files() {
             .spawn()
             .expect("spawn");
         pause.wait_reached();
-        assert!(!entries(&spill).is_empty(), "the run has its spill directory");
+        assert!(
+            !entries(&spill).is_empty(),
+            "the run has its spill directory"
+        );
         send(&child, signal);
         let out = child.wait_with_output().expect("wait");
         let stderr = String::from_utf8_lossy(&out.stderr);

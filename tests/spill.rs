@@ -42,7 +42,14 @@ fn generate(lake: &Path, payments: u32) {
             .arg("generate")
             .arg("--out")
             .arg(lake.join("bronze/payments_raw"))
-            .args(["--payments", &payments.to_string(), "--days", "30", "--seed", "7"])
+            .args([
+                "--payments",
+                &payments.to_string(),
+                "--days",
+                "30",
+                "--seed",
+                "7",
+            ])
             .args(["--start", "2026-01-15"]),
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -154,7 +161,14 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
             .env("TIDEMARK_FAILPOINTS", "full_reload.after_read=error")
             .arg("run")
             .arg(payments_pipeline())
-            .args(["--var", &var, "--full-reload", "--memory-limit", "16MiB", "--spill-dir"])
+            .args([
+                "--var",
+                &var,
+                "--full-reload",
+                "--memory-limit",
+                "16MiB",
+                "--spill-dir",
+            ])
             .arg(&spill),
     );
     assert_eq!(out.code, 75, "{}", out.stderr);
@@ -190,7 +204,11 @@ fn the_smallest_memory_limit_carries_a_full_reload_on_two_threads() {
     };
     std::fs::write(
         bundle.join("resources/jobs.yml"),
-        format!("resources:\n  jobs:\n{}{}", job("floor", "16MiB"), job("small", "64MiB")),
+        format!(
+            "resources:\n  jobs:\n{}{}",
+            job("floor", "16MiB"),
+            job("small", "64MiB")
+        ),
     )
     .expect("write");
     for name in ["floor", "small"] {

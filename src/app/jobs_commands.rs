@@ -347,7 +347,13 @@ pub async fn run_job(
         (Err(e), Some(class)) => {
             return Ok(Output {
                 stdout: String::new(),
-                failure: Some((class, format!("{} received: `job run` stopped ({e})", crate::signal::name(class)))),
+                failure: Some((
+                    class,
+                    format!(
+                        "{} received: `job run` stopped ({e})",
+                        crate::signal::name(class)
+                    ),
+                )),
             })
         }
         (Err(e), None) => return Err(e.into()),

@@ -10,7 +10,10 @@ pub enum JobsError {
     #[error("job `{job}` is already running: {holder}. This run was skipped; try again when it has finished (exit code 75 means: safe to retry)")]
     AlreadyRunning { job: String, holder: Box<Holder> },
     /// The lease store could not be read or written.
-    #[error("lease {path}: {}; check that the lake is reachable and writable", lease_cause(source))]
+    #[error(
+        "lease {path}: {}; check that the lake is reachable and writable",
+        lease_cause(source)
+    )]
     Lease {
         path: String,
         #[source]

@@ -107,11 +107,10 @@ impl Engine {
             .spill_directory
             .clone()
             .unwrap_or_else(std::env::temp_dir);
-        let spill_dir =
-            SpillDir::create(&base).map_err(|source| EngineError::SpillDirectory {
-                path: base.clone(),
-                source,
-            })?;
+        let spill_dir = SpillDir::create(&base).map_err(|source| EngineError::SpillDirectory {
+            path: base.clone(),
+            source,
+        })?;
         let mode = DiskManagerMode::Directories(vec![spill_dir.path().to_path_buf()]);
         let inner = DiskManagerBuilder::default()
             .with_mode(mode)

@@ -41,7 +41,9 @@ impl SpillDir {
         match std::fs::remove_dir_all(&self.path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => warn!(path = %self.path.display(), "cannot remove the spill directory: {e}; remove it by hand"),
+            Err(e) => {
+                warn!(path = %self.path.display(), "cannot remove the spill directory: {e}; remove it by hand")
+            }
         }
     }
 }
@@ -76,8 +78,12 @@ fn remove_stale(base: &Path) {
             continue;
         }
         match std::fs::remove_dir_all(entry.path()) {
-            Ok(()) => info!(dir = %entry.path().display(), pid, "removed the spill directory of a process that no longer exists"),
-            Err(e) => warn!(dir = %entry.path().display(), "cannot remove a stale spill directory: {e}"),
+            Ok(()) => {
+                info!(dir = %entry.path().display(), pid, "removed the spill directory of a process that no longer exists")
+            }
+            Err(e) => {
+                warn!(dir = %entry.path().display(), "cannot remove a stale spill directory: {e}")
+            }
         }
     }
 }
@@ -92,7 +98,10 @@ mod tests {
             owner_pid("tidemark-spill-my-host-4182-0123abcd", "my-host"),
             Some(4182)
         );
-        assert_eq!(owner_pid("tidemark-spill-other-4182-0123abcd", "my-host"), None);
+        assert_eq!(
+            owner_pid("tidemark-spill-other-4182-0123abcd", "my-host"),
+            None
+        );
         assert_eq!(owner_pid("datafusion-xyz", "my-host"), None);
     }
 
@@ -102,11 +111,16 @@ mod tests {
         let mine = SpillDir::create(base.path()).expect("create");
         let host = crate::jobs::lease::hostname().replace(['/', '\\'], "_");
         // pid 0x7fff_fff0 does not exist
-        let dead = base.path().join(format!("{PREFIX}{host}-2147483632-deadbeef"));
+        let dead = base
+            .path()
+            .join(format!("{PREFIX}{host}-2147483632-deadbeef"));
         std::fs::create_dir(&dead).expect("mkdir");
         std::fs::write(dead.join("spill.arrow"), b"x").expect("write");
         let again = SpillDir::create(base.path()).expect("create");
-        assert!(!dead.exists(), "a dead process's spill directory is removed");
+        assert!(
+            !dead.exists(),
+            "a dead process's spill directory is removed"
+        );
         assert!(mine.path().exists() && again.path().exists());
         drop(mine);
         drop(again);
