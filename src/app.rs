@@ -44,6 +44,9 @@ pub enum AppError {
     Jobs(#[from] crate::jobs::JobsError),
     #[error(transparent)]
     Bundle(#[from] crate::config::BundleError),
+    /// SIGINT or SIGTERM stopped the command.
+    #[error("{} received: the run was stopped and its spill files removed; nothing was committed unless its commit had already landed (a Delta commit lands whole or not at all: `tidemark history` shows which). Rerunning is safe", crate::signal::name(*signal))]
+    Stopped { signal: ErrorClass },
     #[error("{action} {uri}: {source}")]
     Delta {
         action: &'static str,
@@ -76,6 +79,7 @@ impl Classify for AppError {
             AppError::Bundle(e) => e.class(),
             AppError::Delta { source, .. } => classify_delta(source),
             AppError::Reconcile(e) => e.class(),
+            AppError::Stopped { signal } => *signal,
         }
     }
 }
@@ -113,7 +117,7 @@ impl From<String> for Output {
 pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
     use jobs_commands as j;
     Ok(match command {
-        Command::Run(args) => run_command(args, clock.as_ref()).await?.into(),
+        Command::Run(args) => run_command(args, clock).await?.into(),
         Command::History(args) => history(args).await?.into(),
         Command::Restore(args) => restore(args).await?.into(),
         Command::Generate(args) => generate_command(args).await?.into(),
@@ -177,14 +181,43 @@ fn run_engine(args: &RunArgs) -> Result<Engine, AppError> {
 }
 
 /// `tidemark run`.
-pub async fn run_command(args: RunArgs, clock: &dyn Clock) -> Result<String, AppError> {
-    let pipeline = load_pipeline(&args.pipeline, &args.pipelines_dir, &args.vars)?;
+///
+/// SIGINT/SIGTERM stop the run (nothing is committed unless its commit had already landed,
+/// whole), remove its spill files and end it with exit 130/143.
+pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String, AppError> {
+    let pipeline = Arc::new(load_pipeline(
+        &args.pipeline,
+        &args.pipelines_dir,
+        &args.vars,
+    )?);
     let engine = run_engine(&args)?;
     let opts = RunOptions {
         full_reload: args.full_reload,
         dry_run: args.dry_run,
     };
-    let summary = run::run(&pipeline, &opts, clock, &engine).await?;
+    let on_engine = engine.clone();
+    let mut handle =
+        engine.spawn(async move { run::run(&pipeline, &opts, clock.as_ref(), &on_engine).await });
+    let result = tokio::select! {
+        joined = &mut handle => joined,
+        signal = crate::signal::stop_signal() => {
+            handle.abort();
+            // Let the run unwind (its destructors drop its spill files) when it next yields.
+            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut handle).await;
+            engine.remove_spill_dir();
+            return Err(AppError::Stopped { signal });
+        }
+    };
+    engine.remove_spill_dir();
+    let summary = match result {
+        Ok(outcome) => outcome?,
+        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+        Err(e) => {
+            return Err(AppError::Usage(format!(
+                "the run was stopped before it finished: {e}"
+            )))
+        }
+    };
     Ok(match args.output {
         OutputFormat::Json => summary.to_json() + "\n",
         OutputFormat::Text => summary.to_text(),

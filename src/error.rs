@@ -24,6 +24,10 @@ pub enum ErrorClass {
     Retryable,
     /// A bug in tidemark: please report it with the log.
     Internal,
+    /// Stopped by SIGINT (Ctrl-C): the work was cancelled and cleaned up; rerunning is safe.
+    Interrupted,
+    /// Stopped by SIGTERM: the work was cancelled and cleaned up; rerunning is safe.
+    Terminated,
 }
 
 impl ErrorClass {
@@ -37,6 +41,8 @@ impl ErrorClass {
             ErrorClass::Io => 74,
             ErrorClass::Retryable => 75,
             ErrorClass::Config => 78,
+            ErrorClass::Interrupted => 130,
+            ErrorClass::Terminated => 143,
         }
     }
 
@@ -56,6 +62,8 @@ impl fmt::Display for ErrorClass {
             ErrorClass::Io => "io",
             ErrorClass::Retryable => "retryable",
             ErrorClass::Internal => "internal",
+            ErrorClass::Interrupted => "interrupted",
+            ErrorClass::Terminated => "terminated",
         };
         f.write_str(s)
     }
@@ -74,6 +82,9 @@ pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
     use deltalake::DeltaTableError as E;
     if is_disk_full(err) {
         return ErrorClass::Io;
+    }
+    if let Some(fault) = crate::lake::store_fault(err) {
+        return fault.class;
     }
     match err {
         E::NotATable(_) | E::InvalidTableLocation(_) => ErrorClass::Unavailable,
@@ -112,6 +123,9 @@ pub fn next_in_chain<'a>(
 pub fn classify_delta_write(err: &deltalake::DeltaTableError) -> ErrorClass {
     if is_disk_full(err) || os_error_kind(err) == Some(std::io::ErrorKind::PermissionDenied) {
         return ErrorClass::Io;
+    }
+    if let Some(fault) = crate::lake::store_fault(err) {
+        return fault.class;
     }
     let class = classify_delta(err);
     if class != ErrorClass::Internal {

@@ -20,3 +20,4 @@ pub mod lake;
 pub mod reconcile;
 pub mod report;
 pub mod run;
+pub mod signal;

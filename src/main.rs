@@ -103,10 +103,23 @@ fn write_stdout(text: &str) {
     }
 }
 
+/// delta-rs' kernel logs every failed log read at ERROR level with the store's whole request
+/// (URL, retry counts, timeouts) before returning the error that tidemark reports itself, in one
+/// line with what to do: its events are off unless the filter names the kernel
+/// (`RUST_LOG=debug,buoyant_kernel=debug`).
+const QUIET_KERNEL: &str = "buoyant_kernel=off";
+
 fn init_logging(cli: &Cli) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&cli.log_level))
-        .unwrap_or_else(|_| EnvFilter::new("warn"));
+    let spec = std::env::var(EnvFilter::DEFAULT_ENV)
+        .ok()
+        .filter(|s| EnvFilter::try_new(s).is_ok())
+        .unwrap_or_else(|| cli.log_level.clone());
+    let spec = if spec.contains("buoyant_kernel") {
+        spec
+    } else {
+        format!("{spec},{QUIET_KERNEL}")
+    };
+    let filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new("warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

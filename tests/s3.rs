@@ -263,3 +263,118 @@ async fn incremental_runs_on_s3_converge_commit_once_and_never_print_secrets() {
     assert_no_secret(&out);
     assert!(!out.status.success());
 }
+
+/// `tidemark ARGS` against `endpoint` with the given secret, at the default log level.
+fn tidemark_at(endpoint: &str, secret: Option<&str>, args: &[&str]) -> Output {
+    let mut cmd = Command::new(BIN);
+    cmd.args(args)
+        .env("AWS_ENDPOINT_URL", endpoint)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ALLOW_HTTP", "true")
+        .env("TIDEMARK_FAKE_NOW", rfc3339(T0 + 2 * HOUR))
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_LOG")
+        .env_remove("TIDEMARK_FAILPOINTS")
+        .env_remove("AWS_PROFILE")
+        // No instance metadata service: its absence must read as "no credentials".
+        .env("AWS_EC2_METADATA_DISABLED", "true");
+    match secret {
+        Some(s) => {
+            cmd.env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+                .env("AWS_SECRET_ACCESS_KEY", s);
+        }
+        None => {
+            cmd.env_remove("AWS_ACCESS_KEY_ID")
+                .env_remove("AWS_SECRET_ACCESS_KEY");
+        }
+    }
+    cmd.output().expect("run tidemark")
+}
+
+/// What a store fault must look like: its exit code, a one-line cause, and never the advice
+/// for a damaged log (moving the table aside) nor the store client's request dump.
+fn assert_store_fault(out: &Output, code: i32, says: &str, what: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{what}:\n{stderr}");
+    assert!(
+        stderr.contains(says),
+        "{what} should say {says:?}:\n{stderr}"
+    );
+    for never in [
+        "damaged",
+        "move the table",
+        "Error performing",
+        "retry_timeout",
+    ] {
+        assert!(!stderr.contains(never), "{what} says {never:?}:\n{stderr}");
+    }
+}
+
+/// A store that is down, and credentials that are missing or wrong, are not a damaged Delta log:
+/// a refused connection is transient (75, so a job's retries fire), credentials are unavailable
+/// (66), for `run` and for `job run` alike, named in one line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn store_down_or_credentials_wrong_are_not_a_damaged_log() {
+    let server = start_server();
+    let opts = storage_options(&server);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = pipeline(dir.path());
+    append_s3(
+        "s3://lake/bronze",
+        &opts,
+        &[Change::upsert("a", T0, T0 + MIN, 1)],
+    )
+    .await;
+    let pipeline_arg = p.display().to_string();
+    let run_args = ["run", pipeline_arg.as_str()];
+    let out = tidemark_at(&server.endpoint, Some(SECRET_KEY), &run_args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // A job on the same store: its lease and ledger live there too.
+    let bundle = dir.path().join("bundle");
+    std::fs::create_dir_all(bundle.join("resources")).expect("mkdir");
+    std::fs::write(
+        bundle.join("tidemark.yml"),
+        "bundle: { name: s3 }\ninclude: [resources/*.yml]\nvariables:\n  lake: { default: \"s3://lake\" }\ntargets:\n  local: { default: true }\n",
+    )
+    .expect("write bundle");
+    std::fs::write(
+        bundle.join("resources/jobs.yml"),
+        format!(
+            "resources:\n  jobs:\n    hourly:\n      tasks:\n        - task_key: merge\n          max_retries: 1\n          pipeline_task: {{ pipeline: \"{pipeline_arg}\" }}\n"
+        ),
+    )
+    .expect("write jobs");
+    let bundle_arg = bundle.display().to_string();
+    let job_args = ["job", "run", "hourly", "--bundle", bundle_arg.as_str()];
+    let out = tidemark_at(&server.endpoint, Some(SECRET_KEY), &job_args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Wrong secret: the server answers 403.
+    for args in [&run_args[..], &job_args[..]] {
+        let out = tidemark_at(&server.endpoint, Some("not-the-secret"), args);
+        assert_store_fault(&out, 66, "credentials", &format!("wrong secret, {args:?}"));
+        assert_no_secret(&out);
+    }
+    // No credentials at all.
+    let out = tidemark_at(&server.endpoint, None, &run_args);
+    assert_store_fault(&out, 66, "no credentials", "no credentials");
+
+    // The store is down: nothing listens on its port any more.
+    let endpoint = server.endpoint.clone();
+    drop(server);
+    for args in [&run_args[..], &job_args[..]] {
+        let out = tidemark_at(&endpoint, Some(SECRET_KEY), args);
+        assert_store_fault(&out, 75, "cannot connect", &format!("store down, {args:?}"));
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&endpoint), "names the store:\n{stderr}");
+    }
+}

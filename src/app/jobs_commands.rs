@@ -318,8 +318,18 @@ pub async fn run_job(
     clock: Arc<dyn Clock>,
 ) -> Result<Output, AppError> {
     let job = bundle.job(job).map_err(AppError::Usage)?;
-    // Nothing cancels a manual run from outside: the sender lives until the run ends.
-    let (_cancel, cancel_rx) = watch::channel(None);
+    // SIGINT/SIGTERM cancel the running attempts; the runner still writes their ledger rows
+    // (status `cancelled`) and releases the lease, then the command exits 130/143.
+    let (cancel, cancel_rx) = watch::channel(None);
+    let (got_signal, signal_rx) = watch::channel(None::<ErrorClass>);
+    let signals = tokio::spawn(async move {
+        let class = crate::signal::stop_signal().await;
+        let _ = got_signal.send(Some(class));
+        let _ = cancel.send(Some(format!(
+            "{} received: `job run` was stopped",
+            crate::signal::name(class)
+        )));
+    });
     let runner = JobRunner::new(bundle.lake(), clock, cancel_rx)?;
     let report = runner
         .run(&JobRequest {
@@ -329,14 +339,37 @@ pub async fn run_job(
             scheduled_at: None,
             full_reload,
         })
-        .await?;
+        .await;
+    signals.abort();
+    let signal = *signal_rx.borrow();
+    let report = match (report, signal) {
+        (Ok(report), _) => report,
+        (Err(e), Some(class)) => {
+            return Ok(Output {
+                stdout: String::new(),
+                failure: Some((
+                    class,
+                    format!(
+                        "{} received: `job run` stopped ({e})",
+                        crate::signal::name(class)
+                    ),
+                )),
+            })
+        }
+        (Err(e), None) => return Err(e.into()),
+    };
     let stdout = match output {
         OutputFormat::Json => report.to_json() + "\n",
         OutputFormat::Text => report.to_text(),
     };
-    let failure = report
-        .failure_class()
-        .map(|class| (class, report.failure_message().unwrap_or_default()));
+    let failure = report.failure_class().map(|class| {
+        let message = report.failure_message().unwrap_or_default();
+        match signal {
+            // A stopped job exits as the signal says, whatever its tasks did before.
+            Some(sig) => (sig, format!("{} received: {message}; the lease was released and every attempt is in the ledger; rerunning is safe", crate::signal::name(sig))),
+            None => (class, message),
+        }
+    });
     Ok(Output { stdout, failure })
 }
 
@@ -346,28 +379,6 @@ pub async fn job_run(args: JobRunArgs, clock: Arc<dyn Clock>) -> Result<Output, 
     run_job(&bundle, &args.job, args.full_reload, args.output, clock).await
 }
 
-/// Completes on SIGTERM or SIGINT.
-async fn stop_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match (
-            signal(SignalKind::terminate()),
-            signal(SignalKind::interrupt()),
-        ) {
-            (Ok(mut term), Ok(mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => info!("SIGTERM received"),
-                    _ = int.recv() => info!("SIGINT received"),
-                }
-                return;
-            }
-            _ => warn!("cannot listen for SIGTERM; stopping on Ctrl-C only"),
-        }
-    }
-    let _ = tokio::signal::ctrl_c().await;
-}
-
 /// `tidemark scheduler`.
 pub async fn scheduler(args: SchedulerArgs, clock: Arc<dyn Clock>) -> Result<String, AppError> {
     let bundle = load_bundle(&args.select)?;
@@ -375,7 +386,7 @@ pub async fn scheduler(args: SchedulerArgs, clock: Arc<dyn Clock>) -> Result<Str
     let executor = Arc::new(BundleExecutor::new(&bundle, clock.clone())?);
     let (stop, stop_rx) = watch::channel(false);
     let signals = tokio::spawn(async move {
-        stop_signal().await;
+        crate::signal::stop_signal().await;
         let _ = stop.send(true);
     });
     info!(

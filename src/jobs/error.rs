@@ -10,7 +10,10 @@ pub enum JobsError {
     #[error("job `{job}` is already running: {holder}. This run was skipped; try again when it has finished (exit code 75 means: safe to retry)")]
     AlreadyRunning { job: String, holder: Box<Holder> },
     /// The lease store could not be read or written.
-    #[error("lease {path}: {source}; check that the lake is reachable and writable")]
+    #[error(
+        "lease {path}: {}; check that the lake is reachable and writable",
+        lease_cause(source)
+    )]
     Lease {
         path: String,
         #[source]
@@ -48,6 +51,9 @@ impl Classify for JobsError {
         match self {
             JobsError::AlreadyRunning { .. } => ErrorClass::Retryable,
             JobsError::Lease { source, .. } => match source.as_ref() {
+                e if crate::lake::store_fault(e).is_some() => {
+                    crate::lake::store_fault(e).map_or(ErrorClass::Io, |f| f.class)
+                }
                 object_store::Error::NotFound { .. }
                 | object_store::Error::PermissionDenied { .. }
                 | object_store::Error::Unauthenticated { .. } => ErrorClass::Unavailable,
@@ -59,5 +65,13 @@ impl Classify for JobsError {
             JobsError::Lake(e) => e.class(),
             JobsError::Injected(e) => e.class(),
         }
+    }
+}
+
+/// The store's error in one line when it is a store or network fault (no request dump).
+fn lease_cause(e: &object_store::Error) -> String {
+    match crate::lake::store_fault(e) {
+        Some(fault) => fault.cause,
+        None => e.to_string(),
     }
 }

@@ -377,7 +377,7 @@ pub fn hostname() -> String {
 }
 
 /// Whether a process with this pid exists on this host.
-fn process_alive(pid: u32) -> bool {
+pub(crate) fn process_alive(pid: u32) -> bool {
     #[cfg(unix)]
     {
         let Ok(pid) = libc::pid_t::try_from(pid) else {

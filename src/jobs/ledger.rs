@@ -70,6 +70,9 @@ pub enum TaskStatus {
     TimedOut,
     /// Not run: a task it depends on did not succeed.
     UpstreamFailed,
+    /// Stopped from outside while it ran (SIGINT/SIGTERM to `job run`, the scheduler's grace
+    /// period running out). Its commit, if it had landed, landed whole; rerunning is safe.
+    Cancelled,
 }
 
 impl TaskStatus {
@@ -81,6 +84,7 @@ impl TaskStatus {
             TaskStatus::Skipped => "skipped",
             TaskStatus::TimedOut => "timed_out",
             TaskStatus::UpstreamFailed => "upstream_failed",
+            TaskStatus::Cancelled => "cancelled",
         }
     }
 }

@@ -20,6 +20,8 @@ pub enum JobStatus {
     Failed,
     /// Nothing ran: another run of the job held its lease.
     Skipped,
+    /// Stopped from outside (a signal, the scheduler's shutdown) while a task ran.
+    Cancelled,
 }
 
 impl std::fmt::Display for JobStatus {
@@ -28,6 +30,7 @@ impl std::fmt::Display for JobStatus {
             JobStatus::Succeeded => "succeeded",
             JobStatus::Failed => "failed",
             JobStatus::Skipped => "skipped",
+            JobStatus::Cancelled => "cancelled",
         })
     }
 }
@@ -94,7 +97,7 @@ impl JobReport {
         match self.status {
             JobStatus::Succeeded => None,
             JobStatus::Skipped => Some(ErrorClass::Retryable),
-            JobStatus::Failed => Some(
+            JobStatus::Failed | JobStatus::Cancelled => Some(
                 self.tasks
                     .iter()
                     .filter(|t| t.status != TaskStatus::Succeeded)
@@ -118,7 +121,7 @@ impl JobReport {
                 ),
                 None => format!("job `{}` was skipped", self.job),
             }),
-            JobStatus::Failed => {
+            JobStatus::Failed | JobStatus::Cancelled => {
                 let failed: Vec<String> = self
                     .tasks
                     .iter()
@@ -134,8 +137,9 @@ impl JobReport {
                     })
                     .collect();
                 Some(format!(
-                    "job `{}` failed (run {}): {}. See `tidemark runs --job {}`",
+                    "job `{}` {} (run {}): {}. See `tidemark runs --job {}`",
                     self.job,
+                    if self.status == JobStatus::Cancelled { "was cancelled" } else { "failed" },
                     self.run_id,
                     failed.join("; "),
                     self.job

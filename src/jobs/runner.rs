@@ -208,6 +208,12 @@ impl JobRunner {
             .all(|t| t.status == TaskStatus::Succeeded)
         {
             JobStatus::Succeeded
+        } else if report
+            .tasks
+            .iter()
+            .any(|t| t.status == TaskStatus::Cancelled)
+        {
+            JobStatus::Cancelled
         } else {
             JobStatus::Failed
         };
@@ -265,11 +271,16 @@ async fn sleep_opt(d: Option<Duration>) {
     }
 }
 
+/// How long a cancelled attempt gets to unwind before the job run goes on without it.
+const ABORT_GRACE: Duration = Duration::from_secs(2);
+
 /// How one attempt ended.
 enum Outcome {
     Succeeded(Box<crate::report::RunSummary>),
     Failed(ErrorClass, String),
     TimedOut(String),
+    /// Stopped through the runner's cancel channel (a signal, the scheduler's shutdown).
+    Cancelled(String),
 }
 
 /// The state of one job run while its tasks execute.
@@ -371,6 +382,11 @@ impl Run<'_> {
                 None => break,
             }
         }
+        // Every attempt ended: their spill files go, also those of an attempt that failed,
+        // was cancelled or panicked (and whose clone of the engine may still be unwinding).
+        for engine in engines.values().flatten() {
+            engine.remove_spill_dir();
+        }
         let ordered = job
             .tasks
             .iter()
@@ -448,6 +464,12 @@ impl Run<'_> {
                     a.error = Some(message);
                     task.retry_on_timeout
                 }
+                Outcome::Cancelled(message) => {
+                    a.status = TaskStatus::Cancelled;
+                    a.error_class = Some(ErrorClass::Retryable);
+                    a.error = Some(message);
+                    false
+                }
             };
             row.status = a.status.to_string();
             row.error_class = a.error_class.map(|c| c.to_string());
@@ -516,7 +538,10 @@ impl Run<'_> {
             },
             reason = cancelled(self.runner.cancel.clone()) => {
                 handle.abort();
-                Outcome::Failed(ErrorClass::Retryable, format!("cancelled: {reason}"))
+                // Let the attempt's destructors run (its spill files, its session) when it
+                // yields; one blocked in a system call is left to the process's exit.
+                let _ = tokio::time::timeout(ABORT_GRACE, &mut handle).await;
+                Outcome::Cancelled(format!("cancelled: {reason}; a Delta commit is atomic, so this attempt's commit landed whole or not at all (`tidemark history` shows which)"))
             },
             reason = cancelled(self.lost.clone()) => {
                 handle.abort();

@@ -1,5 +1,7 @@
 use crate::error::{classify_delta, Classify, ErrorClass};
 
+use super::store_fault::{store_fault, StoreFault};
+
 /// A failure talking to a Delta table, with the table it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum LakeError {
@@ -24,6 +26,14 @@ pub enum LakeError {
     /// The table's `_delta_log` cannot be read: a commit file is damaged or missing.
     #[error("the Delta log of {uri} is damaged: {reason}. tidemark will neither read nor write this table until it is repaired: put back the damaged or missing file under {uri}/_delta_log from a backup (or from the producer, for a source). For a target you may instead move the table aside and rerun: the run rebuilds it from the whole source")]
     CorruptLog { uri: String, reason: String },
+    /// The object store could not be reached or refused access: the table was not read, and
+    /// nothing says it is damaged.
+    #[error("cannot {action} {uri}: {}; {}", fault.cause, fault.advice())]
+    Store {
+        action: &'static str,
+        uri: String,
+        fault: StoreFault,
+    },
     /// Any other delta-rs failure, with what we were doing.
     #[error("{action} {uri}: {source}")]
     Delta {
@@ -36,7 +46,15 @@ pub enum LakeError {
 
 impl LakeError {
     /// Wraps a delta-rs error with what was being done to which table.
+    /// A store or network fault (see [`StoreFault`]) becomes [`LakeError::Store`], in one line.
     pub fn delta(action: &'static str, uri: &str, source: deltalake::DeltaTableError) -> Self {
+        if let Some(fault) = store_fault(&source) {
+            return LakeError::Store {
+                action: action.strip_prefix("cannot ").unwrap_or(action),
+                uri: uri.to_string(),
+                fault,
+            };
+        }
         LakeError::Delta {
             action,
             uri: uri.to_string(),
@@ -53,6 +71,7 @@ impl Classify for LakeError {
             | LakeError::NotEmpty { .. } => ErrorClass::Unavailable,
             LakeError::CorruptLog { .. } => ErrorClass::BadData,
             LakeError::BadUri { .. } => ErrorClass::Config,
+            LakeError::Store { fault, .. } => fault.class,
             LakeError::Delta { source, .. } => classify_delta(source),
         }
     }

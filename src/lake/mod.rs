@@ -17,6 +17,7 @@ pub mod record;
 mod restore;
 pub mod stats;
 pub mod storage;
+pub mod store_fault;
 
 pub use compact::{compact_clustered, Compacted};
 pub use error::LakeError;
@@ -30,6 +31,7 @@ pub use open::{
 };
 pub use record::SourceRecord;
 pub use restore::{restore, RestoreOutcome};
+pub use store_fault::{store_fault, StoreFault};
 
 /// Key under which tidemark stores its run facts in the Delta `commitInfo`.
 pub const COMMIT_INFO_KEY: &str = "tidemark";

@@ -148,6 +148,9 @@ pub async fn open_if_exists(uri: &str) -> Result<Option<DeltaTable>, LakeError> 
         Err(DeltaTableError::NotATable(_)) | Err(DeltaTableError::InvalidTableLocation(_)) => {
             Ok(None)
         }
+        // A store that cannot be reached or refuses access says nothing about the log: checked
+        // first, because the kernel hides the store's error from `is_damaged_log`'s chain walk.
+        Err(e) if super::store_fault(&e).is_some() => Err(LakeError::delta("open", uri, e)),
         Err(e) if is_damaged_log(&e) => Err(LakeError::CorruptLog {
             uri: uri.to_string(),
             reason: shorten(&e.to_string()),

@@ -141,6 +141,9 @@ fn memory_hint(e: &datafusion::error::DataFusionError) -> &'static str {
 
 /// What to do about a target data file that could not be read, by what went wrong.
 fn target_read_advice(e: &deltalake::DeltaTableError) -> &'static str {
+    if let Some(fault) = crate::lake::store_fault(e) {
+        return fault.advice();
+    }
     match target_read_class(e) {
         ErrorClass::BadData => "A data file its log references is missing or damaged: the target is damaged. Rebuild it with `tidemark run <pipeline> --full-reload` (the reload replaces every file without reading them), or restore a good version (`tidemark history`, `tidemark restore`); nothing was committed",
         ErrorClass::Unavailable => "Reading one of its data files was refused: make the table's files readable for the user running tidemark (or fix the store's credentials or policy), then rerun; nothing was committed",
@@ -184,10 +187,17 @@ impl RunError {
         phase: &'static str,
         uri: &'u str,
     ) -> impl FnOnce(deltalake::DeltaTableError) -> Self + 'u {
-        move |source| RunError::Write {
-            phase,
-            uri: uri.to_string(),
-            source: Box::new(source),
+        move |source| match crate::lake::store_fault(&source) {
+            Some(fault) => RunError::Lake(LakeError::Store {
+                action: "write to",
+                uri: uri.to_string(),
+                fault,
+            }),
+            None => RunError::Write {
+                phase,
+                uri: uri.to_string(),
+                source: Box::new(source),
+            },
         }
     }
 
@@ -204,10 +214,17 @@ impl RunError {
         phase: &'static str,
         uri: &'u str,
     ) -> impl FnOnce(deltalake::DeltaTableError) -> Self + 'u {
-        move |source| RunError::Delta {
-            phase,
-            uri: uri.to_string(),
-            source: Box::new(source),
+        move |source| match crate::lake::store_fault(&source) {
+            Some(fault) => RunError::Lake(LakeError::Store {
+                action: "read",
+                uri: uri.to_string(),
+                fault,
+            }),
+            None => RunError::Delta {
+                phase,
+                uri: uri.to_string(),
+                source: Box::new(source),
+            },
         }
     }
 
@@ -218,6 +235,13 @@ impl RunError {
         uri: &'u str,
     ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self + 'u {
         move |source| {
+            if let Some(fault) = crate::lake::store_fault(&source) {
+                return RunError::Lake(LakeError::Store {
+                    action: "read",
+                    uri: uri.to_string(),
+                    fault,
+                });
+            }
             if crate::error::is_disk_full(&source) {
                 return RunError::Query {
                     phase,
@@ -300,6 +324,9 @@ impl Classify for RunError {
 /// are I/O. `None` when no file was involved.
 pub(crate) fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<ErrorClass> {
     use deltalake::ObjectStoreError as O;
+    if let Some(fault) = crate::lake::store_fault(e) {
+        return Some(fault.class);
+    }
     let mut found = None;
     let mut next = Some(e);
     while let Some(e) = next {

@@ -1,0 +1,48 @@
+//! Stop signals: SIGINT (Ctrl-C) and SIGTERM (systemd, Kubernetes, `kill`). `tidemark run` and
+//! `job run` stop their work on either, clean up (spill files, the job's lease, a ledger row with
+//! status `cancelled`) and exit 130 / 143, as a shell reports a process ended by that signal.
+
+use tracing::{info, warn};
+
+use crate::error::ErrorClass;
+
+/// Completes when SIGINT or SIGTERM arrives, with the class it stands for
+/// ([`ErrorClass::Interrupted`] = 130, [`ErrorClass::Terminated`] = 143). Once called, the
+/// signals no longer kill the process: the caller decides what to stop.
+pub async fn stop_signal() -> ErrorClass {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(mut term), Ok(mut int)) => {
+                return tokio::select! {
+                    _ = term.recv() => {
+                        info!("SIGTERM received");
+                        ErrorClass::Terminated
+                    }
+                    _ = int.recv() => {
+                        info!("SIGINT received");
+                        ErrorClass::Interrupted
+                    }
+                };
+            }
+            _ => warn!("cannot listen for SIGTERM; stopping on Ctrl-C only"),
+        }
+    }
+    match tokio::signal::ctrl_c().await {
+        Ok(()) => ErrorClass::Interrupted,
+        // No signal handling at all: never complete, the default disposition applies.
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// The signal's name, for messages.
+pub fn name(class: ErrorClass) -> &'static str {
+    match class {
+        ErrorClass::Terminated => "SIGTERM",
+        _ => "SIGINT",
+    }
+}

@@ -1,0 +1,217 @@
+//! SIGINT and SIGTERM to `job run` and `tidemark run`, with real processes held at a `pause`
+//! failpoint: the attempt is stopped (nothing committed: a Delta commit lands whole or not at
+//! all), `job run` writes a ledger row with status `cancelled` and releases the job's lease, and
+//! both exit 130 (SIGINT) / 143 (SIGTERM) leaving no spill files.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::*;
+use serde_json::Value;
+
+const NOW: i64 = T0 + 12 * HOUR;
+
+fn tidemark(now: i64) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .env_remove("TIDEMARK_FAILPOINTS");
+    c
+}
+
+fn output(c: &mut Command) -> Out {
+    let out = c.output().expect("spawn tidemark");
+    Out {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+/// A bundle whose job `j` runs the test pipeline on a job cluster with a spill directory.
+fn write_bundle(dir: &Path) -> PathBuf {
+    let pipeline = write_pipeline(dir, "15m", "soft", "");
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(bundle.join("resources")).expect("mkdir");
+    std::fs::write(
+        bundle.join("tidemark.yml"),
+        format!(
+            "bundle: {{ name: test }}\ninclude: [resources/*.yml]\nvariables:\n  lake: {{ default: \"{}\" }}\ntargets:\n  local: {{ default: true }}\n",
+            dir.join("lake").display()
+        ),
+    )
+    .expect("write bundle");
+    std::fs::write(
+        bundle.join("resources/jobs.yml"),
+        format!(
+            "resources:\n  jobs:\n    j:\n      job_clusters:\n        - job_cluster_key: c\n          new_cluster: {{ worker_threads: 2, memory_limit: 64MiB, spill_directory: \"{}\" }}\n      tasks:\n        - task_key: t\n          job_cluster_key: c\n          max_retries: 2\n          pipeline_task: {{ pipeline: \"{}\" }}\n",
+            dir.join("spill").display(),
+            pipeline.display()
+        ),
+    )
+    .expect("write jobs");
+    bundle
+}
+
+fn newest_lease(dir: &Path, job: &str) -> Option<Value> {
+    let leases = dir.join("lake/_tidemark/leases").join(job);
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&leases)
+        .ok()?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .collect();
+    files.sort();
+    serde_json::from_str(&std::fs::read_to_string(files.last()?).ok()?).ok()
+}
+
+fn ledger(bundle: &Path) -> Vec<Value> {
+    let out = output(
+        tidemark(NOW)
+            .args(["runs", "--limit", "100", "--output", "json", "--bundle"])
+            .arg(bundle),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    match serde_json::from_str(&out.stdout) {
+        Ok(Value::Array(rows)) => rows,
+        other => panic!("runs --output json: {other:?}"),
+    }
+}
+
+fn send(child: &Child, signal: libc::c_int) {
+    let pid = libc::pid_t::try_from(child.id()).expect("pid");
+    // SAFETY: sends a signal to the child this test spawned and has not reaped yet.
+    let rc = unsafe { libc::kill(pid, signal) };
+    assert_eq!(rc, 0, "kill failed");
+}
+
+fn entries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|it| {
+            it.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    append(
+        &bronze(d),
+        &[Change::upsert("a", T0 + HOUR, T0 + HOUR + MIN, 1)],
+    )
+    .await;
+    let bundle = write_bundle(d);
+    let first = output(
+        tidemark(NOW)
+            .args(["job", "run", "j", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_eq!(first.code, 0, "{}", first.stderr);
+    let before = version(&silver(d)).await;
+    append(
+        &bronze(d),
+        &[Change::upsert("b", NOW - MIN, NOW - MIN / 2, 2)],
+    )
+    .await;
+
+    let pause = Pause::new();
+    let child = tidemark(NOW)
+        .env("TIDEMARK_FAILPOINTS", pause.at("incremental.before_commit"))
+        .args(["job", "run", "j", "--output", "json", "--bundle"])
+        .arg(&bundle)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    pause.wait_reached();
+    send(&child, signal);
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "{stderr}");
+    assert!(stderr.contains("cancelled"), "{stderr}");
+    let report: Value = serde_json::from_slice(&out.stdout).expect("job report");
+    assert_eq!(report["status"], "cancelled", "{report}");
+    assert_eq!(report["tasks"][0]["status"], "cancelled", "{report}");
+    assert_eq!(
+        report["tasks"][0]["attempts"].as_array().map(Vec::len),
+        Some(1),
+        "a cancelled attempt is not retried: {report}"
+    );
+
+    // The attempt is in the ledger, the lease was given back, nothing was committed.
+    let rows = ledger(&bundle);
+    assert_eq!(rows[0]["status"], "cancelled", "{rows:?}");
+    assert_eq!(rows[0]["attempt"], 1, "{rows:?}");
+    assert_eq!(newest_lease(d, "j").expect("lease")["released"], true);
+    assert_eq!(version(&silver(d)).await, before, "nothing was committed");
+    assert!(
+        entries(&d.join("spill")).is_empty(),
+        "spill files left: {:?}",
+        entries(&d.join("spill"))
+    );
+
+    // The next run starts at once (no stale lease to take over) and merges the row.
+    let next = output(
+        tidemark(NOW)
+            .env("RUST_LOG", "tidemark=info")
+            .args(["job", "run", "j", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_eq!(next.code, 0, "{}", next.stderr);
+    assert!(!next.stderr.contains("stale lease"), "{}", next.stderr);
+    assert_eq!(read_target(&silver(d)).await.len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigint_cancels_a_job_run_records_it_and_releases_the_lease() {
+    job_run_stopped_by(libc::SIGINT, 130).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_cancels_a_job_run_records_it_and_releases_the_lease() {
+    job_run_stopped_by(libc::SIGTERM, 143).await;
+}
+
+/// A plain `tidemark run` stopped by a signal commits nothing and leaves no spill directory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_run_exits_by_its_signal_and_leaves_no_spill_files() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    append(
+        &bronze(d),
+        &[Change::upsert("a", T0 + HOUR, T0 + HOUR + MIN, 1)],
+    )
+    .await;
+    let p = write_pipeline(d, "15m", "soft", "");
+    let spill = d.join("spill");
+    for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
+        let pause = Pause::new();
+        let child = tidemark(NOW)
+            .env("TIDEMARK_FAILPOINTS", pause.at("full_reload.after_read"))
+            .arg("run")
+            .arg(&p)
+            .args(["--full-reload", "--memory-limit", "64MiB", "--spill-dir"])
+            .arg(&spill)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        pause.wait_reached();
+        assert!(
+            !entries(&spill).is_empty(),
+            "the run has its spill directory"
+        );
+        send(&child, signal);
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{stderr}");
+        assert!(stderr.contains("the run was stopped"), "{stderr}");
+        assert!(entries(&spill).is_empty(), "left: {:?}", entries(&spill));
+        assert_eq!(version(&silver(d)).await, None, "nothing was committed");
+    }
+}
