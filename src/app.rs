@@ -205,7 +205,7 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
 /// `tidemark history`.
 pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
     let table = lake::open_required(&args.table, "history").await?;
-    let entries = lake::read_commits(&table, args.limit.max(1))
+    let entries = lake::read_commits(&table, args.limit)
         .await
         .map_err(|source| AppError::Delta {
             action: "cannot read the log of",

@@ -155,8 +155,8 @@ pub struct RunsArgs {
     /// Only this job's runs.
     #[arg(long)]
     pub job: Option<String>,
-    /// How many rows (task attempts), newest first.
-    #[arg(long, default_value_t = 20)]
+    /// How many rows (task attempts), newest first; at least 1.
+    #[arg(long, default_value_t = 20, value_parser = parse_limit)]
     pub limit: usize,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -195,8 +195,8 @@ pub struct RunArgs {
 pub struct HistoryArgs {
     /// Table path or URI.
     pub table: String,
-    /// How many commits, newest first.
-    #[arg(long, default_value_t = 20)]
+    /// How many commits, newest first; at least 1.
+    #[arg(long, default_value_t = 20, value_parser = parse_limit)]
     pub limit: usize,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -289,4 +289,16 @@ pub struct ReconcileArgs {
     /// Where pipeline names are looked up.
     #[arg(long, default_value = "pipelines")]
     pub pipelines_dir: PathBuf,
+}
+
+/// `--limit` of `history` and `runs`: a listing of zero rows is never what was meant, so 0 is
+/// refused (exit 64) instead of being read as "all" or silently raised to 1.
+fn parse_limit(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("the limit must be at least 1 (it is how many rows to show)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "{text:?} is not a whole number; pass how many rows to show, at least 1"
+        )),
+    }
 }

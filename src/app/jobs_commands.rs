@@ -407,7 +407,7 @@ pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
     let bundle = load_bundle(&args.select)?;
     let ledger = Ledger::for_lake(bundle.lake());
     let rows = ledger
-        .recent(args.job.as_deref(), args.limit.max(1))
+        .recent(args.job.as_deref(), args.limit)
         .await?;
     if args.output == OutputFormat::Json {
         return Ok(serde_json::to_string(&rows).unwrap_or_default() + "\n");

@@ -1,0 +1,80 @@
+//! Issue 10 ("Hardening"), the user-facing part, through the real binary: limits, logs, JSON
+//! output on failure, maintain's numbers, counter names, messages, getting started.
+
+mod common;
+
+use std::path::Path;
+
+use assert_cmd::Command;
+use common::*;
+use serde_json::Value;
+
+const NOW: i64 = T0 + 12 * HOUR;
+
+/// The binary with a pinned clock and no colour; RUST_LOG is not set, so the defaults apply.
+fn tidemark(now: i64) -> Command {
+    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
+    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1");
+    c
+}
+
+/// Stdout must be exactly one JSON value.
+fn one_json(stdout: &str) -> Value {
+    let mut values = serde_json::Deserializer::from_str(stdout).into_iter::<Value>();
+    let first = values
+        .next()
+        .unwrap_or_else(|| panic!("no JSON on stdout: {stdout:?}"))
+        .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {stdout:?}"));
+    assert!(values.next().is_none(), "more than one JSON value: {stdout:?}");
+    first
+}
+
+fn up(id: &str, seq: i64, val: i64) -> Change {
+    Change::upsert(id, seq, seq + MIN, val)
+}
+
+fn run_ok(dir: &Path, pipeline: &Path, now: i64) {
+    let out = exec(tidemark(now).current_dir(dir).arg("run").arg(pipeline));
+    assert_eq!(out.code, 0, "run failed: {}\n{}", out.stdout, out.stderr);
+}
+
+// ---------------------------------------------------------------------------------------------
+// item 8: --limit 0
+
+#[tokio::test]
+async fn limit_zero_is_a_usage_error_naming_the_minimum() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    append(&bronze(d), &[up("a", T0 + HOUR, 1)]).await;
+    append(&bronze(d), &[up("b", T0 + HOUR, 2)]).await;
+    for args in [
+        vec!["history".to_string(), bronze(d).display().to_string()],
+        vec!["runs".to_string()],
+    ] {
+        let out = exec(tidemark(NOW).current_dir(d).args(&args).args(["--limit", "0"]));
+        assert_eq!(out.code, 64, "{args:?}: {}\n{}", out.stdout, out.stderr);
+        assert!(out.stdout.is_empty(), "{args:?} printed {}", out.stdout);
+        assert!(
+            out.stderr.contains("at least 1"),
+            "{args:?}: the message does not name the minimum: {}",
+            out.stderr
+        );
+    }
+    // 1 still works and shows exactly one commit
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .arg("history")
+            .arg(bronze(d))
+            .args(["--limit", "1", "--output", "json"]),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v = one_json(&out.stdout);
+    let n = v
+        .as_array()
+        .or_else(|| v.get("commits").and_then(Value::as_array))
+        .map(Vec::len);
+    assert_eq!(n, Some(1), "{v}");
+}
