@@ -11,13 +11,12 @@ pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter (tracing syntax, e.g. `info`, `tidemark=debug`); RUST_LOG wins when set.
-    #[arg(
-        long,
-        global = true,
-        default_value = "tidemark=info,deltalake_core::operations::merge=error,warn"
-    )]
-    pub log_level: String,
+    /// Log level on stderr (default: warn); RUST_LOG (tracing filter syntax) wins when set.
+    #[arg(long, global = true, value_enum, conflicts_with = "verbose")]
+    pub log_level: Option<LogLevel>,
+    /// More log output: -v shows progress (info), -vv debug, -vvv trace.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -27,6 +26,42 @@ pub struct Cli {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// How much is logged to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Off,
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Off => "off",
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+impl Cli {
+    /// `--log-level`, else the level `-v`s ask for, else warnings only.
+    pub fn level(&self) -> LogLevel {
+        self.log_level.unwrap_or(match self.verbose {
+            0 => LogLevel::Warn,
+            1 => LogLevel::Info,
+            2 => LogLevel::Debug,
+            _ => LogLevel::Trace,
+        })
+    }
 }
 
 /// How results are written to stdout.

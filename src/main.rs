@@ -1,9 +1,8 @@
 //! The binary: parse, set up logging, run the command, map the error to an exit code.
 
 use clap::Parser;
-use tidemark::cli::{Cli, LogFormat};
+use tidemark::cli::Cli;
 use tidemark::error::{Classify, ErrorClass};
-use tracing_subscriber::EnvFilter;
 
 fn main() {
     let cli = match Cli::try_parse() {
@@ -18,7 +17,7 @@ fn main() {
             std::process::exit(code);
         }
     };
-    init_logging(&cli);
+    tidemark::logging::init(cli.log_format, cli.level());
     quiet_upstream_abort_panic();
     let clock = match tidemark::clock::from_env() {
         Ok(c) => c,
@@ -81,7 +80,7 @@ fn quiet_upstream_abort_panic() {
                 l.file().contains("object_store") && l.file().ends_with("buffered.rs")
             });
         if upstream_abort {
-            tracing::debug!(location = ?info.location(), "object_store: aborting an upload that had already failed (caught by delta-rs)");
+            tracing::debug!(location = %info.location().map(|l| l.to_string()).unwrap_or_default(), "object_store: aborting an upload that had already failed (caught by delta-rs)");
             return;
         }
         default(info);
@@ -100,18 +99,5 @@ fn write_stdout(text: &str) {
             eprintln!("error: cannot write the output to stdout: {e}");
             std::process::exit(ErrorClass::Io.exit_code());
         }
-    }
-}
-
-fn init_logging(cli: &Cli) {
-    let filter = EnvFilter::try_from_default_env()
-        .or_else(|_| EnvFilter::try_new(&cli.log_level))
-        .unwrap_or_else(|_| EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.with_target(false).init(),
     }
 }

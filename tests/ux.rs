@@ -78,3 +78,76 @@ async fn limit_zero_is_a_usage_error_naming_the_minimum() {
         .map(Vec::len);
     assert_eq!(n, Some(1), "{v}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// item 9: logs
+
+#[tokio::test]
+async fn logs_default_to_warnings_without_colour_and_print_plain_values() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = write_pipeline(d, "15m", "soft", "");
+    append(&bronze(d), &[up("a", T0 + HOUR, 1)]).await;
+
+    // default: no INFO lines, and no colour on a pipe even without NO_COLOR
+    let out = exec(
+        tidemark(NOW)
+            .env_remove("NO_COLOR")
+            .current_dir(d)
+            .arg("run")
+            .arg(&p),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stderr.contains("INFO"), "INFO by default: {}", out.stderr);
+    assert!(!out.stderr.contains('\u{1b}'), "ANSI codes on a pipe: {:?}", out.stderr);
+
+    // -v: INFO lines, still no colour, plain values
+    append(&bronze(d), &[up("b", T0 + 2 * HOUR, 2)]).await;
+    let out = exec(
+        tidemark(NOW)
+            .env_remove("NO_COLOR")
+            .current_dir(d)
+            .args(["-v", "run"])
+            .arg(&p),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(out.stderr.contains("INFO"), "-v shows no INFO: {}", out.stderr);
+    assert!(out.stderr.contains("planned incremental run"), "{}", out.stderr);
+    assert!(!out.stderr.contains('\u{1b}'), "ANSI codes on a pipe: {:?}", out.stderr);
+    assert!(!out.stderr.contains("Some("), "debug text in logs: {}", out.stderr);
+
+    // JSON logs at info: every line is JSON, no debug text in any value
+    append(&bronze(d), &[up("c", T0 + 3 * HOUR, 3)]).await;
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .args(["--log-format", "json", "--log-level", "info", "run"])
+            .arg(&p),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let mut planned = None;
+    for line in out.stderr.lines().filter(|l| !l.trim().is_empty()) {
+        let v: Value = serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}"));
+        assert!(!line.contains("Some("), "debug text in a JSON log: {line}");
+        if v["fields"]["message"] == "planned incremental run" {
+            planned = Some(v);
+        }
+    }
+    let planned = planned.unwrap_or_else(|| panic!("no plan line in {}", out.stderr));
+    let w = planned["fields"]["watermark"]
+        .as_str()
+        .unwrap_or_else(|| panic!("watermark is not a string: {planned}"));
+    assert!(
+        chrono::DateTime::parse_from_rfc3339(w).is_ok(),
+        "watermark {w:?} is not a plain RFC 3339 time"
+    );
+}
+
+#[test]
+fn an_invalid_log_level_is_a_usage_error_naming_the_levels() {
+    let out = exec(tidemark(NOW).args(["--log-level", "loud", "runs"]));
+    assert_eq!(out.code, 64, "{}\n{}", out.stdout, out.stderr);
+    for level in ["error", "warn", "info", "debug", "trace"] {
+        assert!(out.stderr.contains(level), "{level} not named: {}", out.stderr);
+    }
+}
