@@ -64,6 +64,38 @@ impl Cli {
     }
 }
 
+impl Command {
+    /// The `--output` the command was given (Text for commands without one).
+    pub fn output(&self) -> OutputFormat {
+        match self {
+            Command::Run(a) => a.output,
+            Command::History(a) => a.output,
+            Command::Restore(a) => a.output,
+            Command::Generate(a) => a.output,
+            Command::Demo(a) => a.output,
+            Command::Maintain(a) => a.output,
+            Command::Reconcile(a) => a.output,
+            Command::Bundle(b) => match &b.command {
+                BundleCommand::Validate(a) => a.output,
+                BundleCommand::Summary(a) => a.output,
+            },
+            Command::Job(j) => match &j.command {
+                JobCommand::Run(a) => a.output,
+            },
+            Command::Scheduler(_) => OutputFormat::Text,
+            Command::Runs(a) => a.output,
+        }
+    }
+}
+
+/// Whether raw arguments ask for `--output json`, for errors found before they could be
+/// parsed (an unknown flag still gets its JSON error object).
+pub fn wants_json(args: &[String]) -> bool {
+    args.iter().enumerate().any(|(i, a)| {
+        a == "--output=json" || (a == "--output" && args.get(i + 1).is_some_and(|v| v == "json"))
+    })
+}
+
 /// How results are written to stdout.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Default)]
 pub enum OutputFormat {

@@ -151,3 +151,72 @@ fn an_invalid_log_level_is_a_usage_error_naming_the_levels() {
         assert!(out.stderr.contains(level), "{level} not named: {}", out.stderr);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// item 10: --output json prints one JSON object whatever the outcome
+
+/// A failed command with `--output json`: exactly one JSON object on stdout with
+/// `error: {class, exit_code, message}` matching the exit code.
+fn json_error(out: &Out, code: i32, class: &str) -> Value {
+    assert_eq!(out.code, code, "stdout: {}\nstderr: {}", out.stdout, out.stderr);
+    let v = one_json(&out.stdout);
+    let e = &v["error"];
+    assert_eq!(e["class"], class, "{v}");
+    assert_eq!(e["exit_code"], code, "{v}");
+    assert!(
+        e["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "no message: {v}"
+    );
+    v
+}
+
+#[tokio::test]
+async fn every_json_command_prints_one_object_on_failure() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = write_pipeline(d, "15m", "soft", "");
+    let json = ["--output", "json"];
+    // run: the source does not exist
+    let out = exec(tidemark(NOW).current_dir(d).arg("run").arg(&p).args(json));
+    let v = json_error(&out, 66, "unavailable");
+    assert!(v["error"]["message"].as_str().unwrap_or("").contains("bronze"), "{v}");
+    // history / maintain / restore of a missing table, runs without a ledger, reconcile
+    for args in [
+        vec!["history", "nowhere"],
+        vec!["maintain", "nowhere"],
+        vec!["restore", "nowhere", "--version", "0"],
+        vec!["reconcile", "pipeline.yml"],
+        vec!["job", "run", "no_such_job"],
+    ] {
+        let out = exec(tidemark(NOW).current_dir(d).args(&args).args(json));
+        assert_ne!(out.code, 0, "{args:?}");
+        json_error(&out, out.code, class_of(out.code));
+    }
+    // a usage error found by the parser
+    let out = exec(tidemark(NOW).current_dir(d).arg("run").arg(&p).args(json).arg("--bogus"));
+    json_error(&out, 64, "usage");
+    // a report that failed keeps its fields and gains `error`
+    let bad = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bundles/bad");
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .args(["bundle", "validate", "--bundle"])
+            .arg(&bad)
+            .args(json),
+    );
+    let v = json_error(&out, 78, "config");
+    assert_eq!(v["valid"], false, "{v}");
+}
+
+fn class_of(code: i32) -> &'static str {
+    match code {
+        64 => "usage",
+        65 => "bad_data",
+        66 => "unavailable",
+        70 => "internal",
+        74 => "io",
+        75 => "retryable",
+        78 => "config",
+        _ => "unknown",
+    }
+}
