@@ -364,8 +364,13 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
                 report.version_before.map_or("-".into(), |v| v.to_string()),
                 report.version_after.map_or("-".into(), |v| v.to_string()),
             );
+            let (would, kept) = if report.dry_run {
+                ("would be ", "would keep")
+            } else {
+                ("", "kept")
+            };
             out.push_str(&format!(
-                "  compacted {} small files into {}; checkpoint at version {}\n",
+                "  compaction: {} small files {would}compacted into {}; checkpoint {would}written at version {}\n",
                 report.files_compacted,
                 report.files_written,
                 report
@@ -373,10 +378,9 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
                     .map_or("-".into(), |v| v.to_string())
             ));
             out.push_str(&format!(
-                "  vacuum (retention {} h): {} files {}; {} unreferenced files kept inside the retention (removed by recent commits, or orphans of recent crashes; a later maintain removes them)\n",
+                "  vacuum (retention {} h): {} files {would}deleted; {kept} {} unreferenced files inside the retention (removed by recent commits, or orphans of recent crashes; a later maintain removes them)\n",
                 report.retention_hours,
                 report.files_vacuumed,
-                if report.dry_run { "would be deleted" } else { "deleted" },
                 report.files_unreferenced_within_retention
             ));
             out

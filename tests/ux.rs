@@ -220,3 +220,100 @@ fn class_of(code: i32) -> &'static str {
         _ => "unknown",
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// item 7: maintain's numbers
+
+/// Data files on disk that the table's current version does not reference.
+async fn unreferenced_on_disk(table: &Path) -> usize {
+    let t = deltalake::open_table(url::Url::from_directory_path(table).expect("url"))
+        .await
+        .expect("open");
+    let active = t.snapshot().expect("snapshot").log_data().num_files();
+    let on_disk = std::fs::read_dir(table)
+        .expect("list")
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".parquet"))
+        .count();
+    on_disk - active
+}
+
+fn maintain_json(d: &Path, target: &Path, dry: bool) -> Value {
+    let mut c = tidemark(NOW);
+    c.current_dir(d).arg("maintain").arg(target).args(["--output", "json"]);
+    if dry {
+        c.arg("--dry-run");
+    }
+    let out = exec(&mut c);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    one_json(&out.stdout)
+}
+
+fn assert_dry_predicts_real(dry: &Value, real: &Value) {
+    for f in [
+        "version_before",
+        "version_after",
+        "files_before",
+        "files_compacted",
+        "files_written",
+        "checkpoint_version",
+        "files_vacuumed",
+        "files_unreferenced_within_retention",
+    ] {
+        assert_eq!(dry[f], real[f], "`{f}`: dry run {dry}\nreal run {real}");
+    }
+}
+
+#[tokio::test]
+async fn maintain_dry_run_predicts_the_real_run_and_counts_files_on_disk() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = write_pipeline(d, "15m", "soft", "");
+    for h in 1..=4 {
+        // new keys and an update of an old one: small files, and rewritten (removed) ones
+        append(&bronze(d), &[up(&format!("k{h}"), T0 + h * HOUR, h), up("k1", T0 + h * HOUR, 10 + h)]).await;
+        run_ok(d, &p, NOW);
+    }
+    let out = exec(tidemark(NOW).current_dir(d).arg("restore").arg(silver(d)).args(["--version", "2"]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    // an unreferenced file that is gone already (an earlier vacuum, a hand clean-up): its
+    // tombstone is still in the log, but it is not on disk and must not be counted
+    let active: Vec<String> = {
+        let t = deltalake::open_table(url::Url::from_directory_path(silver(d)).expect("url"))
+            .await
+            .expect("open");
+        t.snapshot().expect("snapshot").log_data().iter().map(|f| f.path().to_string()).collect()
+    };
+    let gone = std::fs::read_dir(silver(d))
+        .expect("list")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with(".parquet") && !active.contains(n))
+        .expect("an unreferenced file");
+    std::fs::remove_file(silver(d).join(gone)).expect("remove");
+
+    // by pipeline (clustered compaction)
+    let dry = maintain_json(d, &p, true);
+    let real = maintain_json(d, &p, false);
+    assert!(real["files_compacted"].as_u64() >= Some(2), "{real}");
+    assert!(real["files_written"].as_u64() >= Some(1), "{real}");
+    assert_dry_predicts_real(&dry, &real);
+    assert_eq!(
+        real["files_unreferenced_within_retention"].as_u64(),
+        Some(unreferenced_on_disk(&silver(d)).await as u64),
+        "{real}"
+    );
+    // text says "would" in a dry run
+    let out = exec(tidemark(NOW).current_dir(d).arg("maintain").arg(&p).arg("--dry-run"));
+    assert!(out.stdout.contains("would"), "{}", out.stdout);
+
+    // by table URI (no keys): the same promise
+    for h in 5..=7 {
+        append(&bronze(d), &[up(&format!("k{h}"), T0 + h * HOUR, h)]).await;
+        run_ok(d, &p, NOW);
+    }
+    let dry = maintain_json(d, &silver(d), true);
+    let real = maintain_json(d, &silver(d), false);
+    assert!(real["files_compacted"].as_u64() >= Some(2), "{real}");
+    assert_dry_predicts_real(&dry, &real);
+}
