@@ -56,7 +56,12 @@ pub struct RunSummary {
     /// Of those, rows not already in the quarantine table (written by this run).
     pub num_quarantined_new: u64,
     pub num_deferred: u64,
-    pub num_duplicates_collapsed: u64,
+    /// Rows dropped because a newer version of the same key won (older versions, losers of
+    /// equal-tuple conflicts).
+    pub num_superseded: u64,
+    /// Rows dropped because they are identical in every column to the key's winner: the same
+    /// change delivered again.
+    pub num_duplicates: u64,
     pub num_conflicts: u64,
     /// Rows that landed since the previous run with a sequence behind the overlap: the overlap
     /// alone would have missed them. A steady non-zero count means the overlap is too small.
@@ -148,10 +153,8 @@ impl RunSummary {
                 ),
             ),
             ("deferred (future)", self.num_deferred.to_string()),
-            (
-                "duplicates collapsed",
-                self.num_duplicates_collapsed.to_string(),
-            ),
+            ("superseded versions", self.num_superseded.to_string()),
+            ("duplicates (re-delivered)", self.num_duplicates.to_string()),
             ("conflicts", self.num_conflicts.to_string()),
             ("inserted", self.num_inserted.to_string()),
             ("updated", self.num_updated.to_string()),

@@ -317,3 +317,43 @@ async fn maintain_dry_run_predicts_the_real_run_and_counts_files_on_disk() {
     assert!(real["files_compacted"].as_u64() >= Some(2), "{real}");
     assert_dry_predicts_real(&dry, &real);
 }
+
+// ---------------------------------------------------------------------------------------------
+// item 13: names and numbers
+
+#[tokio::test]
+async fn superseded_versions_and_redelivered_duplicates_are_counted_apart() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = write_pipeline(d, "15m", "soft", "");
+    let again = up("a", T0 + 2 * HOUR, 2);
+    append(&bronze(d), &[up("b", T0 + HOUR, 3)]).await;
+    run_ok(d, &p, NOW);
+    // a: an old version, the newest, and the newest delivered again
+    append(&bronze(d), &[up("a", T0 + HOUR, 1), again.clone(), again]).await;
+    let out = exec(tidemark(NOW).current_dir(d).arg("run").arg(&p).args(["--output", "json"]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s = one_json(&out.stdout);
+    assert_eq!(s["num_superseded"], 1, "{s}");
+    assert_eq!(s["num_duplicates"], 1, "{s}");
+    assert!(s.get("num_duplicates_collapsed").is_none(), "{s}");
+    // the commit facts of an incremental run carry both (a bootstrap's facts are written
+    // before its counts are known: left to the owner of src/run/mod.rs)
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .arg("history")
+            .arg(silver(d))
+            .args(["--output", "json"]),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let h = one_json(&out.stdout);
+    let run = &h[0]["run"];
+    assert_eq!(run["num_superseded"], 1, "{h}");
+    assert_eq!(run["num_duplicates"], 1, "{h}");
+    // the text summary names them
+    append(&bronze(d), &[up("c", T0 + 3 * HOUR, 4)]).await;
+    let out = exec(tidemark(NOW).current_dir(d).arg("run").arg(&p));
+    assert!(out.stdout.contains("superseded versions"), "{}", out.stdout);
+    assert!(out.stdout.contains("duplicates (re-delivered)"), "{}", out.stdout);
+}

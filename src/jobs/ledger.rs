@@ -128,6 +128,11 @@ pub struct LedgerRow {
     pub num_deferred: Option<i64>,
     pub num_late_rows: Option<i64>,
     pub num_conflicts: Option<i64>,
+    /// Older versions replaced by a newer one of the same key (null in rows written before
+    /// the column existed).
+    pub num_superseded: Option<i64>,
+    /// Identical rows delivered again.
+    pub num_duplicates: Option<i64>,
     /// Spill files the attempt's queries wrote (memory limit reached).
     pub num_spill_files: Option<i64>,
     pub duration_ms: i64,
@@ -152,6 +157,8 @@ impl LedgerRow {
         self.num_deferred = n(s.num_deferred);
         self.num_late_rows = n(s.num_late_rows);
         self.num_conflicts = n(s.num_conflicts);
+        self.num_superseded = n(s.num_superseded);
+        self.num_duplicates = n(s.num_duplicates);
         self
     }
 }
@@ -180,6 +187,8 @@ const OPT_INTS: &[&str] = &[
     "num_deferred",
     "num_late_rows",
     "num_conflicts",
+    "num_superseded",
+    "num_duplicates",
     "num_spill_files",
 ];
 
@@ -220,6 +229,8 @@ pub fn schema() -> Arc<Schema> {
         "num_deferred",
         "num_late_rows",
         "num_conflicts",
+        "num_superseded",
+        "num_duplicates",
         "num_spill_files",
         "duration_ms",
     ];
@@ -286,6 +297,8 @@ fn int_of(r: &LedgerRow, name: &str) -> Option<i64> {
         "num_deferred" => r.num_deferred,
         "num_late_rows" => r.num_late_rows,
         "num_conflicts" => r.num_conflicts,
+        "num_superseded" => r.num_superseded,
+        "num_duplicates" => r.num_duplicates,
         "num_spill_files" => r.num_spill_files,
         "duration_ms" => Some(r.duration_ms),
         _ => None,
@@ -561,6 +574,8 @@ fn from_batch(b: &RecordBatch) -> Result<Vec<LedgerRow>, arrow::error::ArrowErro
                 num_deferred: it("num_deferred"),
                 num_late_rows: it("num_late_rows"),
                 num_conflicts: it("num_conflicts"),
+                num_superseded: it("num_superseded"),
+                num_duplicates: it("num_duplicates"),
                 num_spill_files: it("num_spill_files"),
                 duration_ms: it("duration_ms").unwrap_or(0),
             }
@@ -604,6 +619,8 @@ mod tests {
             num_deferred: None,
             num_late_rows: None,
             num_conflicts: None,
+            num_superseded: None,
+            num_duplicates: None,
             num_spill_files: Some(0),
             duration_ms: 1000,
         }
