@@ -6,7 +6,7 @@ mod jobs_commands;
 use std::path::Path;
 use std::sync::Arc;
 
-use chrono::{SecondsFormat, TimeZone, Utc};
+use chrono::SecondsFormat;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
@@ -227,11 +227,7 @@ pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
         "files +/-",
     ]);
     for e in &entries {
-        let time = e
-            .timestamp_ms
-            .and_then(|ms| Utc.timestamp_millis_opt(ms).single())
-            .map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true))
-            .unwrap_or_default();
+        let time = e.time.clone().unwrap_or_default();
         let field = |k: &str| {
             e.run
                 .as_ref()

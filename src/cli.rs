@@ -225,6 +225,10 @@ pub struct RunsArgs {
     /// How many rows (task attempts), newest first; at least 1.
     #[arg(long, default_value_t = 20, value_parser = parse_limit)]
     pub limit: usize,
+    /// Every column (trigger, fire time, mode, target version) and whole error messages; the
+    /// default table fits 120 columns.
+    #[arg(long)]
+    pub wide: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

@@ -9,17 +9,18 @@ use chrono::{SecondsFormat, Utc};
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
 use tracing::{Event, Subscriber};
+use tracing_subscriber::field::MakeExt;
 use tracing_subscriber::fmt::format::{self, FormatEvent, FormatFields, Writer};
 use tracing_subscriber::fmt::{FmtContext, FormattedFields};
 use tracing_subscriber::registry::LookupSpan;
-use tracing_subscriber::field::MakeExt;
 use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogFormat, LogLevel};
 
 /// Installs the global subscriber. `RUST_LOG`, when set and valid, wins over `level`.
 pub fn init(format: LogFormat, level: LogLevel) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(directives(level)));
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(directives(level)));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -37,7 +37,10 @@ fn main() {
             eprintln!("this looks like a bug in tidemark; please report it with the log above");
         }
         if hints && class.is_retryable() {
-            eprintln!("this failure is transient (exit {}): rerun the same command; a rerun is harmless", class.exit_code());
+            eprintln!(
+                "this failure is transient (exit {}): rerun the same command; a rerun is harmless",
+                class.exit_code()
+            );
         }
         std::process::exit(class.exit_code());
     };

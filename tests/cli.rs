@@ -217,11 +217,7 @@ async fn bootstrap_then_rerun_without_new_rows_commits_nothing() {
     assert_eq!(num(&first, "num_deferred"), 0);
     assert_eq!(num(&first, "num_conflicts"), 0);
     assert_eq!(num(&first, "num_late_rows"), 0);
-    assert_eq!(
-        num(&first, "num_superseded"),
-        1,
-        "a's older version"
-    );
+    assert_eq!(num(&first, "num_superseded"), 1, "a's older version");
     assert_eq!(num(&first, "num_duplicates"), 0, "{first}");
     assert!(num(&first, "num_files_added") >= 1, "{first}");
     assert_eq!(num(&first, "num_files_removed"), 0);
@@ -347,11 +343,7 @@ async fn updates_out_of_order_rows_and_duplicates() {
     let s = run_json(&p, NOW, &[]);
     assert_eq!(num(&s, "num_updated"), 1, "x: {s}");
     assert_eq!(num(&s, "num_inserted"), 0, "{s}");
-    assert_eq!(
-        num(&s, "num_duplicates"),
-        1,
-        "the re-delivery of x: {s}"
-    );
+    assert_eq!(num(&s, "num_duplicates"), 1, "the re-delivery of x: {s}");
     assert_eq!(
         num(&s, "num_unchanged"),
         2,

@@ -437,7 +437,7 @@ async fn job_run_runs_tasks_in_dependency_order_and_records_every_attempt() {
     // the text forms
     let out = exec(
         tidemark(NOW)
-            .args(["runs", "--job", "j", "--bundle"])
+            .args(["runs", "--job", "j", "--wide", "--bundle"])
             .arg(&bundle),
     );
     assert_eq!(out.code, 0, "{}", out.stderr);

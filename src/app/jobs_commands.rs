@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -113,7 +113,7 @@ pub fn bundle_validate(args: BundleValidateArgs) -> Output {
 }
 
 fn utc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+    crate::report::rfc3339(&t)
 }
 
 fn size(bytes: u64) -> String {
@@ -402,13 +402,14 @@ pub async fn scheduler(args: SchedulerArgs, clock: Arc<dyn Clock>) -> Result<Str
     ))
 }
 
+/// Width of `tidemark runs`' default table.
+const RUNS_WIDTH: usize = 120;
+
 /// `tidemark runs`.
 pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
     let bundle = load_bundle(&args.select)?;
     let ledger = Ledger::for_lake(bundle.lake());
-    let rows = ledger
-        .recent(args.job.as_deref(), args.limit)
-        .await?;
+    let rows = ledger.recent(args.job.as_deref(), args.limit).await?;
     if args.output == OutputFormat::Json {
         return Ok(serde_json::to_string(&rows).unwrap_or_default() + "\n");
     }
@@ -417,55 +418,118 @@ pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
     }
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY);
-    t.set_header(vec![
-        "started (UTC)",
-        "job",
-        "task",
-        "try",
-        "trigger",
-        "status",
-        "scheduled (UTC)",
-        "mode",
-        "rows in/upd/del",
-        "target v",
-        "ms",
-        "error",
-    ]);
-    for r in &rows {
-        let counts = match (r.num_inserted, r.num_updated, r.num_deleted) {
-            (Some(i), Some(u), Some(d)) => format!("{i}/{u}/{d}"),
-            _ => String::new(),
-        };
-        let error = r
-            .error_message
-            .as_deref()
-            .map(|m| {
-                let class = r
-                    .error_class
-                    .as_deref()
-                    .map(|c| format!("[{c}] "))
-                    .unwrap_or_default();
-                let short: String = m.chars().take(70).collect();
-                format!(
-                    "{class}{short}{}",
-                    if m.chars().count() > 70 { "…" } else { "" }
-                )
-            })
-            .unwrap_or_default();
-        t.add_row(vec![
-            utc(r.started_at),
-            r.job.clone(),
-            r.task.clone(),
-            r.attempt.to_string(),
-            r.trigger.clone(),
-            r.status.clone(),
-            r.scheduled_at.map(utc).unwrap_or_default(),
-            r.mode.clone().unwrap_or_default(),
-            counts,
-            r.target_version.map(|v| v.to_string()).unwrap_or_default(),
-            r.duration_ms.to_string(),
-            error,
-        ]);
+    let header = if args.wide {
+        vec![
+            "started (UTC)",
+            "job",
+            "task",
+            "try",
+            "trigger",
+            "status",
+            "scheduled (UTC)",
+            "mode",
+            "rows in/upd/del",
+            "target v",
+            "ms",
+            "error",
+        ]
+    } else {
+        vec![
+            "started (UTC)",
+            "job",
+            "task",
+            "try",
+            "status",
+            "in/upd/del",
+            "ms",
+            "error",
+        ]
+    };
+    t.set_header(header);
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let counts = match (r.num_inserted, r.num_updated, r.num_deleted) {
+                (Some(i), Some(u), Some(d)) => format!("{i}/{u}/{d}"),
+                _ => String::new(),
+            };
+            let error = r
+                .error_message
+                .as_deref()
+                .map(|m| {
+                    let class = r
+                        .error_class
+                        .as_deref()
+                        .map(|c| format!("[{c}] "))
+                        .unwrap_or_default();
+                    format!("{class}{m}")
+                })
+                .unwrap_or_default();
+            if args.wide {
+                vec![
+                    utc(r.started_at),
+                    r.job.clone(),
+                    r.task.clone(),
+                    r.attempt.to_string(),
+                    r.trigger.clone(),
+                    r.status.clone(),
+                    r.scheduled_at.map(utc).unwrap_or_default(),
+                    r.mode.clone().unwrap_or_default(),
+                    counts,
+                    r.target_version.map(|v| v.to_string()).unwrap_or_default(),
+                    r.duration_ms.to_string(),
+                    error,
+                ]
+            } else {
+                vec![
+                    utc(r.started_at),
+                    r.job.clone(),
+                    r.task.clone(),
+                    r.attempt.to_string(),
+                    r.status.clone(),
+                    counts,
+                    r.duration_ms.to_string(),
+                    error,
+                ]
+            }
+        })
+        .collect();
+    let mut cells = cells;
+    if !args.wide {
+        // The error column gets what the others leave of 120 columns (at least 10), cut with
+        // an ellipsis; `--wide` or `--output json` show it whole.
+        // Measured, not computed: the table rendered with the error column at its header's
+        // width.
+        let mut probe = Table::new();
+        probe.load_preset(UTF8_BORDERS_ONLY);
+        if let Some(h) = t.header() {
+            probe.set_header(h.cell_iter().map(|c| c.content()).collect::<Vec<_>>());
+        }
+        for row in &cells {
+            let mut row = row.clone();
+            if let Some(e) = row.last_mut() {
+                e.clear();
+            }
+            probe.add_row(row);
+        }
+        let probe_width = probe
+            .to_string()
+            .lines()
+            .map(|l| l.chars().count())
+            .max()
+            .unwrap_or(0);
+        let used = probe_width.saturating_sub("error".len());
+        let room = RUNS_WIDTH.saturating_sub(used).max(10);
+        for row in &mut cells {
+            if let Some(e) = row.last_mut() {
+                if e.chars().count() > room {
+                    *e = e.chars().take(room - 1).collect::<String>() + "…";
+                }
+            }
+        }
+    }
+    for row in cells {
+        t.add_row(row);
     }
     Ok(format!("{t}\n"))
 }

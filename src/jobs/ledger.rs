@@ -104,8 +104,11 @@ pub struct LedgerRow {
     pub attempt: i32,
     pub trigger: String,
     /// The fire time for scheduled runs; null for manual ones.
+    #[serde(serialize_with = "crate::report::rfc3339_opt")]
     pub scheduled_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "crate::report::ser_time")]
     pub started_at: DateTime<Utc>,
+    #[serde(serialize_with = "crate::report::ser_time")]
     pub ended_at: DateTime<Utc>,
     pub status: String,
     pub error_class: Option<String>,
@@ -117,7 +120,9 @@ pub struct LedgerRow {
     pub mode: Option<String>,
     pub source_version: Option<i64>,
     pub target_version: Option<i64>,
+    #[serde(serialize_with = "crate::report::rfc3339_opt")]
     pub watermark_before: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "crate::report::rfc3339_opt")]
     pub watermark_after: Option<DateTime<Utc>>,
     pub num_source_rows_read: Option<i64>,
     pub num_inserted: Option<i64>,

@@ -48,7 +48,13 @@ struct Group {
 /// `numRecords` statistics; a group without them becomes one file).
 fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableError> {
     let snapshot = table.snapshot()?;
-    let mut small: Vec<(String, i64, Option<usize>, String, deltalake::kernel::Remove)> = snapshot
+    let mut small: Vec<(
+        String,
+        i64,
+        Option<usize>,
+        String,
+        deltalake::kernel::Remove,
+    )> = snapshot
         .log_data()
         .iter()
         .filter(|f| (f.size() as u64) < target_size / 2)

@@ -96,14 +96,9 @@ pub async fn maintain(
     if opts.compact {
         // Without keys (a table named by URI), files are concatenated in path order.
         let keys = opts.cluster_keys.clone().unwrap_or_default();
-        let (done, version) = super::compact_clustered(
-            &table,
-            &keys,
-            size.get(),
-            opts.row_group_rows,
-            opts.dry_run,
-        )
-        .await?;
+        let (done, version) =
+            super::compact_clustered(&table, &keys, size.get(), opts.row_group_rows, opts.dry_run)
+                .await?;
         files_compacted = done.files_removed;
         files_written = done.files_added;
         if let Some(v) = version {

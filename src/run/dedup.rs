@@ -589,7 +589,12 @@ mod tests {
         );
         assert_eq!(rows, vec![("a".to_string(), 5, Some(1))]);
         assert_eq!(
-            (counts.winners, counts.superseded, counts.duplicates, counts.conflicts),
+            (
+                counts.winners,
+                counts.superseded,
+                counts.duplicates,
+                counts.conflicts
+            ),
             (1, 1, 1, 0)
         );
     }

@@ -927,8 +927,8 @@ impl<'a> Run<'a> {
             "run_id": s.run_id,
             "pipeline": s.pipeline,
             "mode": s.mode,
-            "watermark_before": s.watermark_before.map(|t| t.to_rfc3339()),
-            "watermark_after": s.watermark_after.map(|t| t.to_rfc3339()),
+            "watermark_before": s.watermark_before.map(|t| crate::report::rfc3339(&t)),
+            "watermark_after": s.watermark_after.map(|t| crate::report::rfc3339(&t)),
             "source_version": s.source_version,
             "previous_source_version": s.previous_source_version,
             "num_source_rows_read": s.num_source_rows_read,
@@ -942,7 +942,7 @@ impl<'a> Run<'a> {
             "num_superseded": s.num_superseded,
             "num_duplicates": s.num_duplicates,
             "source_table_id": self.source_table_id,
-            "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| t.to_rfc3339()),
+            "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| crate::report::rfc3339(&t)),
         });
         let record = lake::SourceRecord {
             version: Some(s.source_version as i64),
