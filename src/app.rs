@@ -193,18 +193,40 @@ pub async fn run_command(args: RunArgs, clock: &dyn Clock) -> Result<String, App
 /// target differs from the newest rows of its source.
 pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let pipeline = load_pipeline(&args.pipeline, &args.pipelines_dir, &args.vars)?;
-    let opts = ReconcileOptions { limit: args.limit };
+    let var_args = shell_var_args(&args.vars);
+    let opts = ReconcileOptions {
+        limit: args.limit,
+        var_args: var_args.clone(),
+    };
     let report = reconcile::reconcile(&pipeline, &opts, clock, &Engine::default()).await?;
     let rendered = match args.output {
         OutputFormat::Json => report.to_json() + "\n",
         OutputFormat::Text => report.to_text(),
     };
-    Ok(report.into_result(rendered)?)
+    Ok(report.into_result(rendered, &var_args)?)
+}
+
+/// `--var` arguments as they can be pasted into a shell: ` --var lake=/x` (values quoted when
+/// they hold anything but plain path characters).
+fn shell_var_args(vars: &[String]) -> String {
+    let plain = |s: &str| {
+        s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./=:@,+".contains(c))
+    };
+    vars.iter()
+        .map(|v| {
+            if plain(v) {
+                format!(" --var {v}")
+            } else {
+                format!(" --var '{}'", v.replace('\'', "'\\''"))
+            }
+        })
+        .collect()
 }
 
 /// `tidemark history`.
 pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
-    let table = lake::open_required(&args.table, "history").await?;
+    let table = lake::open_required(&args.table, "table").await?;
     let entries = lake::read_commits(&table, args.limit)
         .await
         .map_err(|source| AppError::Delta {
@@ -265,7 +287,7 @@ pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
 
 /// `tidemark restore`.
 pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
-    let table = lake::open_required(&args.table, "restore").await?;
+    let table = lake::open_required(&args.table, "table").await?;
     let latest = table.version().unwrap_or(0);
     if args.version >= latest {
         return Err(AppError::Usage(format!(
@@ -334,11 +356,16 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
                 lake::datafile::DEFAULT_ROW_GROUP_ROWS,
             ),
         };
+    let role = if file_size.is_some() {
+        "target"
+    } else {
+        "table"
+    };
     let (file_size, cluster_keys) = match file_size {
         Some((size, keys)) => (Some(size), Some(keys)),
         None => (None, None),
     };
-    let table = lake::open_required(&uri, "maintained").await?;
+    let table = lake::open_required(&uri, role).await?;
     let report = lake::maintain(
         table,
         &lake::MaintainOptions {

@@ -42,7 +42,11 @@ fn directives(level: LogLevel) -> String {
         LogLevel::Off | LogLevel::Error => l,
         _ => "warn",
     };
-    format!("tidemark={l},deltalake_core::operations::merge=error,{others}")
+    // delta-kernel logs ERROR "No files in log segment" when it looks for a table that is not
+    // there; tidemark turns that into its own "not found" message, so it is not shown twice.
+    format!(
+        "tidemark={l},deltalake_core::operations::merge=error,buoyant_kernel::snapshot::builder=off,{others}"
+    )
 }
 
 /// Colour only when stderr is a terminal and `NO_COLOR` is unset or empty (no-color.org).

@@ -241,7 +241,7 @@ fn a_bad_bundle_reports_every_problem_with_file_and_line() {
     let got: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(got, expected);
     assert!(
-        out.stderr.contains("the bundle has 13 errors"),
+        out.stderr.contains("fix the 13 problems listed"),
         "{}",
         out.stderr
     );

@@ -590,3 +590,116 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
         .unwrap_or_else(|| panic!("{h}"));
     assert!(is_micros_z(w), "commit facts: {w:?}");
 }
+
+// ---------------------------------------------------------------------------------------------
+// item 12: messages
+
+#[tokio::test]
+async fn messages_name_the_thing_to_do_next() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    // a missing table on the command line: no pipeline key, no kernel ERROR line above
+    std::fs::create_dir_all(d.join("empty/_delta_log")).expect("mkdir");
+    for (args, path) in [
+        (vec!["history"], "nowhere"),
+        (vec!["restore", "--version", "0"], "nowhere"),
+        (vec!["maintain"], "nowhere"),
+        (vec!["history"], "empty"),
+    ] {
+        let out = exec(tidemark(NOW).current_dir(d).args(&args).arg(path));
+        assert_eq!(out.code, 66, "{args:?}: {}", out.stderr);
+        assert!(
+            !out.stderr.contains(".uri`"),
+            "{args:?} names a pipeline key: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("ERROR"), "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("check the path"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    // gs:// is a scheme tidemark does not support, not a missing table
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .args(["history", "gs://bucket/t"]),
+    );
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("scheme is not supported"),
+        "{}",
+        out.stderr
+    );
+
+    // reconcile before the first run says to run the pipeline, with the user's --var
+    let lake = d.join("lake");
+    append(&bronze(d), &[up("a", T0 + HOUR, 1)]).await;
+    let p = write_pipeline(d, "15m", "soft", "");
+    let text = std::fs::read_to_string(&p).expect("read");
+    let with_var = d.join("with_var.yml");
+    std::fs::write(
+        &with_var,
+        text.replace(&lake.display().to_string(), "${var.lake}"),
+    )
+    .expect("write");
+    let var = format!("lake={}", lake.display());
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .arg("reconcile")
+            .arg(&with_var)
+            .args(["--var", &var]),
+    );
+    assert_eq!(out.code, 66, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("Run the pipeline first"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(&format!("--var {var}")),
+        "the --var is dropped: {}",
+        out.stderr
+    );
+
+    // bundle validate: every error of a schedule, the bundle's own name
+    let b = d.join("b");
+    std::fs::create_dir_all(b.join("resources")).expect("mkdir");
+    std::fs::write(
+        b.join("tidemark.yml"),
+        "bundle: { name: payments_bundle }\ninclude: [resources/*.yml]\nvariables:\n  lake: { default: ./lake }\ntargets:\n  local: { default: true }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        b.join("resources/j.yml"),
+        format!(
+            "resources:\n  jobs:\n    j:\n      schedule: {{ quartz_cron_expression: \"0 99 * * * ?\", timezone_id: \"Mars/Base\" }}\n      tasks:\n        - task_key: t\n          pipeline_task: {{ pipeline: \"{}\" }}\n",
+            p.display()
+        ),
+    )
+    .expect("write");
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .args(["bundle", "validate", "--bundle", "b"]),
+    );
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(out.stdout.contains("Mars/Base"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("0 99 * * * ?"),
+        "the cron error is hidden: {}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("bundle payments_bundle (b): invalid"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr.contains("tidemark bundle validate --bundle b"),
+        "{}",
+        out.stderr
+    );
+}

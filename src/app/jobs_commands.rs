@@ -38,6 +38,24 @@ pub fn load_bundle(select: &BundleSelect) -> Result<Bundle, AppError> {
 }
 
 /// `tidemark bundle validate`.
+/// `bundle.name` from the bundle file when it can be read (with the folder), else the folder.
+fn bundle_title(path: &std::path::Path) -> String {
+    let file = if path.is_dir() {
+        path.join("tidemark.yml")
+    } else {
+        path.to_path_buf()
+    };
+    let name = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(&text).ok())
+        .and_then(|v| v.get("bundle")?.get("name")?.as_str().map(str::to_string));
+    match name {
+        Some(name) if name == path.display().to_string() => name,
+        Some(name) => format!("{name} ({})", path.display()),
+        None => path.display().to_string(),
+    }
+}
+
 pub fn bundle_validate(args: BundleValidateArgs) -> Output {
     let vars = match cli_vars(&args.select) {
         Ok(v) => v,
@@ -49,10 +67,15 @@ pub fn bundle_validate(args: BundleValidateArgs) -> Output {
         }
     };
     let result = Bundle::load(&args.select.bundle, args.select.target.as_deref(), &vars);
-    let (bundle, errors, warnings) = match result {
+    let (bundle, mut errors, mut warnings) = match result {
         Ok(l) => (Some(l.bundle), Vec::new(), l.warnings),
         Err(BundleError { errors, warnings }) => (None, errors, warnings),
     };
+    // One problem found twice (a pipeline file two tasks share) is listed once.
+    for list in [&mut errors, &mut warnings] {
+        let mut seen = std::collections::HashSet::new();
+        list.retain(|d| seen.insert(d.to_string()));
+    }
     let stdout = match args.output {
         OutputFormat::Json => {
             serde_json::json!({
@@ -90,7 +113,7 @@ pub fn bundle_validate(args: BundleValidateArgs) -> Output {
                     let _ = writeln!(
                         out,
                         "bundle {}: invalid — {}, {}",
-                        args.select.bundle.display(),
+                        bundle_title(&args.select.bundle),
                         plural(errors.len(), "error"),
                         plural(warnings.len(), "warning")
                     );
@@ -103,9 +126,14 @@ pub fn bundle_validate(args: BundleValidateArgs) -> Output {
         (
             ErrorClass::Config,
             format!(
-                "the bundle has {} error{}; fix them and validate again",
+                "fix the {} problem{} listed with file:line, then run `tidemark bundle validate{}` again",
                 errors.len(),
-                if errors.len() == 1 { "" } else { "s" }
+                if errors.len() == 1 { "" } else { "s" },
+                if args.select.bundle == std::path::Path::new("bundle") {
+                    String::new()
+                } else {
+                    format!(" --bundle {}", args.select.bundle.display())
+                }
             ),
         )
     });
