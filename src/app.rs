@@ -456,6 +456,31 @@ const DEMO_JOB: &str = "payments_hourly";
 /// `tidemark demo`: generate sample data when absent, else append the next hour; then run the
 /// bundle's `payments_hourly` job on its default (`local`) target, exactly as `tidemark job run`
 /// would.
+/// The demo's bundle: `--bundle`, else `./bundle`, else the `bundle/` of the checkout this
+/// binary was built from (so `tidemark demo` works from any directory after `cargo install
+/// --path .`), else the one above the binary (`target/debug/tidemark` in a checkout).
+fn demo_bundle(given: Option<&Path>) -> Result<std::path::PathBuf, AppError> {
+    if let Some(b) = given {
+        return Ok(b.to_path_buf());
+    }
+    let mut candidates = vec![
+        std::path::PathBuf::from("bundle"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("bundle"),
+    ];
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(exe.ancestors().skip(1).map(|d| d.join("bundle")));
+    }
+    candidates
+        .into_iter()
+        .find(|b| b.join("tidemark.yml").is_file())
+        .ok_or_else(|| {
+            AppError::Usage(format!(
+                "no bundle found for the demo: looked for ./bundle/tidemark.yml and the checkout this binary was built from ({}). Run `tidemark demo` in the tidemark checkout, or pass `--bundle <checkout>/bundle`",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+        })
+}
+
 pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
     let mut var_args = Vec::new();
     if let Some(lake) = &args.lake {
@@ -463,8 +488,20 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
             .map_err(|e| AppError::Usage(format!("--lake {}: {e}", lake.display())))?;
         var_args.push(format!("lake={}", abs.display()));
     }
+    let bundle_dir = demo_bundle(args.bundle.as_deref())?;
+    // The commands the demo suggests must work from where it was run.
+    let bundle_flag = if bundle_dir == Path::new("bundle") {
+        String::new()
+    } else {
+        format!(
+            " --bundle {}",
+            std::path::absolute(&bundle_dir)
+                .unwrap_or_else(|_| bundle_dir.clone())
+                .display()
+        )
+    };
     let select = crate::cli::BundleSelect {
-        bundle: args.bundle.clone(),
+        bundle: bundle_dir.clone(),
         target: None,
         vars: var_args,
     };
@@ -493,9 +530,9 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
     let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
     out.push_str(&result.stdout);
     if args.output == OutputFormat::Text && result.failure.is_none() {
-        out.push_str(
-            "\nRun `tidemark demo` again to land the next hour and merge it incrementally; `tidemark runs` shows the ledger.\n",
-        );
+        out.push_str(&format!(
+            "\nRun `tidemark demo` again to land the next hour and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger.\n",
+        ));
     }
     result.stdout = out;
     Ok(result)

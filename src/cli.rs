@@ -338,9 +338,10 @@ pub struct DemoArgs {
     /// target's ./lake).
     #[arg(long)]
     pub lake: Option<PathBuf>,
-    /// The bundle whose `payments_hourly` job the demo runs.
-    #[arg(long, default_value = "bundle")]
-    pub bundle: PathBuf,
+    /// The bundle whose `payments_hourly` job the demo runs (default: ./bundle, else the
+    /// bundle of the tidemark checkout this binary was built from).
+    #[arg(long)]
+    pub bundle: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

@@ -703,3 +703,37 @@ async fn messages_name_the_thing_to_do_next() {
         out.stderr
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// item 14: getting started
+
+#[test]
+fn demo_works_from_any_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+        .expect("time")
+        .timestamp_micros();
+    // no ./bundle here: the demo finds the checkout's bundle and writes ./lake here
+    let out = exec(tidemark(now).current_dir(dir.path()).arg("demo"));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(dir.path().join("lake/silver/payments/_delta_log").exists());
+    // the command it suggests works from here
+    let runs = out
+        .stdout
+        .lines()
+        .find_map(|l| l.split('`').find(|s| s.starts_with("tidemark runs")))
+        .unwrap_or_else(|| panic!("no runs hint: {}", out.stdout))
+        .to_string();
+    let args: Vec<&str> = runs.split_whitespace().skip(1).collect();
+    let out = exec(tidemark(now).current_dir(dir.path()).args(&args));
+    assert_eq!(out.code, 0, "`{runs}`: {}", out.stderr);
+    assert!(out.stdout.contains("payments_hourly"), "{}", out.stdout);
+    // an explicit bundle that is not there says how to point at one
+    let out = exec(
+        tidemark(now)
+            .current_dir(dir.path())
+            .args(["demo", "--bundle", "nowhere"]),
+    );
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("--bundle"), "{}", out.stderr);
+}
