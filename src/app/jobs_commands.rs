@@ -144,6 +144,12 @@ fn utc(t: DateTime<Utc>) -> String {
     crate::report::rfc3339(&t)
 }
 
+/// A schedule's fire time: computed, never recorded, always on a whole second, shown as such
+/// next to its local wall-clock time (`bundle summary`).
+fn fire(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
 fn size(bytes: u64) -> String {
     const UNITS: [(&str, u64); 4] = [
         ("TiB", 1 << 40),
@@ -167,7 +173,7 @@ fn job_json(job: &Job, from: DateTime<Utc>, count: usize) -> serde_json::Value {
             s.cron
                 .upcoming(from, count)
                 .into_iter()
-                .map(|t| serde_json::json!({"utc": utc(t), "local": local_label(t, s.cron.timezone())}))
+                .map(|t| serde_json::json!({"utc": fire(t), "local": local_label(t, s.cron.timezone())}))
                 .collect()
         })
         .unwrap_or_default();
@@ -218,7 +224,7 @@ pub fn bundle_summary(args: BundleSummaryArgs, clock: &dyn Clock) -> Result<Stri
             "bundle": bundle.name,
             "target": bundle.target,
             "file": bundle.file,
-            "from": utc(from),
+            "from": fire(from),
             "variables": bundle.variables,
             "jobs": bundle.jobs.values().map(|j| job_json(j, from, args.count)).collect::<Vec<_>>(),
         });
@@ -323,13 +329,13 @@ pub fn bundle_summary(args: BundleSummaryArgs, clock: &dyn Clock) -> Result<Stri
         }
         if let Some(s) = &job.schedule {
             let fires = s.cron.upcoming(from, args.count);
-            let _ = writeln!(out, "  next {} fires after {}:", fires.len(), utc(from));
+            let _ = writeln!(out, "  next {} fires after {}:", fires.len(), fire(from));
             for f in fires {
                 let _ = writeln!(
                     out,
                     "    {:<28} {}",
                     local_label(f, s.cron.timezone()),
-                    utc(f)
+                    fire(f)
                 );
             }
         }
