@@ -332,7 +332,7 @@ def detail(s, out):
         j = mi[0]["j"] or {}
         out.append(f"* tidemark's hour: {num(j.get('num_source_rows_read'))} source rows read, "
                    f"{num(j.get('num_late_rows'))} late rows (landed behind the overlap), "
-                   f"{num(j.get('num_duplicates_collapsed'))} duplicates collapsed, {num(j.get('num_unchanged'))} unchanged keys; "
+                   f"{num(j.get('num_superseded'))} superseded versions, {num(j.get('num_duplicates'))} re-delivered duplicates, {num(j.get('num_unchanged'))} unchanged keys; "
                    f"watermark {j.get('watermark_before')} → {j.get('watermark_after')}")
     pi = group(st, r"peer_inc_\d+")
     if pi:

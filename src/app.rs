@@ -6,7 +6,7 @@ mod jobs_commands;
 use std::path::Path;
 use std::sync::Arc;
 
-use chrono::{SecondsFormat, TimeZone, Utc};
+use chrono::SecondsFormat;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
@@ -228,19 +228,41 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
 /// target differs from the newest rows of its source.
 pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let pipeline = load_pipeline(&args.pipeline, &args.pipelines_dir, &args.vars)?;
-    let opts = ReconcileOptions { limit: args.limit };
+    let var_args = shell_var_args(&args.vars);
+    let opts = ReconcileOptions {
+        limit: args.limit,
+        var_args: var_args.clone(),
+    };
     let report = reconcile::reconcile(&pipeline, &opts, clock, &Engine::default()).await?;
     let rendered = match args.output {
         OutputFormat::Json => report.to_json() + "\n",
         OutputFormat::Text => report.to_text(),
     };
-    Ok(report.into_result(rendered)?)
+    Ok(report.into_result(rendered, &var_args)?)
+}
+
+/// `--var` arguments as they can be pasted into a shell: ` --var lake=/x` (values quoted when
+/// they hold anything but plain path characters).
+fn shell_var_args(vars: &[String]) -> String {
+    let plain = |s: &str| {
+        s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_-./=:@,+".contains(c))
+    };
+    vars.iter()
+        .map(|v| {
+            if plain(v) {
+                format!(" --var {v}")
+            } else {
+                format!(" --var '{}'", v.replace('\'', "'\\''"))
+            }
+        })
+        .collect()
 }
 
 /// `tidemark history`.
 pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
-    let table = lake::open_required(&args.table, "history").await?;
-    let entries = lake::read_commits(&table, args.limit.max(1))
+    let table = lake::open_required(&args.table, "table").await?;
+    let entries = lake::read_commits(&table, args.limit)
         .await
         .map_err(|source| AppError::Delta {
             action: "cannot read the log of",
@@ -262,11 +284,7 @@ pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
         "files +/-",
     ]);
     for e in &entries {
-        let time = e
-            .timestamp_ms
-            .and_then(|ms| Utc.timestamp_millis_opt(ms).single())
-            .map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true))
-            .unwrap_or_default();
+        let time = e.time.clone().unwrap_or_default();
         let field = |k: &str| {
             e.run
                 .as_ref()
@@ -304,7 +322,7 @@ pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
 
 /// `tidemark restore`.
 pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
-    let table = lake::open_required(&args.table, "restore").await?;
+    let table = lake::open_required(&args.table, "table").await?;
     let latest = table.version().unwrap_or(0);
     if args.version >= latest {
         return Err(AppError::Usage(format!(
@@ -374,11 +392,16 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
                 lake::datafile::DEFAULT_ROW_GROUP_ROWS,
             ),
         };
+    let role = if file_size.is_some() {
+        "target"
+    } else {
+        "table"
+    };
     let (file_size, cluster_keys) = match file_size {
         Some((size, keys)) => (Some(size), Some(keys)),
         None => (None, None),
     };
-    let table = lake::open_required(&uri, "maintained").await?;
+    let table = lake::open_required(&uri, role).await?;
     let report = lake::maintain(
         table,
         &lake::MaintainOptions {
@@ -400,8 +423,13 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
                 report.version_before.map_or("-".into(), |v| v.to_string()),
                 report.version_after.map_or("-".into(), |v| v.to_string()),
             );
+            let (would, kept) = if report.dry_run {
+                ("would be ", "would keep")
+            } else {
+                ("", "kept")
+            };
             out.push_str(&format!(
-                "  compacted {} small files into {}; checkpoint at version {}\n",
+                "  compaction: {} small files {would}compacted into {}; checkpoint {would}written at version {}\n",
                 report.files_compacted,
                 report.files_written,
                 report
@@ -409,10 +437,9 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
                     .map_or("-".into(), |v| v.to_string())
             ));
             out.push_str(&format!(
-                "  vacuum (retention {} h): {} files {}; {} unreferenced files kept inside the retention (removed by recent commits, or orphans of recent crashes; a later maintain removes them)\n",
+                "  vacuum (retention {} h): {} files {would}deleted; {kept} {} unreferenced files inside the retention (removed by recent commits, or orphans of recent crashes; a later maintain removes them)\n",
                 report.retention_hours,
                 report.files_vacuumed,
-                if report.dry_run { "would be deleted" } else { "deleted" },
                 report.files_unreferenced_within_retention
             ));
             out
@@ -465,6 +492,31 @@ const DEMO_JOB: &str = "payments_hourly";
 /// `tidemark demo`: generate sample data when absent, else append the next hour; then run the
 /// bundle's `payments_hourly` job on its default (`local`) target, exactly as `tidemark job run`
 /// would.
+/// The demo's bundle: `--bundle`, else `./bundle`, else the `bundle/` of the checkout this
+/// binary was built from (so `tidemark demo` works from any directory after `cargo install
+/// --path .`), else the one above the binary (`target/debug/tidemark` in a checkout).
+fn demo_bundle(given: Option<&Path>) -> Result<std::path::PathBuf, AppError> {
+    if let Some(b) = given {
+        return Ok(b.to_path_buf());
+    }
+    let mut candidates = vec![
+        std::path::PathBuf::from("bundle"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("bundle"),
+    ];
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(exe.ancestors().skip(1).map(|d| d.join("bundle")));
+    }
+    candidates
+        .into_iter()
+        .find(|b| b.join("tidemark.yml").is_file())
+        .ok_or_else(|| {
+            AppError::Usage(format!(
+                "no bundle found for the demo: looked for ./bundle/tidemark.yml and the checkout this binary was built from ({}). Run `tidemark demo` in the tidemark checkout, or pass `--bundle <checkout>/bundle`",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+        })
+}
+
 pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
     let mut var_args = Vec::new();
     if let Some(lake) = &args.lake {
@@ -472,8 +524,20 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
             .map_err(|e| AppError::Usage(format!("--lake {}: {e}", lake.display())))?;
         var_args.push(format!("lake={}", abs.display()));
     }
+    let bundle_dir = demo_bundle(args.bundle.as_deref())?;
+    // The commands the demo suggests must work from where it was run.
+    let bundle_flag = if bundle_dir == Path::new("bundle") {
+        String::new()
+    } else {
+        format!(
+            " --bundle {}",
+            std::path::absolute(&bundle_dir)
+                .unwrap_or_else(|_| bundle_dir.clone())
+                .display()
+        )
+    };
     let select = crate::cli::BundleSelect {
-        bundle: args.bundle.clone(),
+        bundle: bundle_dir.clone(),
         target: None,
         vars: var_args,
     };
@@ -502,9 +566,9 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
     let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
     out.push_str(&result.stdout);
     if args.output == OutputFormat::Text && result.failure.is_none() {
-        out.push_str(
-            "\nRun `tidemark demo` again to land the next hour and merge it incrementally; `tidemark runs` shows the ledger.\n",
-        );
+        out.push_str(&format!(
+            "\nRun `tidemark demo` again to land the next hour and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger.\n",
+        ));
     }
     result.stdout = out;
     Ok(result)

@@ -11,13 +11,12 @@ pub struct Cli {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
-    /// Log filter (tracing syntax, e.g. `info`, `tidemark=debug`); RUST_LOG wins when set.
-    #[arg(
-        long,
-        global = true,
-        default_value = "tidemark=info,deltalake_core::operations::merge=error,warn"
-    )]
-    pub log_level: String,
+    /// Log level on stderr (default: warn); RUST_LOG (tracing filter syntax) wins when set.
+    #[arg(long, global = true, value_enum, conflicts_with = "verbose")]
+    pub log_level: Option<LogLevel>,
+    /// More log output: -v shows progress (info), -vv debug, -vvv trace.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -27,6 +26,74 @@ pub struct Cli {
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// How much is logged to stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogLevel {
+    Off,
+    Error,
+    Warn,
+    Info,
+    Debug,
+    Trace,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Off => "off",
+            LogLevel::Error => "error",
+            LogLevel::Warn => "warn",
+            LogLevel::Info => "info",
+            LogLevel::Debug => "debug",
+            LogLevel::Trace => "trace",
+        }
+    }
+}
+
+impl Cli {
+    /// `--log-level`, else the level `-v`s ask for, else warnings only.
+    pub fn level(&self) -> LogLevel {
+        self.log_level.unwrap_or(match self.verbose {
+            0 => LogLevel::Warn,
+            1 => LogLevel::Info,
+            2 => LogLevel::Debug,
+            _ => LogLevel::Trace,
+        })
+    }
+}
+
+impl Command {
+    /// The `--output` the command was given (Text for commands without one).
+    pub fn output(&self) -> OutputFormat {
+        match self {
+            Command::Run(a) => a.output,
+            Command::History(a) => a.output,
+            Command::Restore(a) => a.output,
+            Command::Generate(a) => a.output,
+            Command::Demo(a) => a.output,
+            Command::Maintain(a) => a.output,
+            Command::Reconcile(a) => a.output,
+            Command::Bundle(b) => match &b.command {
+                BundleCommand::Validate(a) => a.output,
+                BundleCommand::Summary(a) => a.output,
+            },
+            Command::Job(j) => match &j.command {
+                JobCommand::Run(a) => a.output,
+            },
+            Command::Scheduler(_) => OutputFormat::Text,
+            Command::Runs(a) => a.output,
+        }
+    }
+}
+
+/// Whether raw arguments ask for `--output json`, for errors found before they could be
+/// parsed (an unknown flag still gets its JSON error object).
+pub fn wants_json(args: &[String]) -> bool {
+    args.iter().enumerate().any(|(i, a)| {
+        a == "--output=json" || (a == "--output" && args.get(i + 1).is_some_and(|v| v == "json"))
+    })
 }
 
 /// How results are written to stdout.
@@ -155,9 +222,13 @@ pub struct RunsArgs {
     /// Only this job's runs.
     #[arg(long)]
     pub job: Option<String>,
-    /// How many rows (task attempts), newest first.
-    #[arg(long, default_value_t = 20)]
+    /// How many rows (task attempts), newest first; at least 1.
+    #[arg(long, default_value_t = 20, value_parser = parse_limit)]
     pub limit: usize,
+    /// Every column (trigger, fire time, mode, target version) and whole error messages; the
+    /// default table fits 120 columns.
+    #[arg(long)]
+    pub wide: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
@@ -195,8 +266,8 @@ pub struct RunArgs {
 pub struct HistoryArgs {
     /// Table path or URI.
     pub table: String,
-    /// How many commits, newest first.
-    #[arg(long, default_value_t = 20)]
+    /// How many commits, newest first; at least 1.
+    #[arg(long, default_value_t = 20, value_parser = parse_limit)]
     pub limit: usize,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
@@ -267,9 +338,10 @@ pub struct DemoArgs {
     /// target's ./lake).
     #[arg(long)]
     pub lake: Option<PathBuf>,
-    /// The bundle whose `payments_hourly` job the demo runs.
-    #[arg(long, default_value = "bundle")]
-    pub bundle: PathBuf,
+    /// The bundle whose `payments_hourly` job the demo runs (default: ./bundle, else the
+    /// bundle of the tidemark checkout this binary was built from).
+    #[arg(long)]
+    pub bundle: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
@@ -289,4 +361,16 @@ pub struct ReconcileArgs {
     /// Where pipeline names are looked up.
     #[arg(long, default_value = "pipelines")]
     pub pipelines_dir: PathBuf,
+}
+
+/// `--limit` of `history` and `runs`: a listing of zero rows is never what was meant, so 0 is
+/// refused (exit 64) instead of being read as "all" or silently raised to 1.
+fn parse_limit(text: &str) -> Result<usize, String> {
+    match text.parse::<usize>() {
+        Ok(0) => Err("the limit must be at least 1 (it is how many rows to show)".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!(
+            "{text:?} is not a whole number; pass how many rows to show, at least 1"
+        )),
+    }
 }

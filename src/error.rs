@@ -69,6 +69,24 @@ impl fmt::Display for ErrorClass {
     }
 }
 
+/// What `--output json` prints on failure: the command's own JSON object (a job's report, a
+/// reconciliation's differences, an invalid bundle's problems) when it printed one, with
+/// `error: {class, exit_code, message}` added; otherwise an object holding only `error`. So
+/// stdout is exactly one JSON object whatever the outcome.
+pub fn json_failure(stdout: &str, class: ErrorClass, message: &str) -> String {
+    let error = serde_json::json!({
+        "class": class.to_string(),
+        "exit_code": class.exit_code(),
+        "message": message,
+    });
+    let mut obj = match serde_json::from_str::<serde_json::Value>(stdout.trim()) {
+        Ok(serde_json::Value::Object(obj)) => obj,
+        _ => serde_json::Map::new(),
+    };
+    obj.insert("error".into(), error);
+    serde_json::Value::Object(obj).to_string() + "\n"
+}
+
 /// Implemented by every module error so the binary can pick an exit code without knowing
 /// the module's internals.
 pub trait Classify {

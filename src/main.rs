@@ -1,64 +1,71 @@
 //! The binary: parse, set up logging, run the command, map the error to an exit code.
 
 use clap::Parser;
-use tidemark::cli::{Cli, LogFormat};
-use tidemark::error::{Classify, ErrorClass};
-use tracing_subscriber::EnvFilter;
+use tidemark::cli::{wants_json, Cli, OutputFormat};
+use tidemark::error::{json_failure, Classify, ErrorClass};
 
 fn main() {
+    let raw: Vec<String> = std::env::args().collect();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => {
-            let code = if e.use_stderr() {
-                ErrorClass::Usage.exit_code()
-            } else {
-                0
-            };
+            if !e.use_stderr() {
+                let _ = e.print();
+                std::process::exit(0);
+            }
+            if wants_json(&raw) {
+                let text = e.to_string();
+                let message = text.trim().trim_start_matches("error: ");
+                write_stdout(&json_failure("", ErrorClass::Usage, message));
+            }
             let _ = e.print();
-            std::process::exit(code);
-        }
-    };
-    init_logging(&cli);
-    quiet_upstream_abort_panic();
-    let clock = match tidemark::clock::from_env() {
-        Ok(c) => c,
-        Err(msg) => {
-            eprintln!("error: {msg}");
             std::process::exit(ErrorClass::Usage.exit_code());
         }
+    };
+    tidemark::logging::init(cli.log_format, cli.level());
+    quiet_upstream_abort_panic();
+    let json = cli.command.output() == OutputFormat::Json;
+    // `hints`: an error (not a job or bundle report that failed) gets the bug / retry advice.
+    let fail = |stdout: &str, class: ErrorClass, message: &str, hints: bool| -> ! {
+        if json {
+            write_stdout(&json_failure(stdout, class, message));
+        } else {
+            write_stdout(stdout);
+        }
+        eprintln!("error: {message}");
+        if hints && class == ErrorClass::Internal {
+            eprintln!("this looks like a bug in tidemark; please report it with the log above");
+        }
+        if hints && class.is_retryable() {
+            eprintln!(
+                "this failure is transient (exit {}): rerun the same command; a rerun is harmless",
+                class.exit_code()
+            );
+        }
+        std::process::exit(class.exit_code());
+    };
+    let clock = match tidemark::clock::from_env() {
+        Ok(c) => c,
+        Err(msg) => fail("", ErrorClass::Usage, &msg, false),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            std::process::exit(ErrorClass::Internal.exit_code());
-        }
+        Err(e) => fail(
+            "",
+            ErrorClass::Internal,
+            &format!("cannot start the async runtime: {e}"),
+            false,
+        ),
     };
     match runtime.block_on(tidemark::app::dispatch(cli.command, clock)) {
-        Ok(out) => {
-            write_stdout(&out.stdout);
-            if let Some((class, message)) = out.failure {
-                eprintln!("error: {message}");
-                std::process::exit(class.exit_code());
-            }
-        }
-        Err(e) => {
-            if let Some(stdout) = e.stdout() {
-                write_stdout(stdout);
-            }
-            let class = e.class();
-            eprintln!("error: {e}");
-            if class == ErrorClass::Internal {
-                eprintln!("this looks like a bug in tidemark; please report it with the log above");
-            }
-            if class.is_retryable() {
-                eprintln!("this failure is transient (exit {}): rerun the same command; a rerun is harmless", class.exit_code());
-            }
-            std::process::exit(class.exit_code());
-        }
+        Ok(out) => match out.failure {
+            Some((class, message)) => fail(&out.stdout, class, &message, false),
+            None => write_stdout(&out.stdout),
+        },
+        Err(e) => fail(e.stdout().unwrap_or(""), e.class(), &e.to_string(), true),
     }
 }
 
@@ -81,7 +88,7 @@ fn quiet_upstream_abort_panic() {
                 l.file().contains("object_store") && l.file().ends_with("buffered.rs")
             });
         if upstream_abort {
-            tracing::debug!(location = ?info.location(), "object_store: aborting an upload that had already failed (caught by delta-rs)");
+            tracing::debug!(location = %info.location().map(|l| l.to_string()).unwrap_or_default(), "object_store: aborting an upload that had already failed (caught by delta-rs)");
             return;
         }
         default(info);
@@ -100,31 +107,5 @@ fn write_stdout(text: &str) {
             eprintln!("error: cannot write the output to stdout: {e}");
             std::process::exit(ErrorClass::Io.exit_code());
         }
-    }
-}
-
-/// delta-rs' kernel logs every failed log read at ERROR level with the store's whole request
-/// (URL, retry counts, timeouts) before returning the error that tidemark reports itself, in one
-/// line with what to do: its events are off unless the filter names the kernel
-/// (`RUST_LOG=debug,buoyant_kernel=debug`).
-const QUIET_KERNEL: &str = "buoyant_kernel=off";
-
-fn init_logging(cli: &Cli) {
-    let spec = std::env::var(EnvFilter::DEFAULT_ENV)
-        .ok()
-        .filter(|s| EnvFilter::try_new(s).is_ok())
-        .unwrap_or_else(|| cli.log_level.clone());
-    let spec = if spec.contains("buoyant_kernel") {
-        spec
-    } else {
-        format!("{spec},{QUIET_KERNEL}")
-    };
-    let filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match cli.log_format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => builder.with_target(false).init(),
     }
 }

@@ -9,6 +9,12 @@ use std::fmt::Write as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
+/// The phases of a run in the order they execute (the text summary lists them so; a phase
+/// not named here comes last).
+const PHASE_ORDER: &[&str] = &[
+    "plan", "read", "validate", "dedup", "compare", "apply", "commit", "write",
+];
+
 /// How a run treated the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -56,7 +62,12 @@ pub struct RunSummary {
     /// Of those, rows not already in the quarantine table (written by this run).
     pub num_quarantined_new: u64,
     pub num_deferred: u64,
-    pub num_duplicates_collapsed: u64,
+    /// Rows dropped because a newer version of the same key won (older versions, losers of
+    /// equal-tuple conflicts).
+    pub num_superseded: u64,
+    /// Rows dropped because they are identical in every column to the key's winner: the same
+    /// change delivered again.
+    pub num_duplicates: u64,
     pub num_conflicts: u64,
     /// Rows that landed since the previous run with a sequence behind the overlap: the overlap
     /// alone would have missed them. A steady non-zero count means the overlap is too small.
@@ -85,16 +96,35 @@ pub struct RunSummary {
     pub warnings: Vec<String>,
 }
 
-fn rfc3339_opt<S: serde::Serializer>(t: &Option<DateTime<Utc>>, s: S) -> Result<S::Ok, S::Error> {
+/// The one timestamp format of every summary, report, ledger listing and history: RFC 3339 in
+/// UTC with `Z` and microseconds (`2024-01-06T11:00:00.000000Z`).
+pub fn rfc3339(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(SecondsFormat::Micros, true)
+}
+
+/// [`rfc3339`] of milliseconds since the epoch (a Delta commit's timestamp).
+pub fn rfc3339_ms(ms: i64) -> Option<String> {
+    DateTime::<Utc>::from_timestamp_millis(ms).map(|t| rfc3339(&t))
+}
+
+/// Serializes a time as [`rfc3339`].
+pub fn ser_time<S: serde::Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&rfc3339(t))
+}
+
+/// Serializes an optional time as [`rfc3339`] or null.
+pub fn rfc3339_opt<S: serde::Serializer>(
+    t: &Option<DateTime<Utc>>,
+    s: S,
+) -> Result<S::Ok, S::Error> {
     match t {
-        Some(t) => s.serialize_str(&t.to_rfc3339_opts(SecondsFormat::AutoSi, true)),
+        Some(t) => s.serialize_str(&rfc3339(t)),
         None => s.serialize_none(),
     }
 }
 
 fn fmt_time(t: &Option<DateTime<Utc>>) -> String {
-    t.map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
-        .unwrap_or_else(|| "-".to_string())
+    t.map(|t| rfc3339(&t)).unwrap_or_else(|| "-".to_string())
 }
 
 impl RunSummary {
@@ -148,10 +178,8 @@ impl RunSummary {
                 ),
             ),
             ("deferred (future)", self.num_deferred.to_string()),
-            (
-                "duplicates collapsed",
-                self.num_duplicates_collapsed.to_string(),
-            ),
+            ("superseded versions", self.num_superseded.to_string()),
+            ("duplicates (re-delivered)", self.num_duplicates.to_string()),
             ("conflicts", self.num_conflicts.to_string()),
             ("inserted", self.num_inserted.to_string()),
             ("updated", self.num_updated.to_string()),
@@ -167,9 +195,16 @@ impl RunSummary {
             let _ = writeln!(out, "  {k:<width$}  {v}");
         }
         if !self.phases_ms.is_empty() {
-            let phases: Vec<String> = self
-                .phases_ms
-                .iter()
+            let rank = |k: &str| {
+                PHASE_ORDER
+                    .iter()
+                    .position(|p| *p == k)
+                    .unwrap_or(usize::MAX)
+            };
+            let mut phases: Vec<(&String, &u64)> = self.phases_ms.iter().collect();
+            phases.sort_by_key(|(k, _)| rank(k));
+            let phases: Vec<String> = phases
+                .into_iter()
                 .map(|(k, v)| format!("{k} {v}"))
                 .collect();
             let _ = writeln!(out, "  {:<width$}  {}", "phases (ms)", phases.join(", "));

@@ -166,7 +166,8 @@ const SUMMARY_FIELDS: &[&str] = &[
     "num_source_rows_read",
     "num_quarantined",
     "num_deferred",
-    "num_duplicates_collapsed",
+    "num_superseded",
+    "num_duplicates",
     "num_conflicts",
     "num_late_rows",
     "num_inserted",
@@ -216,11 +217,8 @@ async fn bootstrap_then_rerun_without_new_rows_commits_nothing() {
     assert_eq!(num(&first, "num_deferred"), 0);
     assert_eq!(num(&first, "num_conflicts"), 0);
     assert_eq!(num(&first, "num_late_rows"), 0);
-    assert_eq!(
-        num(&first, "num_duplicates_collapsed"),
-        1,
-        "a's older version"
-    );
+    assert_eq!(num(&first, "num_superseded"), 1, "a's older version");
+    assert_eq!(num(&first, "num_duplicates"), 0, "{first}");
     assert!(num(&first, "num_files_added") >= 1, "{first}");
     assert_eq!(num(&first, "num_files_removed"), 0);
     num(&first, "duration_ms");
@@ -345,11 +343,7 @@ async fn updates_out_of_order_rows_and_duplicates() {
     let s = run_json(&p, NOW, &[]);
     assert_eq!(num(&s, "num_updated"), 1, "x: {s}");
     assert_eq!(num(&s, "num_inserted"), 0, "{s}");
-    assert_eq!(
-        num(&s, "num_duplicates_collapsed"),
-        1,
-        "the re-delivery of x: {s}"
-    );
+    assert_eq!(num(&s, "num_duplicates"), 1, "the re-delivery of x: {s}");
     assert_eq!(
         num(&s, "num_unchanged"),
         2,
@@ -655,7 +649,8 @@ const COUNTS: &[&str] = &[
     "num_source_rows_read",
     "num_quarantined",
     "num_deferred",
-    "num_duplicates_collapsed",
+    "num_superseded",
+    "num_duplicates",
     "num_conflicts",
     "num_late_rows",
     "num_inserted",

@@ -241,7 +241,7 @@ fn a_bad_bundle_reports_every_problem_with_file_and_line() {
     let got: Vec<&str> = out.stdout.lines().collect();
     assert_eq!(got, expected);
     assert!(
-        out.stderr.contains("the bundle has 13 errors"),
+        out.stderr.contains("fix the 13 problems listed"),
         "{}",
         out.stderr
     );
@@ -437,7 +437,7 @@ async fn job_run_runs_tasks_in_dependency_order_and_records_every_attempt() {
     // the text forms
     let out = exec(
         tidemark(NOW)
-            .args(["runs", "--job", "j", "--bundle"])
+            .args(["runs", "--job", "j", "--wide", "--bundle"])
             .arg(&bundle),
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -635,7 +635,8 @@ async fn a_memory_limit_makes_a_full_reload_spill_instead_of_failing() {
     for field in [
         "num_inserted",
         "num_deleted",
-        "num_duplicates_collapsed",
+        "num_superseded",
+        "num_duplicates",
         "num_source_rows_read",
     ] {
         assert_eq!(small["summary"][field], large["summary"][field], "{field}");
@@ -1121,6 +1122,8 @@ async fn the_scheduler_process_catches_up_then_stops_cleanly_on_sigterm() {
             num_deferred: None,
             num_late_rows: None,
             num_conflicts: None,
+            num_superseded: None,
+            num_duplicates: None,
             num_spill_files: None,
             duration_ms: 0,
         }])

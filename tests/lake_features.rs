@@ -203,7 +203,7 @@ async fn target_with_a_deletion_vector_from_another_tool() {
     let v = run_ok(d, &pipeline);
     assert_eq!(v["mode"], "incremental", "{v}");
     assert_eq!(
-        v["watermark_before"], "2025-01-06T02:00:00Z",
+        v["watermark_before"], "2025-01-06T02:00:00.000000Z",
         "the watermark comes from the log: {v}"
     );
     assert_eq!(

@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 use std::sync::Arc;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use tokio::sync::watch;
 use tracing::{info, warn};
@@ -38,6 +38,24 @@ pub fn load_bundle(select: &BundleSelect) -> Result<Bundle, AppError> {
 }
 
 /// `tidemark bundle validate`.
+/// `bundle.name` from the bundle file when it can be read (with the folder), else the folder.
+fn bundle_title(path: &std::path::Path) -> String {
+    let file = if path.is_dir() {
+        path.join("tidemark.yml")
+    } else {
+        path.to_path_buf()
+    };
+    let name = std::fs::read_to_string(&file)
+        .ok()
+        .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(&text).ok())
+        .and_then(|v| v.get("bundle")?.get("name")?.as_str().map(str::to_string));
+    match name {
+        Some(name) if name == path.display().to_string() => name,
+        Some(name) => format!("{name} ({})", path.display()),
+        None => path.display().to_string(),
+    }
+}
+
 pub fn bundle_validate(args: BundleValidateArgs) -> Output {
     let vars = match cli_vars(&args.select) {
         Ok(v) => v,
@@ -49,10 +67,15 @@ pub fn bundle_validate(args: BundleValidateArgs) -> Output {
         }
     };
     let result = Bundle::load(&args.select.bundle, args.select.target.as_deref(), &vars);
-    let (bundle, errors, warnings) = match result {
+    let (bundle, mut errors, mut warnings) = match result {
         Ok(l) => (Some(l.bundle), Vec::new(), l.warnings),
         Err(BundleError { errors, warnings }) => (None, errors, warnings),
     };
+    // One problem found twice (a pipeline file two tasks share) is listed once.
+    for list in [&mut errors, &mut warnings] {
+        let mut seen = std::collections::HashSet::new();
+        list.retain(|d| seen.insert(d.to_string()));
+    }
     let stdout = match args.output {
         OutputFormat::Json => {
             serde_json::json!({
@@ -90,7 +113,7 @@ pub fn bundle_validate(args: BundleValidateArgs) -> Output {
                     let _ = writeln!(
                         out,
                         "bundle {}: invalid — {}, {}",
-                        args.select.bundle.display(),
+                        bundle_title(&args.select.bundle),
                         plural(errors.len(), "error"),
                         plural(warnings.len(), "warning")
                     );
@@ -103,9 +126,14 @@ pub fn bundle_validate(args: BundleValidateArgs) -> Output {
         (
             ErrorClass::Config,
             format!(
-                "the bundle has {} error{}; fix them and validate again",
+                "fix the {} problem{} listed with file:line, then run `tidemark bundle validate{}` again",
                 errors.len(),
-                if errors.len() == 1 { "" } else { "s" }
+                if errors.len() == 1 { "" } else { "s" },
+                if args.select.bundle == std::path::Path::new("bundle") {
+                    String::new()
+                } else {
+                    format!(" --bundle {}", args.select.bundle.display())
+                }
             ),
         )
     });
@@ -113,7 +141,13 @@ pub fn bundle_validate(args: BundleValidateArgs) -> Output {
 }
 
 fn utc(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Secs, true)
+    crate::report::rfc3339(&t)
+}
+
+/// A schedule's fire time: computed, never recorded, always on a whole second, shown as such
+/// next to its local wall-clock time (`bundle summary`).
+fn fire(t: DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 fn size(bytes: u64) -> String {
@@ -139,7 +173,7 @@ fn job_json(job: &Job, from: DateTime<Utc>, count: usize) -> serde_json::Value {
             s.cron
                 .upcoming(from, count)
                 .into_iter()
-                .map(|t| serde_json::json!({"utc": utc(t), "local": local_label(t, s.cron.timezone())}))
+                .map(|t| serde_json::json!({"utc": fire(t), "local": local_label(t, s.cron.timezone())}))
                 .collect()
         })
         .unwrap_or_default();
@@ -190,7 +224,7 @@ pub fn bundle_summary(args: BundleSummaryArgs, clock: &dyn Clock) -> Result<Stri
             "bundle": bundle.name,
             "target": bundle.target,
             "file": bundle.file,
-            "from": utc(from),
+            "from": fire(from),
             "variables": bundle.variables,
             "jobs": bundle.jobs.values().map(|j| job_json(j, from, args.count)).collect::<Vec<_>>(),
         });
@@ -295,13 +329,13 @@ pub fn bundle_summary(args: BundleSummaryArgs, clock: &dyn Clock) -> Result<Stri
         }
         if let Some(s) = &job.schedule {
             let fires = s.cron.upcoming(from, args.count);
-            let _ = writeln!(out, "  next {} fires after {}:", fires.len(), utc(from));
+            let _ = writeln!(out, "  next {} fires after {}:", fires.len(), fire(from));
             for f in fires {
                 let _ = writeln!(
                     out,
                     "    {:<28} {}",
                     local_label(f, s.cron.timezone()),
-                    utc(f)
+                    fire(f)
                 );
             }
         }
@@ -413,13 +447,14 @@ pub async fn scheduler(args: SchedulerArgs, clock: Arc<dyn Clock>) -> Result<Str
     ))
 }
 
+/// Width of `tidemark runs`' default table.
+const RUNS_WIDTH: usize = 120;
+
 /// `tidemark runs`.
 pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
     let bundle = load_bundle(&args.select)?;
     let ledger = Ledger::for_lake(bundle.lake());
-    let rows = ledger
-        .recent(args.job.as_deref(), args.limit.max(1))
-        .await?;
+    let rows = ledger.recent(args.job.as_deref(), args.limit).await?;
     if args.output == OutputFormat::Json {
         return Ok(serde_json::to_string(&rows).unwrap_or_default() + "\n");
     }
@@ -428,55 +463,118 @@ pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
     }
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY);
-    t.set_header(vec![
-        "started (UTC)",
-        "job",
-        "task",
-        "try",
-        "trigger",
-        "status",
-        "scheduled (UTC)",
-        "mode",
-        "rows in/upd/del",
-        "target v",
-        "ms",
-        "error",
-    ]);
-    for r in &rows {
-        let counts = match (r.num_inserted, r.num_updated, r.num_deleted) {
-            (Some(i), Some(u), Some(d)) => format!("{i}/{u}/{d}"),
-            _ => String::new(),
-        };
-        let error = r
-            .error_message
-            .as_deref()
-            .map(|m| {
-                let class = r
-                    .error_class
-                    .as_deref()
-                    .map(|c| format!("[{c}] "))
-                    .unwrap_or_default();
-                let short: String = m.chars().take(70).collect();
-                format!(
-                    "{class}{short}{}",
-                    if m.chars().count() > 70 { "…" } else { "" }
-                )
-            })
-            .unwrap_or_default();
-        t.add_row(vec![
-            utc(r.started_at),
-            r.job.clone(),
-            r.task.clone(),
-            r.attempt.to_string(),
-            r.trigger.clone(),
-            r.status.clone(),
-            r.scheduled_at.map(utc).unwrap_or_default(),
-            r.mode.clone().unwrap_or_default(),
-            counts,
-            r.target_version.map(|v| v.to_string()).unwrap_or_default(),
-            r.duration_ms.to_string(),
-            error,
-        ]);
+    let header = if args.wide {
+        vec![
+            "started (UTC)",
+            "job",
+            "task",
+            "try",
+            "trigger",
+            "status",
+            "scheduled (UTC)",
+            "mode",
+            "rows in/upd/del",
+            "target v",
+            "ms",
+            "error",
+        ]
+    } else {
+        vec![
+            "started (UTC)",
+            "job",
+            "task",
+            "try",
+            "status",
+            "in/upd/del",
+            "ms",
+            "error",
+        ]
+    };
+    t.set_header(header);
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let counts = match (r.num_inserted, r.num_updated, r.num_deleted) {
+                (Some(i), Some(u), Some(d)) => format!("{i}/{u}/{d}"),
+                _ => String::new(),
+            };
+            let error = r
+                .error_message
+                .as_deref()
+                .map(|m| {
+                    let class = r
+                        .error_class
+                        .as_deref()
+                        .map(|c| format!("[{c}] "))
+                        .unwrap_or_default();
+                    format!("{class}{m}")
+                })
+                .unwrap_or_default();
+            if args.wide {
+                vec![
+                    utc(r.started_at),
+                    r.job.clone(),
+                    r.task.clone(),
+                    r.attempt.to_string(),
+                    r.trigger.clone(),
+                    r.status.clone(),
+                    r.scheduled_at.map(utc).unwrap_or_default(),
+                    r.mode.clone().unwrap_or_default(),
+                    counts,
+                    r.target_version.map(|v| v.to_string()).unwrap_or_default(),
+                    r.duration_ms.to_string(),
+                    error,
+                ]
+            } else {
+                vec![
+                    utc(r.started_at),
+                    r.job.clone(),
+                    r.task.clone(),
+                    r.attempt.to_string(),
+                    r.status.clone(),
+                    counts,
+                    r.duration_ms.to_string(),
+                    error,
+                ]
+            }
+        })
+        .collect();
+    let mut cells = cells;
+    if !args.wide {
+        // The error column gets what the others leave of 120 columns (at least 10), cut with
+        // an ellipsis; `--wide` or `--output json` show it whole.
+        // Measured, not computed: the table rendered with the error column at its header's
+        // width.
+        let mut probe = Table::new();
+        probe.load_preset(UTF8_BORDERS_ONLY);
+        if let Some(h) = t.header() {
+            probe.set_header(h.cell_iter().map(|c| c.content()).collect::<Vec<_>>());
+        }
+        for row in &cells {
+            let mut row = row.clone();
+            if let Some(e) = row.last_mut() {
+                e.clear();
+            }
+            probe.add_row(row);
+        }
+        let probe_width = probe
+            .to_string()
+            .lines()
+            .map(|l| l.chars().count())
+            .max()
+            .unwrap_or(0);
+        let used = probe_width.saturating_sub("error".len());
+        let room = RUNS_WIDTH.saturating_sub(used).max(10);
+        for row in &mut cells {
+            if let Some(e) = row.last_mut() {
+                if e.chars().count() > room {
+                    *e = e.chars().take(room - 1).collect::<String>() + "…";
+                }
+            }
+        }
+    }
+    for row in cells {
+        t.add_row(row);
     }
     Ok(format!("{t}\n"))
 }

@@ -108,8 +108,11 @@ pub struct LedgerRow {
     pub attempt: i32,
     pub trigger: String,
     /// The fire time for scheduled runs; null for manual ones.
+    #[serde(serialize_with = "crate::report::rfc3339_opt")]
     pub scheduled_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "crate::report::ser_time")]
     pub started_at: DateTime<Utc>,
+    #[serde(serialize_with = "crate::report::ser_time")]
     pub ended_at: DateTime<Utc>,
     pub status: String,
     pub error_class: Option<String>,
@@ -121,7 +124,9 @@ pub struct LedgerRow {
     pub mode: Option<String>,
     pub source_version: Option<i64>,
     pub target_version: Option<i64>,
+    #[serde(serialize_with = "crate::report::rfc3339_opt")]
     pub watermark_before: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "crate::report::rfc3339_opt")]
     pub watermark_after: Option<DateTime<Utc>>,
     pub num_source_rows_read: Option<i64>,
     pub num_inserted: Option<i64>,
@@ -132,6 +137,11 @@ pub struct LedgerRow {
     pub num_deferred: Option<i64>,
     pub num_late_rows: Option<i64>,
     pub num_conflicts: Option<i64>,
+    /// Older versions replaced by a newer one of the same key (null in rows written before
+    /// the column existed).
+    pub num_superseded: Option<i64>,
+    /// Identical rows delivered again.
+    pub num_duplicates: Option<i64>,
     /// Spill files the attempt's queries wrote (memory limit reached).
     pub num_spill_files: Option<i64>,
     pub duration_ms: i64,
@@ -156,6 +166,8 @@ impl LedgerRow {
         self.num_deferred = n(s.num_deferred);
         self.num_late_rows = n(s.num_late_rows);
         self.num_conflicts = n(s.num_conflicts);
+        self.num_superseded = n(s.num_superseded);
+        self.num_duplicates = n(s.num_duplicates);
         self
     }
 }
@@ -184,6 +196,8 @@ const OPT_INTS: &[&str] = &[
     "num_deferred",
     "num_late_rows",
     "num_conflicts",
+    "num_superseded",
+    "num_duplicates",
     "num_spill_files",
 ];
 
@@ -224,6 +238,8 @@ pub fn schema() -> Arc<Schema> {
         "num_deferred",
         "num_late_rows",
         "num_conflicts",
+        "num_superseded",
+        "num_duplicates",
         "num_spill_files",
         "duration_ms",
     ];
@@ -290,6 +306,8 @@ fn int_of(r: &LedgerRow, name: &str) -> Option<i64> {
         "num_deferred" => r.num_deferred,
         "num_late_rows" => r.num_late_rows,
         "num_conflicts" => r.num_conflicts,
+        "num_superseded" => r.num_superseded,
+        "num_duplicates" => r.num_duplicates,
         "num_spill_files" => r.num_spill_files,
         "duration_ms" => Some(r.duration_ms),
         _ => None,
@@ -565,6 +583,8 @@ fn from_batch(b: &RecordBatch) -> Result<Vec<LedgerRow>, arrow::error::ArrowErro
                 num_deferred: it("num_deferred"),
                 num_late_rows: it("num_late_rows"),
                 num_conflicts: it("num_conflicts"),
+                num_superseded: it("num_superseded"),
+                num_duplicates: it("num_duplicates"),
                 num_spill_files: it("num_spill_files"),
                 duration_ms: it("duration_ms").unwrap_or(0),
             }
@@ -608,6 +628,8 @@ mod tests {
             num_deferred: None,
             num_late_rows: None,
             num_conflicts: None,
+            num_superseded: None,
+            num_duplicates: None,
             num_spill_files: Some(0),
             duration_ms: 1000,
         }

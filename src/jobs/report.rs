@@ -2,7 +2,7 @@
 
 use std::fmt::Write as _;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use super::lease::Holder;
@@ -40,7 +40,9 @@ impl std::fmt::Display for JobStatus {
 pub struct AttemptReport {
     pub attempt: u32,
     pub trigger: Trigger,
+    #[serde(serialize_with = "crate::report::ser_time")]
     pub started_at: DateTime<Utc>,
+    #[serde(serialize_with = "crate::report::ser_time")]
     pub ended_at: DateTime<Utc>,
     pub duration_ms: u64,
     pub status: TaskStatus,
@@ -77,8 +79,11 @@ pub struct JobReport {
     pub job: String,
     pub target: String,
     pub trigger: Trigger,
+    #[serde(serialize_with = "crate::report::rfc3339_opt")]
     pub scheduled_at: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "crate::report::ser_time")]
     pub started_at: DateTime<Utc>,
+    #[serde(serialize_with = "crate::report::ser_time")]
     pub ended_at: DateTime<Utc>,
     pub duration_ms: u64,
     pub status: JobStatus,
@@ -159,7 +164,7 @@ impl JobReport {
         let mut out = String::new();
         let when = self
             .scheduled_at
-            .map(|t| format!(", fire {}", t.to_rfc3339_opts(SecondsFormat::Secs, true)))
+            .map(|t| format!(", fire {}", crate::report::rfc3339(&t)))
             .unwrap_or_default();
         let _ = writeln!(
             out,

@@ -103,6 +103,8 @@ impl JobRunner {
             num_deferred: None,
             num_late_rows: None,
             num_conflicts: None,
+            num_superseded: None,
+            num_duplicates: None,
             num_spill_files: None,
             duration_ms: 0,
         }

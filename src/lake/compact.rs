@@ -32,7 +32,79 @@ fn external<E: std::error::Error + Send + Sync + 'static>(e: E) -> DeltaTableErr
     }
 }
 
-/// Rewrites the files smaller than half of `target_size`, sorted by `keys`, in one commit.
+/// The small files of one partition (all of them in an unpartitioned table), and how their rows
+/// are cut into output files: decided from the log alone, so a dry run reports exactly what
+/// the real run then writes.
+struct Group {
+    files: Vec<(String, deltalake::kernel::Remove)>,
+    /// Rows per output file; the last may hold fewer.
+    rows_per_file: usize,
+    outputs: u64,
+}
+
+/// Plans the compaction: files smaller than half of `target_size`, grouped by partition, at
+/// most [`MAX_BYTES_PER_COMPACTION`] in all; a group of fewer than two files is left alone.
+/// Each group becomes `ceil(bytes / target_size)` files of equal row counts (from the files'
+/// `numRecords` statistics; a group without them becomes one file).
+fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableError> {
+    let snapshot = table.snapshot()?;
+    let mut small: Vec<(
+        String,
+        i64,
+        Option<usize>,
+        String,
+        deltalake::kernel::Remove,
+    )> = snapshot
+        .log_data()
+        .iter()
+        .filter(|f| (f.size() as u64) < target_size / 2)
+        .map(|f| {
+            let mut partition: Vec<(String, Option<String>)> =
+                f.partition_values_map().into_iter().collect();
+            partition.sort();
+            (
+                f.path().to_string(),
+                f.size(),
+                f.num_records(),
+                format!("{partition:?}"),
+                f.remove_action(false),
+            )
+        })
+        .collect();
+    small.sort_by(|a, b| a.0.cmp(&b.0));
+    let mut budget = MAX_BYTES_PER_COMPACTION;
+    small.retain(|f| {
+        budget -= f.1;
+        budget >= 0
+    });
+    let mut by_partition: std::collections::BTreeMap<String, Vec<_>> = Default::default();
+    for f in small {
+        by_partition.entry(f.3.clone()).or_default().push(f);
+    }
+    let mut groups = Vec::new();
+    for files in by_partition.into_values().filter(|g| g.len() >= 2) {
+        let bytes: u64 = files.iter().map(|f| f.1.max(0) as u64).sum();
+        let rows: Option<usize> = files.iter().map(|f| f.2).sum();
+        let wanted = bytes.div_ceil(target_size.max(1)).max(1) as usize;
+        let (rows_per_file, outputs) = match rows {
+            Some(0) => (usize::MAX, 0),
+            Some(rows) => {
+                let per = rows.div_ceil(wanted).max(1);
+                (per, rows.div_ceil(per) as u64)
+            }
+            None => (usize::MAX, 1),
+        };
+        groups.push(Group {
+            files: files.into_iter().map(|f| (f.0, f.4)).collect(),
+            rows_per_file,
+            outputs,
+        });
+    }
+    Ok(groups)
+}
+
+/// Rewrites the files smaller than half of `target_size`, sorted by `keys` (none: in file
+/// order), in one commit. A dry run returns the same counts without reading or writing.
 pub async fn compact_clustered(
     table: &DeltaTable,
     keys: &[String],
@@ -40,66 +112,65 @@ pub async fn compact_clustered(
     row_group_rows: usize,
     dry_run: bool,
 ) -> Result<(Compacted, Option<u64>), DeltaTableError> {
-    let snapshot = table.snapshot()?;
-    let mut small: Vec<(String, i64, deltalake::kernel::Remove)> = snapshot
-        .log_data()
-        .iter()
-        .filter(|f| (f.size() as u64) < target_size / 2)
-        .map(|f| (f.path().to_string(), f.size(), f.remove_action(false)))
-        .collect();
-    small.sort_by(|a, b| a.0.cmp(&b.0));
-    let mut budget = MAX_BYTES_PER_COMPACTION;
-    small.retain(|(_, size, _)| {
-        budget -= size;
-        budget >= 0
-    });
-    if small.len() < 2 {
-        return Ok((Compacted::default(), None));
-    }
-    let mut out = Compacted {
-        files_removed: small.len() as u64,
-        files_added: 0,
+    let groups = plan(table, target_size)?;
+    let planned = Compacted {
+        files_removed: groups.iter().map(|g| g.files.len() as u64).sum(),
+        files_added: groups.iter().map(|g| g.outputs).sum(),
     };
-    if dry_run {
-        return Ok((out, None));
+    if dry_run || groups.is_empty() {
+        return Ok((planned, None));
     }
     let ctx = deltalake::delta_datafusion::DeltaSessionContext::new().into_inner();
     table.update_datafusion_session(&ctx.state())?;
-    let provider = table
-        .table_provider()
-        .with_file_selection(FileSelection::from_file_paths(
-            small.iter().map(|s| s.0.clone()),
-        ))
-        .await
-        .map_err(external)?;
-    let order = keys
-        .iter()
-        .map(|k| datafusion::prelude::ident(k).sort(true, true))
-        .collect();
-    let mut stream = ctx
-        .read_table(provider)
-        .and_then(|df| df.sort(order))
-        .map_err(external)?
-        .execute_stream()
-        .await
-        .map_err(external)?;
-    let mut writer = RecordBatchWriter::for_table(table)?
-        .with_target_file_size(target_size)
-        .with_writer_properties(super::datafile::writer_properties(row_group_rows));
-    while let Some(batch) = stream.next().await {
-        let batch = super::storage::storage_batch(&batch.map_err(external)?).map_err(external)?;
-        writer.write(batch).await?;
-    }
-    let adds = writer.flush().await?;
-    out.files_added = adds.len() as u64;
-    let actions: Vec<Action> = small
-        .into_iter()
-        .map(|(_, _, r)| Action::Remove(r))
-        .chain(adds.into_iter().map(|mut a| {
+    let mut actions: Vec<Action> = Vec::new();
+    let mut out = Compacted::default();
+    for group in groups {
+        let provider = table
+            .table_provider()
+            .with_file_selection(FileSelection::from_file_paths(
+                group.files.iter().map(|s| s.0.clone()),
+            ))
+            .await
+            .map_err(external)?;
+        let order: Vec<_> = keys
+            .iter()
+            .map(|k| datafusion::prelude::ident(k).sort(true, true))
+            .collect();
+        let df = ctx.read_table(provider).map_err(external)?;
+        let df = if order.is_empty() {
+            df
+        } else {
+            df.sort(order).map_err(external)?
+        };
+        let mut stream = df.execute_stream().await.map_err(external)?;
+        // No size-based rolling: the plan's row counts decide where a file ends.
+        let mut writer = RecordBatchWriter::for_table(table)?
+            .with_writer_properties(super::datafile::writer_properties(row_group_rows));
+        let mut in_file = 0usize;
+        let mut adds = Vec::new();
+        while let Some(batch) = stream.next().await {
+            let mut batch =
+                super::storage::storage_batch(&batch.map_err(external)?).map_err(external)?;
+            while batch.num_rows() > 0 {
+                let take = (group.rows_per_file - in_file).min(batch.num_rows());
+                writer.write(batch.slice(0, take)).await?;
+                in_file += take;
+                batch = batch.slice(take, batch.num_rows() - take);
+                if in_file == group.rows_per_file {
+                    adds.extend(writer.flush().await?);
+                    in_file = 0;
+                }
+            }
+        }
+        adds.extend(writer.flush().await?);
+        out.files_removed += group.files.len() as u64;
+        out.files_added += adds.len() as u64;
+        actions.extend(group.files.into_iter().map(|(_, r)| Action::Remove(r)));
+        actions.extend(adds.into_iter().map(|mut a| {
             a.data_change = false;
             Action::Add(a)
-        }))
-        .collect();
+        }));
+    }
     let commit = CommitBuilder::default()
         .with_actions(actions)
         .build(

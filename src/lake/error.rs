@@ -5,13 +5,17 @@ use super::store_fault::{store_fault, StoreFault};
 /// A failure talking to a Delta table, with the table it concerns.
 #[derive(Debug, thiserror::Error)]
 pub enum LakeError {
-    /// The table is not there (or is not a Delta table).
-    #[error("{role} table not found at {uri}: {reason}; check `{role}.uri` (and `--var`) in the pipeline")]
+    /// The table is not there (or is not a Delta table). `role` is the pipeline key's prefix
+    /// (`source`, `target`, `quarantine`) or `table` for a URI given on the command line.
+    #[error("{role} table not found at {uri}: {reason}; {}", not_found_fix(role))]
     NotFound {
         role: &'static str,
         uri: String,
         reason: String,
     },
+    /// A URI scheme tidemark has no storage for (`gs://`, `az://`, `http://` …).
+    #[error("{uri}: the {scheme}:// scheme is not supported; tidemark reads local paths, file:// and s3:// URIs (any S3-compatible store; Google Cloud Storage through its S3 interoperability endpoint: set AWS_ENDPOINT_URL=https://storage.googleapis.com and use s3://)")]
+    UnsupportedScheme { uri: String, scheme: String },
     /// The URI cannot be turned into a location.
     #[error("{uri:?} is not a usable table location: {reason}")]
     BadUri { uri: String, reason: String },
@@ -44,6 +48,16 @@ pub enum LakeError {
     },
 }
 
+/// What to do about a missing table: fix the pipeline key, or the path on the command line.
+fn not_found_fix(role: &str) -> String {
+    match role {
+        "source" | "target" | "quarantine" => {
+            format!("check `{role}.uri` (and `--var`) in the pipeline")
+        }
+        _ => "check the path: it must be a Delta table's folder (the one holding `_delta_log`) or an s3:// URI".to_string(),
+    }
+}
+
 impl LakeError {
     /// Wraps a delta-rs error with what was being done to which table.
     /// A store or network fault (see [`StoreFault`]) becomes [`LakeError::Store`], in one line.
@@ -70,7 +84,7 @@ impl Classify for LakeError {
             | LakeError::CannotCreate { .. }
             | LakeError::NotEmpty { .. } => ErrorClass::Unavailable,
             LakeError::CorruptLog { .. } => ErrorClass::BadData,
-            LakeError::BadUri { .. } => ErrorClass::Config,
+            LakeError::BadUri { .. } | LakeError::UnsupportedScheme { .. } => ErrorClass::Config,
             LakeError::Store { fault, .. } => fault.class,
             LakeError::Delta { source, .. } => classify_delta(source),
         }

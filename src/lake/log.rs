@@ -219,6 +219,8 @@ pub struct CommitEntry {
     pub version: u64,
     /// Commit time, milliseconds since the epoch.
     pub timestamp_ms: Option<i64>,
+    /// The same instant in RFC 3339 (UTC, `Z`, microseconds).
+    pub time: Option<String>,
     pub operation: Option<String>,
     pub files_added: u64,
     pub files_removed: u64,
@@ -247,6 +249,7 @@ pub async fn read_commits(
         let mut entry = CommitEntry {
             version,
             timestamp_ms: None,
+            time: None,
             operation: None,
             files_added: 0,
             files_removed: 0,
@@ -259,6 +262,7 @@ pub async fn read_commits(
                 Action::Remove(_) => entry.files_removed += 1,
                 Action::CommitInfo(ci) => {
                     entry.timestamp_ms = ci.timestamp.or(ci.in_commit_timestamp);
+                    entry.time = entry.timestamp_ms.and_then(crate::report::rfc3339_ms);
                     entry.operation = ci.operation.clone();
                     let mut info: BTreeMap<String, serde_json::Value> =
                         ci.info.into_iter().collect();

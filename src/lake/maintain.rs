@@ -5,7 +5,6 @@
 use std::num::NonZeroU64;
 use std::time::Duration;
 
-use deltalake::operations::optimize::OptimizeType;
 use deltalake::operations::vacuum::VacuumMode;
 use deltalake::table::config::TablePropertiesExt;
 use deltalake::{DeltaTable, DeltaTableError};
@@ -95,36 +94,28 @@ pub async fn maintain(
         .and_then(NonZeroU64::new)
         .unwrap_or_else(|| config.target_file_size());
     if opts.compact {
-        if let Some(keys) = &opts.cluster_keys {
-            let (done, version) = super::compact_clustered(
-                &table,
-                keys,
-                size.get(),
-                opts.row_group_rows,
-                opts.dry_run,
-            )
-            .await?;
-            files_compacted = done.files_removed;
-            files_written = done.files_added;
-            if let Some(v) = version {
-                table.update_incremental(Some(v)).await?;
-            }
-        } else if !opts.dry_run {
-            let (t, metrics) = table
-                .optimize()
-                .with_type(OptimizeType::Compact)
-                .with_target_size(size)
+        // Without keys (a table named by URI), files are concatenated in path order.
+        let keys = opts.cluster_keys.clone().unwrap_or_default();
+        let (done, version) =
+            super::compact_clustered(&table, &keys, size.get(), opts.row_group_rows, opts.dry_run)
                 .await?;
-            files_compacted = metrics.num_files_removed;
-            files_written = metrics.num_files_added;
-            table = t;
+        files_compacted = done.files_removed;
+        files_written = done.files_added;
+        if let Some(v) = version {
+            table.update_incremental(Some(v)).await?;
         }
     }
-    let mut checkpoint_version = None;
-    if !opts.dry_run {
+    // A dry run predicts the versions the real run creates: one for the compaction's commit.
+    let compaction_commits = u64::from(opts.dry_run && files_written + files_compacted > 0);
+    let checkpoint_version = if opts.dry_run {
+        table.version().map(|v| v + compaction_commits)
+    } else {
         deltalake::checkpoints::create_checkpoint(&table, None).await?;
-        checkpoint_version = table.version();
-    }
+        table.version()
+    };
+    // delta-rs lists expired tombstones whether or not their files still exist (after an
+    // earlier vacuum or a hand clean-up): only files on disk are counted...
+    let on_disk = data_files_on_disk(&table).await?;
     let chrono_retention = chrono::Duration::from_std(retention).unwrap_or(chrono::Duration::MAX);
     let (table, unreferenced) = table
         .vacuum()
@@ -139,21 +130,65 @@ pub async fn maintain(
         .with_retention_period(chrono_retention)
         .with_dry_run(opts.dry_run)
         .await?;
-    let files_vacuumed = vacuumed.files_deleted.len();
+    // delta-rs commits VACUUM START and VACUUM END when its list is not empty.
+    let vacuum_commits = if opts.dry_run && !vacuumed.files_deleted.is_empty() {
+        2
+    } else {
+        0
+    };
+    // ... and each once: a file removed, restored and removed again has two tombstones.
+    let existing = |files: &[String]| -> Vec<String> {
+        let mut seen = std::collections::HashSet::new();
+        files
+            .iter()
+            .filter(|f| on_disk.contains(f.as_str()) && seen.insert(f.as_str()))
+            .cloned()
+            .collect()
+    };
+    let deleted = existing(&vacuumed.files_deleted);
+    let files_vacuumed = deleted.len();
+    // The files the compaction removes become unreferenced (and are kept: just removed).
+    let compacted_now_unreferenced = if opts.dry_run {
+        files_compacted as usize
+    } else {
+        0
+    };
+    let files_unreferenced_within_retention = (existing(&unreferenced.files_deleted).len()
+        + compacted_now_unreferenced)
+        .saturating_sub(files_vacuumed);
+    let version_after = table
+        .version()
+        .map(|v| v + compaction_commits + vacuum_commits);
     Ok(MaintainReport {
         dry_run: opts.dry_run,
         version_before,
-        version_after: table.version(),
+        version_after,
         files_before,
         files_compacted,
         files_written,
         checkpoint_version,
         retention_hours: retention.as_secs() / 3600,
         files_vacuumed,
-        files_unreferenced_within_retention: unreferenced
-            .files_deleted
-            .len()
-            .saturating_sub(files_vacuumed),
-        sample_vacuumed: vacuumed.files_deleted.into_iter().take(20).collect(),
+        files_unreferenced_within_retention,
+        sample_vacuumed: deleted.into_iter().take(20).collect(),
     })
+}
+
+/// Paths (relative to the table root, as delta-rs' vacuum names them) of every object under the
+/// table outside `_delta_log`.
+async fn data_files_on_disk(
+    table: &DeltaTable,
+) -> Result<std::collections::HashSet<String>, MaintainError> {
+    use futures::TryStreamExt;
+    let files: Vec<_> = table
+        .object_store()
+        .list(None)
+        .try_collect()
+        .await
+        .map_err(DeltaTableError::from)?;
+    Ok(files
+        .into_iter()
+        .map(|m| m.location.to_string())
+        .filter(|p| !p.starts_with("_delta_log/"))
+        .collect())
 }

@@ -114,6 +114,21 @@ fn is_damaged_log(err: &DeltaTableError) -> bool {
     )
 }
 
+/// Refuses URI schemes tidemark has no storage for, before delta-rs reads them as "no table".
+pub fn check_scheme(uri: &str) -> Result<(), LakeError> {
+    match uri.split_once("://") {
+        Some((scheme, _))
+            if !["file", "s3", "s3a"].contains(&scheme.to_ascii_lowercase().as_str()) =>
+        {
+            Err(LakeError::UnsupportedScheme {
+                uri: uri.to_string(),
+                scheme: scheme.to_string(),
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 fn strip_file_scheme(uri: &str) -> &str {
     // `file:///abs/path` and `/abs/path` name the same table; delta-rs handles both, but a plain
     // path gets the friendlier "does not exist" check.
@@ -132,6 +147,7 @@ pub fn builder(url: Url) -> Result<DeltaTableBuilder, DeltaTableError> {
 
 /// Opens the table at `uri`, or `None` when there is no Delta table there yet.
 pub async fn open_if_exists(uri: &str) -> Result<Option<DeltaTable>, LakeError> {
+    check_scheme(uri)?;
     let url = match table_url(uri) {
         Ok(url) => url,
         Err(DeltaTableError::InvalidTableLocation(_)) => return Ok(None),

@@ -40,6 +40,9 @@ use crate::run::{dedup_winners, validate, Deduper, Engine, Layout, RunError};
 pub struct ReconcileOptions {
     /// How many differing keys to list (all of them are counted).
     pub limit: usize,
+    /// The `--var` arguments the user passed, as they go on a command line (` --var lake=/x`):
+    /// the commands a message suggests carry them, so they can be pasted.
+    pub var_args: String,
 }
 
 /// Default of `--limit`: enough keys to start an investigation, few enough to read.
@@ -49,6 +52,7 @@ impl Default for ReconcileOptions {
     fn default() -> Self {
         ReconcileOptions {
             limit: DEFAULT_LIMIT,
+            var_args: String::new(),
         }
     }
 }
@@ -62,6 +66,9 @@ pub enum ReconcileError {
     /// A side's rows did not come in key order: the merge-join would give wrong answers.
     #[error("reconcile: the {side} rows did not arrive in key order (at key {key}); this is a bug in tidemark")]
     Unsorted { side: &'static str, key: String },
+    /// The target does not exist yet: nothing to compare before the pipeline's first run.
+    #[error("target {target} does not exist yet: there is nothing to reconcile before the pipeline's first run. Run the pipeline first (`tidemark run {pipeline}`), then reconcile")]
+    NoTarget { target: String, pipeline: String },
     /// The target is not what a full reload of its source would write. `stdout` holds the
     /// rendered report, which the binary prints before this message.
     #[error("target {target} differs from the newest row per key of its source: {keys} key(s) differ ({detail}) and {buckets} day/group bucket(s) disagree. Find the last good version with `tidemark history {target}` and `tidemark restore {target} --version N`, or rebuild the target with `tidemark run {pipeline} --full-reload` (README: Runbook)")]
@@ -81,6 +88,7 @@ impl Classify for ReconcileError {
             ReconcileError::Run(e) => e.class(),
             ReconcileError::Unsorted { .. } => ErrorClass::Internal,
             ReconcileError::Differs { .. } => ErrorClass::BadData,
+            ReconcileError::NoTarget { .. } => ErrorClass::Unavailable,
         }
     }
 }
@@ -97,14 +105,15 @@ impl ReconcileError {
 
 impl ReconcileReport {
     /// `Ok(rendered)` when the target is identical, else the error carrying the rendered report.
-    pub fn into_result(self, rendered: String) -> Result<String, ReconcileError> {
+    /// `var_args` are the user's `--var`s, repeated in the suggested commands.
+    pub fn into_result(self, rendered: String, var_args: &str) -> Result<String, ReconcileError> {
         if self.identical {
             return Ok(rendered);
         }
         let d = &self.differing_keys;
         Err(ReconcileError::Differs {
             target: self.target_uri.clone(),
-            pipeline: self.pipeline_file.clone(),
+            pipeline: format!("{}{var_args}", self.pipeline_file),
             keys: d.total(),
             detail: d.detail(),
             buckets: self.buckets_differing,
@@ -133,9 +142,18 @@ pub async fn reconcile(
     let q = RunError::query;
     let now = clock.now();
     let ctx = engine.context();
-    let target = lake::open_required(&p.target_uri, "target")
+    let target = match lake::open_if_exists(&p.target_uri)
         .await
-        .map_err(RunError::from)?;
+        .map_err(RunError::from)?
+    {
+        Some(t) => t,
+        None => {
+            return Err(ReconcileError::NoTarget {
+                target: p.target_uri.clone(),
+                pipeline: format!("{}{}", p.path.display(), opts.var_args),
+            })
+        }
+    };
     let mut source = lake::open_required(&p.source_uri, "source")
         .await
         .map_err(RunError::from)?;

@@ -27,8 +27,12 @@ pub struct DedupCounts {
     pub rows_in: u64,
     /// One row per key came out.
     pub winners: u64,
-    /// Rows dropped because a newer (or identical) version of the same key won.
-    pub collapsed: u64,
+    /// Rows dropped because a newer version of the same key won (a different row, or the
+    /// loser of an equal-tuple conflict).
+    pub superseded: u64,
+    /// Rows dropped because they are identical, in every column, to the key's winner: the same
+    /// change delivered again.
+    pub duplicates: u64,
     /// Keys whose newest tuple appeared with different contents; resolved by content order.
     pub conflicts: u64,
     /// Winners that are deletes.
@@ -255,13 +259,14 @@ impl Deduper {
                 });
                 continue;
             }
-            self.counts.collapsed += 1;
             let tie = self
                 .current
                 .as_ref()
                 .is_some_and(|c| c.tuple.row() == e.tuples.row(i));
-            if tie {
-                self.resolve_tie(batch, i)?;
+            if tie && self.resolve_tie(batch, i)? {
+                self.counts.duplicates += 1;
+            } else {
+                self.counts.superseded += 1;
             }
         }
         if let Some(c) = self.current.as_mut() {
@@ -277,10 +282,11 @@ impl Deduper {
     }
 
     /// Row `i` of `batch` has the current key and the same tuple as its winner: the greater
-    /// content wins; different contents are a conflict, counted once per key.
-    fn resolve_tie(&mut self, batch: &RecordBatch, i: usize) -> Result<(), ArrowError> {
+    /// content wins; different contents are a conflict, counted once per key. Returns whether
+    /// the row is identical to the winner (a re-delivery).
+    fn resolve_tie(&mut self, batch: &RecordBatch, i: usize) -> Result<bool, ArrowError> {
         let Some(c) = self.current.as_mut() else {
-            return Ok(());
+            return Ok(false);
         };
         let challenger = self.enc.encode_content(&batch.slice(i, 1))?;
         let holder = match &c.winner {
@@ -296,7 +302,7 @@ impl Deduper {
         if challenger > holder {
             c.winner = Winner::Here(i);
         }
-        Ok(())
+        Ok(challenger == holder)
     }
 
     /// The last key's winner, once the input has ended.
@@ -561,7 +567,8 @@ mod tests {
                 "{batches:?}"
             );
             assert_eq!(counts.winners, 2);
-            assert_eq!(counts.collapsed, 3);
+            // ("a",5,None) and ("a",5,Some(1)) lose the conflict, ("a",2,..) is older
+            assert_eq!((counts.superseded, counts.duplicates), (3, 0));
             assert_eq!(counts.conflicts, 1, "one conflicting key, counted once");
             assert_eq!(counts.rows_in, 5);
             assert_eq!(counts.max_sequence_all, Some(5));
@@ -582,8 +589,13 @@ mod tests {
         );
         assert_eq!(rows, vec![("a".to_string(), 5, Some(1))]);
         assert_eq!(
-            (counts.winners, counts.collapsed, counts.conflicts),
-            (1, 2, 0)
+            (
+                counts.winners,
+                counts.superseded,
+                counts.duplicates,
+                counts.conflicts
+            ),
+            (1, 1, 1, 0)
         );
     }
 }

@@ -81,9 +81,9 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
             warnings.push(format!(
                 "the target's largest `{}` is {} — later than now + max_future_skew ({}): a row dated in the future reached the target (another writer, or a run whose clock was ahead). Planning from {} instead, so no row due now is skipped",
                 p.sequence_by,
-                w.to_rfc3339(),
-                clamped.map(|c| c.to_rfc3339()).unwrap_or_default(),
-                clamped.map(|c| c.to_rfc3339()).unwrap_or_default(),
+                w.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                clamped.map(|c| c.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)).unwrap_or_default(),
+                clamped.map(|c| c.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)).unwrap_or_default(),
             ));
             clamped
         }

@@ -140,7 +140,8 @@ impl<'a> Run<'a> {
             num_quarantined: 0,
             num_quarantined_new: 0,
             num_deferred: 0,
-            num_duplicates_collapsed: 0,
+            num_superseded: 0,
+            num_duplicates: 0,
             num_conflicts: 0,
             num_late_rows: 0,
             num_inserted: 0,
@@ -589,7 +590,8 @@ impl<'a> Run<'a> {
         }
         winners.extend(deduper.finish().map_err(RunError::arrow("dedup"))?);
         let counts = deduper.counts();
-        self.summary.num_duplicates_collapsed = counts.collapsed;
+        (self.summary.num_superseded, self.summary.num_duplicates) =
+            (counts.superseded, counts.duplicates);
         self.summary.num_conflicts = counts.conflicts;
         let winners = arrow::compute::concat_batches(&layout.canonical, &winners)
             .map_err(RunError::arrow("dedup"))?;
@@ -874,7 +876,7 @@ impl<'a> Run<'a> {
         // Every winner is new to the rebuilt table: live rows are inserts, deletes are tombstones
         // (soft) or simply absent (hard).
         self.summary.num_inserted = c.winners - c.deleted_winners;
-        self.summary.num_duplicates_collapsed = c.collapsed;
+        (self.summary.num_superseded, self.summary.num_duplicates) = (c.superseded, c.duplicates);
         self.summary.num_conflicts = c.conflicts;
         self.summary.num_deleted = c.deleted_winners;
         self.summary.watermark_after = c.watermark(layout.hard_deletes()).and_then(micros_to_time);
@@ -934,8 +936,8 @@ impl<'a> Run<'a> {
             "run_id": s.run_id,
             "pipeline": s.pipeline,
             "mode": s.mode,
-            "watermark_before": s.watermark_before.map(|t| t.to_rfc3339()),
-            "watermark_after": s.watermark_after.map(|t| t.to_rfc3339()),
+            "watermark_before": s.watermark_before.map(|t| crate::report::rfc3339(&t)),
+            "watermark_after": s.watermark_after.map(|t| crate::report::rfc3339(&t)),
             "source_version": s.source_version,
             "previous_source_version": s.previous_source_version,
             "num_source_rows_read": s.num_source_rows_read,
@@ -946,8 +948,10 @@ impl<'a> Run<'a> {
             "num_updated": s.num_updated,
             "num_deleted": s.num_deleted,
             "num_conflicts": s.num_conflicts,
+            "num_superseded": s.num_superseded,
+            "num_duplicates": s.num_duplicates,
             "source_table_id": self.source_table_id,
-            "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| t.to_rfc3339()),
+            "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| crate::report::rfc3339(&t)),
         });
         let record = lake::SourceRecord {
             version: Some(s.source_version as i64),
@@ -989,13 +993,14 @@ fn streamed_facts(
             (c.winners - c.deleted_winners).into(),
         );
         facts.insert("num_deleted".into(), c.deleted_winners.into());
-        facts.insert("num_duplicates_collapsed".into(), c.collapsed.into());
+        facts.insert("num_superseded".into(), c.superseded.into());
+        facts.insert("num_duplicates".into(), c.duplicates.into());
         facts.insert("num_conflicts".into(), c.conflicts.into());
         facts.insert(
             "watermark_after".into(),
             c.watermark(hard_deletes)
                 .and_then(micros_to_time)
-                .map(|t| t.to_rfc3339())
+                .map(|t| crate::report::rfc3339(&t))
                 .into(),
         );
         Some(facts)

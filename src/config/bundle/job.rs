@@ -84,8 +84,16 @@ impl JobCtx<'_> {
                         crate::jobs::cron::CronError::TimeZone { .. } => "timezone_id",
                         _ => "quartz_cron_expression",
                     };
-                    let line = line_of_key_from(&self.src.text, key, line);
-                    self.error(line, e.to_string());
+                    let tz_line = line_of_key_from(&self.src.text, key, line);
+                    self.error(tz_line, e.to_string());
+                    // A bad time zone must not hide a bad expression: check it alone too.
+                    if key == "timezone_id" {
+                        if let Err(e) = QuartzSchedule::parse(&expr, "UTC") {
+                            let line =
+                                line_of_key_from(&self.src.text, "quartz_cron_expression", line);
+                            self.error(line, e.to_string());
+                        }
+                    }
                     None
                 }
             }

@@ -1,0 +1,172 @@
+//! Issue 10 ("Hardening"), through the real binary: messages that name the next step, and
+//! `tidemark demo` from any directory. (Limits, logs, JSON failures, maintain and counters are
+//! in `tests/ux.rs`.)
+
+mod common;
+
+use assert_cmd::Command;
+use common::*;
+
+const NOW: i64 = T0 + 12 * HOUR;
+
+/// The binary with a pinned clock and no colour; RUST_LOG is not set, so the defaults apply.
+fn tidemark(now: i64) -> Command {
+    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
+    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
+        .env_remove("RUST_LOG")
+        .env("NO_COLOR", "1");
+    c
+}
+
+fn up(id: &str, seq: i64, val: i64) -> Change {
+    Change::upsert(id, seq, seq + MIN, val)
+}
+
+// ---------------------------------------------------------------------------------------------
+
+// ---------------------------------------------------------------------------------------------
+// item 12: messages
+
+#[tokio::test]
+async fn messages_name_the_thing_to_do_next() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    // a missing table on the command line: no pipeline key, no kernel ERROR line above
+    std::fs::create_dir_all(d.join("empty/_delta_log")).expect("mkdir");
+    for (args, path) in [
+        (vec!["history"], "nowhere"),
+        (vec!["restore", "--version", "0"], "nowhere"),
+        (vec!["maintain"], "nowhere"),
+        (vec!["history"], "empty"),
+    ] {
+        let out = exec(tidemark(NOW).current_dir(d).args(&args).arg(path));
+        assert_eq!(out.code, 66, "{args:?}: {}", out.stderr);
+        assert!(
+            !out.stderr.contains(".uri`"),
+            "{args:?} names a pipeline key: {}",
+            out.stderr
+        );
+        assert!(!out.stderr.contains("ERROR"), "{args:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("check the path"),
+            "{args:?}: {}",
+            out.stderr
+        );
+    }
+    // gs:// is a scheme tidemark does not support, not a missing table
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .args(["history", "gs://bucket/t"]),
+    );
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("scheme is not supported"),
+        "{}",
+        out.stderr
+    );
+
+    // reconcile before the first run says to run the pipeline, with the user's --var
+    let lake = d.join("lake");
+    append(&bronze(d), &[up("a", T0 + HOUR, 1)]).await;
+    let p = write_pipeline(d, "15m", "soft", "");
+    let text = std::fs::read_to_string(&p).expect("read");
+    let with_var = d.join("with_var.yml");
+    std::fs::write(
+        &with_var,
+        text.replace(&lake.display().to_string(), "${var.lake}"),
+    )
+    .expect("write");
+    let var = format!("lake={}", lake.display());
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .arg("reconcile")
+            .arg(&with_var)
+            .args(["--var", &var]),
+    );
+    assert_eq!(out.code, 66, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("Run the pipeline first"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains(&format!("--var {var}")),
+        "the --var is dropped: {}",
+        out.stderr
+    );
+
+    // bundle validate: every error of a schedule, the bundle's own name
+    let b = d.join("b");
+    std::fs::create_dir_all(b.join("resources")).expect("mkdir");
+    std::fs::write(
+        b.join("tidemark.yml"),
+        "bundle: { name: payments_bundle }\ninclude: [resources/*.yml]\nvariables:\n  lake: { default: ./lake }\ntargets:\n  local: { default: true }\n",
+    )
+    .expect("write");
+    std::fs::write(
+        b.join("resources/j.yml"),
+        format!(
+            "resources:\n  jobs:\n    j:\n      schedule: {{ quartz_cron_expression: \"0 99 * * * ?\", timezone_id: \"Mars/Base\" }}\n      tasks:\n        - task_key: t\n          pipeline_task: {{ pipeline: \"{}\" }}\n",
+            p.display()
+        ),
+    )
+    .expect("write");
+    let out = exec(
+        tidemark(NOW)
+            .current_dir(d)
+            .args(["bundle", "validate", "--bundle", "b"]),
+    );
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(out.stdout.contains("Mars/Base"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("0 99 * * * ?"),
+        "the cron error is hidden: {}",
+        out.stdout
+    );
+    assert!(
+        out.stdout.contains("bundle payments_bundle (b): invalid"),
+        "{}",
+        out.stdout
+    );
+    assert!(
+        out.stderr.contains("tidemark bundle validate --bundle b"),
+        "{}",
+        out.stderr
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// item 14: getting started
+
+#[test]
+fn demo_works_from_any_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+        .expect("time")
+        .timestamp_micros();
+    // no ./bundle here: the demo finds the checkout's bundle and writes ./lake here
+    let out = exec(tidemark(now).current_dir(dir.path()).arg("demo"));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(dir.path().join("lake/silver/payments/_delta_log").exists());
+    // the command it suggests works from here
+    let runs = out
+        .stdout
+        .lines()
+        .find_map(|l| l.split('`').find(|s| s.starts_with("tidemark runs")))
+        .unwrap_or_else(|| panic!("no runs hint: {}", out.stdout))
+        .to_string();
+    let args: Vec<&str> = runs.split_whitespace().skip(1).collect();
+    let out = exec(tidemark(now).current_dir(dir.path()).args(&args));
+    assert_eq!(out.code, 0, "`{runs}`: {}", out.stderr);
+    assert!(out.stdout.contains("payments_hourly"), "{}", out.stdout);
+    // an explicit bundle that is not there says how to point at one
+    let out = exec(
+        tidemark(now)
+            .current_dir(dir.path())
+            .args(["demo", "--bundle", "nowhere"]),
+    );
+    assert_ne!(out.code, 0);
+    assert!(out.stderr.contains("--bundle"), "{}", out.stderr);
+}
