@@ -11,7 +11,7 @@ use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
     BundleCommand, Command, DemoArgs, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs,
-    OutputFormat, ReconcileArgs, RestoreArgs, RunArgs,
+    OutputFormat, PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
@@ -136,12 +136,54 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
     })
 }
 
-fn load_pipeline(name: &str, dir: &Path, vars: &[String]) -> Result<Pipeline, AppError> {
-    let vars = Vars::from_args(vars).map_err(ConfigError::BadVarArg)?;
-    let path = resolve_pipeline_path(name, dir)?;
+/// Loads pipeline `name` (a path, or a file of `--pipelines-dir`) with its `${var.NAME}` values
+/// from `--var`, then from the bundle's variables for the selected target when the pipeline
+/// needs one that `--var` does not give — so `tidemark run payments` works where
+/// `tidemark job run` does. A `--var` the pipeline never references is refused.
+fn load_pipeline(name: &str, from: &PipelineVars) -> Result<Pipeline, AppError> {
+    let cli = Vars::from_args(&from.vars).map_err(ConfigError::BadVarArg)?;
+    let path = resolve_pipeline_path(name, &from.pipelines_dir)?;
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let missing = crate::config::vars::referenced(&text)
+        .into_iter()
+        .any(|r| cli.get(&r).is_none());
+    let bundle_file = if from.bundle.is_dir() {
+        from.bundle.join("tidemark.yml")
+    } else {
+        from.bundle.clone()
+    };
+    let vars = if (missing || from.target.is_some()) && bundle_file.is_file() {
+        let loaded = crate::config::bundle::Bundle::load(
+            &from.bundle,
+            from.target.as_deref(),
+            &Vars::new(),
+        )?;
+        let mut vars = loaded.bundle.vars;
+        for n in cli.names() {
+            if let Some(v) = cli.get(n) {
+                vars.set(n, v);
+            }
+        }
+        vars
+    } else if let Some(t) = &from.target {
+        return Err(AppError::Usage(format!(
+            "--target {t} selects a bundle target, but there is no bundle at {}; pass --bundle DIR (the folder holding tidemark.yml)",
+            from.bundle.display()
+        )));
+    } else {
+        cli.clone()
+    };
     let p = Pipeline::load(&path, &vars)?;
-    p.check_vars_used(vars.names())?;
+    p.check_vars_used(cli.names())?;
     Ok(p)
+}
+
+/// The table a command names: a pipeline's target when `name` is a pipeline, else `name`.
+fn table_or_pipeline_target(name: &str, from: &PipelineVars) -> Result<String, AppError> {
+    match resolve_pipeline_path(name, &from.pipelines_dir) {
+        Ok(_) => Ok(load_pipeline(name, from)?.target_uri),
+        Err(_) => Ok(name.to_string()),
+    }
 }
 
 /// The compute `tidemark run` was given on its command line (the same settings a bundle's
@@ -185,11 +227,7 @@ fn run_engine(args: &RunArgs) -> Result<Engine, AppError> {
 /// SIGINT/SIGTERM stop the run (nothing is committed unless its commit had already landed,
 /// whole), remove its spill files and end it with exit 130/143.
 pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String, AppError> {
-    let pipeline = Arc::new(load_pipeline(
-        &args.pipeline,
-        &args.pipelines_dir,
-        &args.vars,
-    )?);
+    let pipeline = Arc::new(load_pipeline(&args.pipeline, &args.from)?);
     let engine = run_engine(&args)?;
     let opts = RunOptions {
         full_reload: args.full_reload,
@@ -227,8 +265,8 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
 /// `tidemark reconcile`: prints the report; fails with exit 65 (after printing it) when the
 /// target differs from the newest rows of its source.
 pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result<String, AppError> {
-    let pipeline = load_pipeline(&args.pipeline, &args.pipelines_dir, &args.vars)?;
-    let var_args = shell_var_args(&args.vars);
+    let pipeline = load_pipeline(&args.pipeline, &args.from)?;
+    let var_args = shell_var_args(&args.from.vars);
     let opts = ReconcileOptions {
         limit: args.limit,
         var_args: var_args.clone(),
@@ -260,7 +298,8 @@ fn shell_var_args(vars: &[String]) -> String {
 }
 
 /// `tidemark history`.
-pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
+pub async fn history(mut args: HistoryArgs) -> Result<String, AppError> {
+    args.table = table_or_pipeline_target(&args.table, &args.from)?;
     let table = lake::open_required(&args.table, "table").await?;
     let entries = lake::read_commits(&table, args.limit)
         .await
@@ -321,7 +360,8 @@ pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
 }
 
 /// `tidemark restore`.
-pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
+pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
+    args.table = table_or_pipeline_target(&args.table, &args.from)?;
     let table = lake::open_required(&args.table, "table").await?;
     let latest = table.version().unwrap_or(0);
     if args.version >= latest {
@@ -375,11 +415,9 @@ pub async fn restore(args: RestoreArgs) -> Result<String, AppError> {
 /// `tidemark maintain`.
 pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
     let (uri, file_size, row_group_rows) =
-        match resolve_pipeline_path(&args.table, &args.pipelines_dir) {
-            Ok(path) => {
-                let vars = Vars::from_args(&args.vars).map_err(ConfigError::BadVarArg)?;
-                let p = Pipeline::load(&path, &vars)?;
-                p.check_vars_used(vars.names())?;
+        match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
+            Ok(_) => {
+                let p = load_pipeline(&args.table, &args.from)?;
                 (
                     p.target_uri,
                     Some((p.target_file_size, p.keys)),

@@ -237,9 +237,8 @@ pub struct RunsArgs {
 pub struct RunArgs {
     /// Pipeline YAML path, or the name of a file in the pipelines directory.
     pub pipeline: String,
-    /// Set a variable used as ${var.NAME} (repeatable).
-    #[arg(long = "var", value_name = "NAME=VALUE")]
-    pub vars: Vec<String>,
+    #[command(flatten)]
+    pub from: PipelineVars,
     /// Rebuild the target from the whole source in one overwrite commit.
     #[arg(long)]
     pub full_reload: bool,
@@ -248,9 +247,6 @@ pub struct RunArgs {
     pub dry_run: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
-    /// Where pipeline names are looked up.
-    #[arg(long, default_value = "pipelines")]
-    pub pipelines_dir: PathBuf,
     /// DataFusion partitions (parallelism of scans and sorts); default: the machine's cores.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -262,10 +258,30 @@ pub struct RunArgs {
     pub spill_dir: Option<PathBuf>,
 }
 
+/// Where a pipeline's `${var.NAME}` values come from: `--var` first, then the bundle's variables
+/// for the selected target (only read when the pipeline needs a value `--var` does not give).
+#[derive(Debug, Args, Clone)]
+pub struct PipelineVars {
+    /// Set a variable used as ${var.NAME} (repeatable); wins over the bundle's.
+    #[arg(long = "var", value_name = "NAME=VALUE")]
+    pub vars: Vec<String>,
+    /// The bundle whose variables fill the ones --var does not give (directory or file).
+    #[arg(long, default_value = "bundle")]
+    pub bundle: PathBuf,
+    /// The bundle target whose variables are used (default: the one marked `default: true`).
+    #[arg(long, short = 't')]
+    pub target: Option<String>,
+    /// Where pipeline names are looked up.
+    #[arg(long, default_value = "pipelines")]
+    pub pipelines_dir: PathBuf,
+}
+
 #[derive(Debug, Args)]
 pub struct HistoryArgs {
-    /// Table path or URI.
+    /// A pipeline (its target's history) or a table path/URI.
     pub table: String,
+    #[command(flatten)]
+    pub from: PipelineVars,
     /// How many commits, newest first; at least 1.
     #[arg(long, default_value_t = 20, value_parser = parse_limit)]
     pub limit: usize,
@@ -275,8 +291,10 @@ pub struct HistoryArgs {
 
 #[derive(Debug, Args)]
 pub struct RestoreArgs {
-    /// Table path or URI.
+    /// A pipeline (its target is restored) or a table path/URI.
     pub table: String,
+    #[command(flatten)]
+    pub from: PipelineVars,
     /// The version to restore.
     #[arg(long)]
     pub version: u64,
@@ -313,9 +331,8 @@ pub struct GenerateArgs {
 pub struct MaintainArgs {
     /// A pipeline (its target table is maintained) or a table path/URI.
     pub table: String,
-    /// Set a variable used as ${var.NAME} in the pipeline (repeatable).
-    #[arg(long = "var", value_name = "NAME=VALUE")]
-    pub vars: Vec<String>,
+    #[command(flatten)]
+    pub from: PipelineVars,
     /// Vacuum files unreferenced for longer than this (e.g. 168h, 30days); at least the
     /// table's delta.deletedFileRetentionDuration (7 days by default), which is the default.
     #[arg(long, value_parser = humantime::parse_duration)]
@@ -326,8 +343,6 @@ pub struct MaintainArgs {
     /// Report what would be compacted and vacuumed; change nothing.
     #[arg(long)]
     pub dry_run: bool,
-    #[arg(long, default_value = "pipelines")]
-    pub pipelines_dir: PathBuf,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }
@@ -350,17 +365,13 @@ pub struct DemoArgs {
 pub struct ReconcileArgs {
     /// Pipeline YAML path, or the name of a file in the pipelines directory.
     pub pipeline: String,
-    /// Set a variable used as ${var.NAME} (repeatable).
-    #[arg(long = "var", value_name = "NAME=VALUE")]
-    pub vars: Vec<String>,
+    #[command(flatten)]
+    pub from: PipelineVars,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
     /// How many differing keys to list (all are counted).
     #[arg(long, default_value_t = crate::reconcile::DEFAULT_LIMIT)]
     pub limit: usize,
-    /// Where pipeline names are looked up.
-    #[arg(long, default_value = "pipelines")]
-    pub pipelines_dir: PathBuf,
 }
 
 /// `--limit` of `history` and `runs`: a listing of zero rows is never what was meant, so 0 is

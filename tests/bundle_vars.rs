@@ -1,0 +1,106 @@
+//! Single-pipeline commands take their `${var.NAME}` values from the bundle (issue 10, item 11):
+//! after `tidemark demo`, `tidemark run payments`, `reconcile payments`, `history payments` and
+//! `maintain payments` work as the README shows, without `--var`; `--target` picks the bundle
+//! target; `--var` still wins; a `--var` the pipeline never uses is refused.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use common::*;
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn tidemark(dir: &Path) -> Command {
+    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
+    c.current_dir(dir)
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .env_remove("TIDEMARK_FAILPOINTS");
+    c
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
+
+#[test]
+fn pipeline_commands_take_variables_from_the_bundle() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    copy_dir(&root().join("bundle"), &d.join("bundle"));
+    copy_dir(&root().join("pipelines"), &d.join("pipelines"));
+    let demo = exec(tidemark(d).arg("demo"));
+    assert_eq!(demo.code, 0, "{}\n{}", demo.stdout, demo.stderr);
+
+    let run = exec(tidemark(d).args(["run", "payments", "--output", "json"]));
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let summary: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("json");
+    assert!(
+        summary["target_uri"]
+            .as_str()
+            .is_some_and(|u| u.contains("lake/silver/payments")),
+        "{summary}"
+    );
+    let reconcile = exec(tidemark(d).args(["reconcile", "payments"]));
+    assert_eq!(
+        reconcile.code, 0,
+        "{}\n{}",
+        reconcile.stdout, reconcile.stderr
+    );
+    let history = exec(tidemark(d).args(["history", "payments", "--limit", "1"]));
+    assert_eq!(history.code, 0, "{}", history.stderr);
+    assert!(history.stdout.contains("bootstrap"), "{}", history.stdout);
+    let maintain = exec(tidemark(d).args(["maintain", "payments", "--dry-run"]));
+    assert_eq!(maintain.code, 0, "{}", maintain.stderr);
+
+    // The local target explicitly; an unknown target is the bundle's error (78).
+    let local = exec(tidemark(d).args(["history", "payments", "--target", "local"]));
+    assert_eq!(local.code, 0, "{}", local.stderr);
+    let unknown = exec(tidemark(d).args(["run", "payments", "--target", "nope"]));
+    assert_eq!(unknown.code, 78, "{}", unknown.stderr);
+    assert!(unknown.stderr.contains("nope"), "{}", unknown.stderr);
+
+    // --var wins over the bundle: a lake with no source is "not found" there.
+    let elsewhere = d.join("elsewhere");
+    let other = exec(
+        tidemark(d)
+            .args(["run", "payments", "--var"])
+            .arg(format!("lake={}", elsewhere.display())),
+    );
+    assert_eq!(other.code, 66, "{}", other.stderr);
+    assert!(other.stderr.contains("elsewhere"), "{}", other.stderr);
+
+    // A --var the pipeline never references is a typo, refused with the nearest name.
+    let typo = exec(tidemark(d).args(["run", "payments", "--var", "lkae=./lake"]));
+    assert_eq!(typo.code, 64, "{}", typo.stderr);
+    assert!(
+        typo.stderr.contains("did you mean `lake`"),
+        "{}",
+        typo.stderr
+    );
+
+    // Without a bundle, --target says how to point at one.
+    let no_bundle = exec(tidemark(d).args([
+        "run", "payments", "--target", "local", "--bundle", "missing",
+    ]));
+    assert_eq!(no_bundle.code, 64, "{}", no_bundle.stderr);
+    assert!(
+        no_bundle.stderr.contains("--bundle DIR"),
+        "{}",
+        no_bundle.stderr
+    );
+    let _ = rfc3339(T0); // shared helpers
+}
