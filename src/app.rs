@@ -452,8 +452,21 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
         },
     )
     .await?;
+    let spill_base = args
+        .spill_dir
+        .clone()
+        .unwrap_or_else(run::default_spill_base);
+    let spill_dirs = run::sweep_spill_dirs(&spill_base, args.dry_run);
     Ok(match args.output {
-        OutputFormat::Json => serde_json::to_string(&report).unwrap_or_default() + "\n",
+        OutputFormat::Json => {
+            let mut v = serde_json::to_value(&report).unwrap_or_default();
+            v["stale_spill_dirs"] = spill_dirs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .into();
+            serde_json::to_string(&v).unwrap_or_default() + "\n"
+        }
         OutputFormat::Text => {
             let mut out = format!(
                 "{}{uri}: version {} -> {}\n",
@@ -479,6 +492,17 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
                 report.retention_hours,
                 report.files_vacuumed,
                 report.files_unreferenced_within_retention
+            ));
+            out.push_str(&format!(
+                "  spill: {} stale spill director{} of processes that no longer exist {}under {}\n",
+                spill_dirs.len(),
+                if spill_dirs.len() == 1 { "y" } else { "ies" },
+                if report.dry_run {
+                    "would be removed "
+                } else {
+                    "removed "
+                },
+                spill_base.display()
             ));
             out
         }

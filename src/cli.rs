@@ -343,6 +343,10 @@ pub struct MaintainArgs {
     /// Report what would be compacted and vacuumed; change nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Where runs spill (their `--spill-dir` / `spill_directory`): spill directories left there
+    /// by processes of this host that no longer exist are removed. Default: the OS temp directory.
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

@@ -230,3 +230,66 @@ fn the_smallest_memory_limit_carries_a_full_reload_on_two_threads() {
         );
     }
 }
+
+/// `tidemark maintain --spill-dir DIR` sweeps the spill directories that killed processes of
+/// this host left there (a dry run only lists them); a running process's directory is kept.
+#[test]
+fn maintain_sweeps_spill_directories_of_dead_processes() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lake = dir.path().join("lake");
+    generate(&lake, 200);
+    let spill = dir.path().join("spill");
+    let host = String::from_utf8(
+        Command::new("hostname")
+            .output()
+            .map(|o| o.stdout)
+            .unwrap_or_default(),
+    )
+    .unwrap_or_default()
+    .trim()
+    .to_string();
+    let dead = spill.join(format!("tidemark-spill-{host}-2147483632-0123abcd"));
+    let alive = spill.join(format!(
+        "tidemark-spill-{host}-{}-0123abcd",
+        std::process::id()
+    ));
+    for d in [&dead, &alive] {
+        std::fs::create_dir_all(d).expect("mkdir");
+        std::fs::write(d.join("leftover.arrow"), vec![0u8; 4096]).expect("write");
+    }
+    let maintain = |extra: &[&str]| {
+        output(
+            tidemark()
+                .arg("maintain")
+                .arg(lake.join("bronze/payments_raw"))
+                .arg("--spill-dir")
+                .arg(&spill)
+                .args(extra),
+        )
+    };
+    let dry = maintain(&["--dry-run"]);
+    assert_eq!(dry.code, 0, "{}", dry.stderr);
+    assert!(
+        dry.stdout
+            .contains("1 stale spill directory of processes that no longer exist would be removed"),
+        "{}",
+        dry.stdout
+    );
+    assert!(dead.exists(), "a dry run removed a spill directory");
+    let real = maintain(&["--output", "json"]);
+    assert_eq!(real.code, 0, "{}", real.stderr);
+    let report: Value = serde_json::from_str(real.stdout.trim()).expect("json");
+    assert_eq!(
+        report["stale_spill_dirs"].as_array().map(Vec::len),
+        Some(1),
+        "{report}"
+    );
+    assert!(
+        !dead.exists(),
+        "the dead process's spill directory is still there"
+    );
+    assert!(
+        alive.exists(),
+        "a running process's spill directory was removed"
+    );
+}

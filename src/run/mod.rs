@@ -35,7 +35,7 @@ use tracing::{info, info_span, warn, Instrument};
 pub use dedup::{winners as dedup_winners, DedupCounts, Deduper};
 pub use error::RunError;
 pub use layout::Layout;
-pub use session::{Engine, EngineError};
+pub use session::{default_spill_base, sweep_spill_dirs, Engine, EngineError};
 
 use crate::clock::Clock;
 use crate::config::Pipeline;

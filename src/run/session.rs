@@ -27,6 +27,7 @@ use crate::config::bundle::Compute;
 #[path = "spill.rs"]
 mod spill;
 use spill::SpillDir;
+pub use spill::{default_base as default_spill_base, sweep as sweep_spill_dirs};
 
 /// Why the compute of a job cluster cannot be set up.
 #[derive(Debug, thiserror::Error)]

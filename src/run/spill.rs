@@ -63,11 +63,46 @@ fn owner_pid(name: &str, host: &str) -> Option<u32> {
     (parts.next()? == host).then_some(pid)
 }
 
-/// Removes spill directories under `base` whose owner process (on this host) is gone.
-fn remove_stale(base: &Path) {
+/// The default place of spill directories when no `--spill-dir` / `spill_directory` is set.
+pub fn default_base() -> PathBuf {
+    std::env::temp_dir()
+}
+
+/// Removes (with `dry_run`: only lists) the spill directories under `base` whose owner process
+/// on this host is gone — what `tidemark maintain` sweeps. Directories of running processes and
+/// of other hosts are left alone.
+pub fn sweep(base: &Path, dry_run: bool) -> Vec<PathBuf> {
+    if dry_run {
+        return stale(base);
+    }
+    remove_stale(base)
+}
+
+/// Spill directories under `base` made on this host by processes that no longer exist.
+fn stale(base: &Path) -> Vec<PathBuf> {
     let host = crate::jobs::lease::hostname().replace(['/', '\\'], "_");
     let Ok(entries) = std::fs::read_dir(base) else {
-        return;
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            owner_pid(&name, &host).is_some_and(|pid| {
+                pid != std::process::id() && !crate::jobs::lease::process_alive(pid)
+            })
+        })
+        .map(|entry| entry.path())
+        .collect()
+}
+
+/// Removes spill directories under `base` whose owner process (on this host) is gone; returns
+/// those removed.
+fn remove_stale(base: &Path) -> Vec<PathBuf> {
+    let host = crate::jobs::lease::hostname().replace(['/', '\\'], "_");
+    let mut removed = Vec::new();
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return removed;
     };
     for entry in entries.filter_map(Result::ok) {
         let name = entry.file_name().to_string_lossy().into_owned();
@@ -79,13 +114,15 @@ fn remove_stale(base: &Path) {
         }
         match std::fs::remove_dir_all(entry.path()) {
             Ok(()) => {
-                info!(dir = %entry.path().display(), pid, "removed the spill directory of a process that no longer exists")
+                info!(dir = %entry.path().display(), pid, "removed the spill directory of a process that no longer exists");
+                removed.push(entry.path());
             }
             Err(e) => {
                 warn!(dir = %entry.path().display(), "cannot remove a stale spill directory: {e}")
             }
         }
     }
+    removed
 }
 
 #[cfg(test)]
