@@ -147,6 +147,12 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
     if prev == i.source_version as i64 {
         return Ok(plan);
     }
+    if prev < 0 {
+        // Restored to a version that had applied no source commit: every row is new to it.
+        plan.landed = Landed::WholeSource;
+        plan.late_is_approximate = true;
+        return Ok(plan);
+    }
     let added = lake::files_added_between(i.source, prev.max(0) as u64, i.source_version)
         .await
         .map_err(RunError::delta("read", &p.source_uri))?;
