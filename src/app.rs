@@ -147,11 +147,7 @@ fn load_pipeline(name: &str, from: &PipelineVars) -> Result<Pipeline, AppError> 
     let missing = crate::config::vars::referenced(&text)
         .into_iter()
         .any(|r| cli.get(&r).is_none());
-    let bundle_file = if from.bundle.is_dir() {
-        from.bundle.join("tidemark.yml")
-    } else {
-        from.bundle.clone()
-    };
+    let bundle_file = crate::config::bundle::bundle_file(&from.bundle);
     let vars = if (missing || from.target.is_some()) && bundle_file.is_file() {
         let loaded = crate::config::bundle::Bundle::load(
             &from.bundle,

@@ -40,11 +40,7 @@ pub fn load_bundle(select: &BundleSelect) -> Result<Bundle, AppError> {
 /// `tidemark bundle validate`.
 /// `bundle.name` from the bundle file when it can be read (with the folder), else the folder.
 fn bundle_title(path: &std::path::Path) -> String {
-    let file = if path.is_dir() {
-        path.join("tidemark.yml")
-    } else {
-        path.to_path_buf()
-    };
+    let file = crate::config::bundle::bundle_file(path);
     let name = std::fs::read_to_string(&file)
         .ok()
         .and_then(|text| serde_yaml::from_str::<serde_yaml::Value>(&text).ok())

@@ -56,7 +56,8 @@ pub(super) struct Inputs<'a> {
     pub p: &'a Pipeline,
     pub source: &'a DeltaTable,
     pub source_version: u64,
-    pub source_table: i64,
+    /// The source's table id (`metaData.id`).
+    pub source_table_id: &'a str,
     pub record: SourceRecord,
     /// The target's largest sequence, from its statistics.
     pub watermark: Option<DateTime<Utc>>,
@@ -105,9 +106,12 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
         return Ok(plan); // the slice is the whole source
     }
 
-    let replaced = i.record.table.is_some_and(|t| t != i.source_table);
+    let replaced = i
+        .record
+        .table
+        .is_some_and(|t| t != record::table_fingerprint(i.source_table_id));
     if replaced {
-        let id = record::table_id(i.source).unwrap_or_default();
+        let id = i.source_table_id.to_string();
         match p.source_on_recreate {
             SourceRecreate::Fail => {
                 return Err(RunError::SourceReplaced {

@@ -99,9 +99,8 @@ struct Run<'a> {
     summary: RunSummary,
     /// Source rows per the log's statistics (a full reload reads them all).
     source_rows: Option<u64>,
-    /// The source's table id (`metaData.id`) and its fingerprint, recorded with the version.
+    /// The source's table id (`metaData.id`), recorded (as a fingerprint) with the version.
     source_table_id: Option<String>,
-    source_table: Option<i64>,
     /// Smallest sequence (µs) among the rows this run deferred, recorded so later runs read
     /// them again until they are due.
     deferred_floor: Option<i64>,
@@ -170,7 +169,6 @@ impl<'a> Run<'a> {
             summary,
             source_rows: None,
             source_table_id: None,
-            source_table: None,
             deferred_floor: None,
             late_bound: None,
             record: None,
@@ -192,6 +190,12 @@ impl<'a> Run<'a> {
         Ok(())
     }
 
+    fn source_fingerprint(&self) -> Option<i64> {
+        self.source_table_id
+            .as_deref()
+            .map(lake::record::table_fingerprint)
+    }
+
     fn warn(&mut self, message: String) {
         warn!("{message}");
         self.summary.warnings.push(message);
@@ -210,7 +214,6 @@ impl<'a> Run<'a> {
         self.summary.source_version = source_version;
         let table_id =
             lake::record::table_id(&source).map_err(RunError::delta("plan", &self.p.source_uri))?;
-        self.source_table = Some(lake::record::table_fingerprint(&table_id));
         self.source_table_id = Some(table_id);
         source
             .update_datafusion_session(&self.ctx.state())
@@ -459,7 +462,7 @@ impl<'a> Run<'a> {
             p: self.p,
             source: &source,
             source_version: self.summary.source_version,
-            source_table: self.source_table.unwrap_or_default(),
+            source_table_id: self.source_table_id.as_deref().unwrap_or_default(),
             record,
             watermark: target_max,
             now: self.now,
@@ -955,7 +958,7 @@ impl<'a> Run<'a> {
         });
         let record = lake::SourceRecord {
             version: Some(s.source_version as i64),
-            table: self.source_table,
+            table: self.source_fingerprint(),
             deferred_floor: self.deferred_floor,
         };
         CommitProperties::default()

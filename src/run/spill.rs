@@ -78,47 +78,43 @@ pub fn sweep(base: &Path, dry_run: bool) -> Vec<PathBuf> {
     remove_stale(base)
 }
 
-/// Spill directories under `base` made on this host by processes that no longer exist.
-fn stale(base: &Path) -> Vec<PathBuf> {
+/// Spill directories under `base` made on this host by processes that no longer exist, with
+/// their owner's pid.
+fn stale_with_pid(base: &Path) -> Vec<(PathBuf, u32)> {
     let host = crate::jobs::lease::hostname().replace(['/', '\\'], "_");
     let Ok(entries) = std::fs::read_dir(base) else {
         return Vec::new();
     };
     entries
         .filter_map(Result::ok)
-        .filter(|entry| {
+        .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
-            owner_pid(&name, &host).is_some_and(|pid| {
-                pid != std::process::id() && !crate::jobs::lease::process_alive(pid)
-            })
+            let pid = owner_pid(&name, &host)?;
+            let gone = pid != std::process::id() && !crate::jobs::lease::process_alive(pid);
+            gone.then(|| (entry.path(), pid))
         })
-        .map(|entry| entry.path())
+        .collect()
+}
+
+fn stale(base: &Path) -> Vec<PathBuf> {
+    stale_with_pid(base)
+        .into_iter()
+        .map(|(dir, _)| dir)
         .collect()
 }
 
 /// Removes spill directories under `base` whose owner process (on this host) is gone; returns
 /// those removed.
 fn remove_stale(base: &Path) -> Vec<PathBuf> {
-    let host = crate::jobs::lease::hostname().replace(['/', '\\'], "_");
     let mut removed = Vec::new();
-    let Ok(entries) = std::fs::read_dir(base) else {
-        return removed;
-    };
-    for entry in entries.filter_map(Result::ok) {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(pid) = owner_pid(&name, &host) else {
-            continue;
-        };
-        if pid == std::process::id() || crate::jobs::lease::process_alive(pid) {
-            continue;
-        }
-        match std::fs::remove_dir_all(entry.path()) {
+    for (dir, pid) in stale_with_pid(base) {
+        match std::fs::remove_dir_all(&dir) {
             Ok(()) => {
-                info!(dir = %entry.path().display(), pid, "removed the spill directory of a process that no longer exists");
-                removed.push(entry.path());
+                info!(dir = %dir.display(), pid, "removed the spill directory of a process that no longer exists");
+                removed.push(dir);
             }
             Err(e) => {
-                warn!(dir = %entry.path().display(), "cannot remove a stale spill directory: {e}")
+                warn!(dir = %dir.display(), "cannot remove a stale spill directory: {e}")
             }
         }
     }

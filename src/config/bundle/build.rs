@@ -72,11 +72,7 @@ pub(super) fn load(
     env: &dyn Fn(&str) -> Option<String>,
 ) -> Result<Loaded, BundleError> {
     let mut d = Diags::default();
-    let file = if path.is_dir() {
-        path.join(BUNDLE_FILE)
-    } else {
-        path.to_path_buf()
-    };
+    let file = super::bundle_file(path);
     let root_dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
     let root = match Source::read(&file) {
         Ok(s) => s,

@@ -233,6 +233,15 @@ pub struct Loaded {
     pub warnings: Vec<Diagnostic>,
 }
 
+/// The bundle file that `--bundle PATH` names: `PATH/tidemark.yml` for a directory, else PATH.
+pub fn bundle_file(path: &Path) -> PathBuf {
+    if path.is_dir() {
+        path.join(BUNDLE_FILE)
+    } else {
+        path.to_path_buf()
+    }
+}
+
 impl Bundle {
     /// Loads and validates the bundle at `path` (a directory holding `tidemark.yml`, or the
     /// file itself) for `target` (the one marked `default: true` when None). `cli_vars` are the
