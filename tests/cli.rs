@@ -21,14 +21,7 @@ const NOW: i64 = T0 + 12 * HOUR;
 // ---------------------------------------------------------------------------------------------
 // helpers
 
-/// The binary with a pinned clock and short logs.
-fn tidemark(now: i64) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1");
-    c
-}
+use common::tidemark_at as tidemark;
 
 /// Stdout must be exactly one JSON value (logs go to stderr).
 fn one_json(stdout: &str) -> Value {

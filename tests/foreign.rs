@@ -8,19 +8,11 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use assert_cmd::Command;
 use common::*;
 use deltalake::protocol::SaveMode;
 use serde_json::Value;
 
-/// The binary with its clock pinned at `now`.
-fn tidemark(now: i64) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1");
-    c
-}
+use common::tidemark_at as tidemark;
 
 /// Figures for the reliability scoreboard's "foreign changes" row.
 static COMMANDS: AtomicU64 = AtomicU64::new(0);

@@ -10,18 +10,11 @@ use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, Int64Array, RecordBatch};
 use arrow::datatypes::{DataType, Field, Int64Type, Schema};
-use assert_cmd::Command;
 use common::*;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 
-fn tidemark(now: i64) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1");
-    c
-}
+use common::tidemark_at as tidemark;
 
 fn run(pipeline: &Path, now: i64, extra: &[&str]) -> serde_json::Value {
     let out = exec(

@@ -22,15 +22,6 @@ fn tidemark(now: i64) -> Command {
     c
 }
 
-fn output(c: &mut Command) -> Out {
-    let out = c.output().expect("spawn tidemark");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
 /// A bundle whose job `j` runs the test pipeline on a job cluster with a spill directory.
 fn write_bundle(dir: &Path) -> PathBuf {
     let pipeline = write_pipeline(dir, "15m", "soft", "");

@@ -22,15 +22,6 @@ fn tidemark() -> Command {
     c
 }
 
-fn output(c: &mut Command) -> Out {
-    let out = c.output().expect("spawn tidemark");
-    Out {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
-}
-
 fn payments_pipeline() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("pipelines/payments.yml")
 }

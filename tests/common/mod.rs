@@ -266,12 +266,29 @@ pub struct Out {
 
 /// Runs a prepared command and captures its exit code and output.
 pub fn exec(c: &mut assert_cmd::Command) -> Out {
-    let out = c.output().expect("spawn tidemark");
+    captured(c.output().expect("spawn tidemark"))
+}
+
+/// [`exec`] for a `std::process::Command` (tests that also spawn and signal processes).
+pub fn output(c: &mut std::process::Command) -> Out {
+    captured(c.output().expect("spawn tidemark"))
+}
+
+fn captured(out: std::process::Output) -> Out {
     Out {
         code: out.status.code().unwrap_or(-1),
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
         stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
     }
+}
+
+/// The binary with its clock pinned at `now`, warnings-only logs and no colour.
+pub fn tidemark_at(now: i64) -> assert_cmd::Command {
+    let mut c = assert_cmd::Command::cargo_bin("tidemark").expect("tidemark binary");
+    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1");
+    c
 }
 
 /// A rendezvous with a process stopped at a `pause(DIR)` failpoint.
