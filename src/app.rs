@@ -583,8 +583,8 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
         var_args.push(format!("lake={}", abs.display()));
     }
     let bundle_dir = demo_bundle(args.bundle.as_deref())?;
-    // The commands the demo suggests must work from where it was run.
-    let bundle_flag = if bundle_dir == Path::new("bundle") {
+    // The commands the demo suggests must work from where it was run, on the lake it wrote.
+    let mut bundle_flag = if bundle_dir == Path::new("bundle") {
         String::new()
     } else {
         format!(
@@ -594,6 +594,7 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
                 .display()
         )
     };
+    bundle_flag.push_str(&shell_var_args(&var_args));
     let select = crate::cli::BundleSelect {
         bundle: bundle_dir.clone(),
         target: None,

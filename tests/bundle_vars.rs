@@ -104,3 +104,94 @@ fn pipeline_commands_take_variables_from_the_bundle() {
     );
     let _ = rfc3339(T0); // shared helpers
 }
+
+/// Relative paths are relative to where they are written: in the bundle, to the bundle root
+/// (whatever the working directory); on the command line, to the working directory.
+#[test]
+fn relative_locations_resolve_against_the_bundle_root() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let checkout = d.join("checkout");
+    copy_dir(&root().join("bundle"), &checkout.join("bundle"));
+    copy_dir(&root().join("pipelines"), &checkout.join("pipelines"));
+    let elsewhere = d.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+
+    let demo = exec(tidemark(&elsewhere).args(["demo", "--bundle", "../checkout/bundle"]));
+    assert_eq!(demo.code, 0, "{}\n{}", demo.stdout, demo.stderr);
+    assert!(
+        checkout.join("lake/silver/payments/_delta_log").is_dir(),
+        "the bundle's `lake: ../lake` is beside the bundle"
+    );
+    let job = exec(tidemark(&elsewhere).args([
+        "job",
+        "run",
+        "payments_hourly",
+        "--bundle",
+        "../checkout/bundle",
+    ]));
+    assert_eq!(job.code, 0, "{}\n{}", job.stdout, job.stderr);
+    let runs = exec(tidemark(&elsewhere).args([
+        "runs",
+        "--bundle",
+        "../checkout/bundle",
+        "--output",
+        "json",
+    ]));
+    assert_eq!(runs.code, 0, "{}", runs.stderr);
+    let rows: serde_json::Value = serde_json::from_str(runs.stdout.trim()).expect("json");
+    assert_eq!(rows.as_array().map(Vec::len), Some(2), "{rows}");
+    // A single-pipeline command takes the same lake from the bundle.
+    let run = exec(tidemark(&elsewhere).args([
+        "run",
+        "../checkout/pipelines/payments.yml",
+        "--bundle",
+        "../checkout/bundle",
+        "--output",
+        "json",
+    ]));
+    assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
+    let summary: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("json");
+    let target = checkout.join("lake/silver/payments");
+    assert_eq!(
+        summary["target_uri"],
+        target.display().to_string(),
+        "{summary}"
+    );
+    let leftovers: Vec<_> = std::fs::read_dir(&elsewhere)
+        .expect("ls")
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .collect();
+    assert!(
+        leftovers.is_empty(),
+        "the working directory got {leftovers:?}"
+    );
+
+    // On the command line, `./here` is the working directory's (the source is not there: 66).
+    for how in ["--var", "env"] {
+        let mut cmd = tidemark(&elsewhere);
+        cmd.args([
+            "job",
+            "run",
+            "payments_hourly",
+            "--bundle",
+            "../checkout/bundle",
+        ]);
+        if how == "--var" {
+            cmd.args(["--var", "lake=./here"]);
+        } else {
+            cmd.env("BUNDLE_VAR_lake", "./here");
+        }
+        let out = exec(&mut cmd);
+        assert_eq!(out.code, 66, "{how}: {}\n{}", out.stdout, out.stderr);
+        let here = elsewhere.join("here/bronze/payments_raw");
+        assert!(
+            out.stdout.contains(&here.display().to_string())
+                || out.stderr.contains(&here.display().to_string()),
+            "{how}: {}\n{}",
+            out.stdout,
+            out.stderr
+        );
+    }
+}

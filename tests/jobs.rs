@@ -289,9 +289,11 @@ fn variables_come_from_var_then_environment_then_target_then_default() {
             .map(|x| (x["value"].clone(), x["source"].clone()))
             .expect("lake variable")
     };
+    // `./lake` in the bundle is the bundle root's, shown resolved.
+    let beside = fixtures().join("good/lake").display().to_string();
     assert_eq!(
         lake(&summary(&[], None)),
-        ("./lake".into(), "target local".into())
+        (beside.into(), "target local".into())
     );
     assert_eq!(
         lake(&summary(&[], Some("/env"))),
@@ -332,9 +334,13 @@ fn bundle_summary_lists_each_job_and_its_next_fires_in_its_zone_and_in_utc() {
         "3",
     ]));
     assert_eq!(out.code, 0, "{}", out.stderr);
+    let lake = format!(
+        "  lake = {}  [target local]  lake root",
+        fixtures().join("good/lake").display()
+    );
     for line in [
         "bundle good — target local (good/tidemark.yml)",
-        "  lake = ./lake  [target local]  lake root",
+        lake.as_str(),
         "job hourly — every hour, UTC",
         "  schedule: \"0 5 * * * ?\" in UTC (UNPAUSED), catch_up latest, max_concurrent_runs 1",
         "  compute small: 2 worker threads, memory limit 256MiB, spill to the OS temp directory",

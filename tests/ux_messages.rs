@@ -146,10 +146,15 @@ fn demo_works_from_any_directory() {
     let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
         .expect("time")
         .timestamp_micros();
-    // no ./bundle here: the demo finds the checkout's bundle and writes ./lake here
-    let out = exec(tidemark(now).current_dir(dir.path()).arg("demo"));
+    // No ./bundle here: the demo finds the checkout's bundle (whose own lake, beside it, is left
+    // alone: --lake puts this one here, relative to the working directory).
+    let out = exec(
+        tidemark(now)
+            .current_dir(dir.path())
+            .args(["demo", "--lake", "./mine"]),
+    );
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
-    assert!(dir.path().join("lake/silver/payments/_delta_log").exists());
+    assert!(dir.path().join("mine/silver/payments/_delta_log").exists());
     // the command it suggests works from here
     let runs = out
         .stdout

@@ -360,7 +360,7 @@ pub async fn run_job(
             crate::signal::name(class)
         )));
     });
-    let runner = JobRunner::new(bundle.lake(), clock, cancel_rx)?;
+    let runner = JobRunner::new(&bundle.lake(), clock, cancel_rx)?;
     let report = runner
         .run(&JobRequest {
             job: Arc::new(job.clone()),
@@ -449,7 +449,7 @@ const RUNS_WIDTH: usize = 120;
 /// `tidemark runs`.
 pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
     let bundle = load_bundle(&args.select)?;
-    let ledger = Ledger::for_lake(bundle.lake());
+    let ledger = Ledger::for_lake(&bundle.lake());
     let rows = ledger.recent(args.job.as_deref(), args.limit).await?;
     if args.output == OutputFormat::Json {
         return Ok(serde_json::to_string(&rows).unwrap_or_default() + "\n");

@@ -326,7 +326,7 @@ impl Ctx<'_> {
                 format!("`{key}` is empty; give a table path or URI"),
             ));
         }
-        Ok(out)
+        Ok(vars.locate(&out))
     }
 
     fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {

@@ -7,6 +7,7 @@
 //! never logged.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
 
 /// Variable values, already merged by precedence.
 #[derive(Debug, Clone, Default)]
@@ -21,6 +22,8 @@ pub struct Vars {
 struct BundleScope {
     file: String,
     declared: BTreeSet<String>,
+    /// The bundle root (the folder holding `tidemark.yml`): relative locations resolve here.
+    root: PathBuf,
 }
 
 /// Why a reference could not be resolved: the reference as written and how to supply it.
@@ -36,14 +39,17 @@ impl Vars {
         Self::default()
     }
 
-    /// Parses repeated `NAME=VALUE` arguments; later ones win, as on most command lines.
+    /// Parses repeated `NAME=VALUE` arguments; later ones win, as on most command lines. A
+    /// value written as a relative path (`./x`, `../x`) is the shell's: it is made absolute
+    /// against the working directory, so it means the same wherever the bundle is.
     pub fn from_args<S: AsRef<str>>(args: &[S]) -> Result<Self, String> {
+        let cwd = std::env::current_dir().unwrap_or_default();
         let mut vars = Vars::new();
         for arg in args {
             let arg = arg.as_ref();
             match arg.split_once('=') {
                 Some((name, value)) if is_name(name.trim()) => {
-                    vars.set(name.trim(), value);
+                    vars.set(name.trim(), &relative_to(value, &cwd));
                 }
                 _ => return Err(arg.to_string()),
             }
@@ -53,12 +59,35 @@ impl Vars {
 
     /// Marks these values as resolved from the bundle `file` declaring `declared`: messages about
     /// a missing value then list every way a bundle variable can be given.
-    pub fn in_bundle(mut self, file: &str, declared: impl IntoIterator<Item = String>) -> Self {
+    /// Relative locations substituted with these values resolve against the bundle root, the
+    /// folder holding `file`.
+    pub fn in_bundle(mut self, file: &Path, declared: impl IntoIterator<Item = String>) -> Self {
+        let root = file.parent().unwrap_or(Path::new("."));
         self.bundle = Some(BundleScope {
-            file: file.to_string(),
+            file: file.display().to_string(),
             declared: declared.into_iter().collect(),
+            root: std::path::absolute(root).unwrap_or_else(|_| root.to_path_buf()),
         });
         self
+    }
+
+    /// The bundle root when these values come from a bundle.
+    pub fn bundle_root(&self) -> Option<&Path> {
+        self.bundle.as_ref().map(|b| b.root.as_path())
+    }
+
+    /// A table location as the process opens it: a URI (`s3://…`, `file://…`) or an absolute
+    /// path as written; a relative path against the bundle root when these values come from a
+    /// bundle (whatever the working directory), else as written (the working directory's).
+    pub fn locate(&self, location: &str) -> String {
+        match self.bundle_root() {
+            Some(root) if is_relative_path(location) => {
+                crate::config::bundle::normalize(&root.join(location))
+                    .display()
+                    .to_string()
+            }
+            _ => location.to_string(),
+        }
     }
 
     /// How to give variable `name` a value, for error messages.
@@ -142,6 +171,26 @@ impl Vars {
     }
 }
 
+/// `value` made absolute against `base` when it is written as a relative path (`.`, `..`, or
+/// starting with `./` or `../`); anything else (a URI, an absolute path, a word, a cron
+/// expression, a time zone) unchanged.
+pub fn relative_to(value: &str, base: &Path) -> String {
+    let v = value.trim();
+    let dotted = v == "." || v == ".." || v.starts_with("./") || v.starts_with("../");
+    if dotted {
+        crate::config::bundle::normalize(&base.join(v))
+            .display()
+            .to_string()
+    } else {
+        value.to_string()
+    }
+}
+
+/// A local path that is not absolute (no URI scheme, no leading `/`).
+pub fn is_relative_path(location: &str) -> bool {
+    !location.contains("://") && Path::new(location).is_relative()
+}
+
 /// The names `text` references as `${var.NAME}`.
 pub fn referenced(text: &str) -> BTreeSet<String> {
     text.match_indices("${var.")
@@ -192,7 +241,7 @@ mod tests {
 
     #[test]
     fn bundle_messages_list_every_source_of_a_value() {
-        let vars = Vars::new().in_bundle("bundle/tidemark.yml", ["lake".to_string()]);
+        let vars = Vars::new().in_bundle(Path::new("bundle/tidemark.yml"), ["lake".to_string()]);
         let err = vars.substitute("${var.lake}").unwrap_err();
         assert!(err.how.contains("--var lake=VALUE"), "{}", err.how);
         assert!(err.how.contains("BUNDLE_VAR_lake"), "{}", err.how);
@@ -206,5 +255,29 @@ mod tests {
         assert_eq!(Vars::from_args(&["novalue"]).unwrap_err(), "novalue");
         assert!(Vars::from_args(&["=x"]).is_err());
         assert_eq!(Vars::from_args(&["a=b=c"]).unwrap().get("a"), Some("b=c"));
+    }
+
+    #[test]
+    fn relative_paths_resolve_where_they_are_written() {
+        let base = Path::new("/b/bundle");
+        assert_eq!(relative_to("./lake", base), "/b/bundle/lake");
+        assert_eq!(relative_to("../lake", base), "/b/lake");
+        assert_eq!(relative_to(".", base), "/b/bundle");
+        for unchanged in [
+            "s3://x/lake",
+            "/abs",
+            "Europe/Berlin",
+            "0 5 * * * ?",
+            "64MiB",
+        ] {
+            assert_eq!(relative_to(unchanged, base), unchanged);
+        }
+        let vars = Vars::new().in_bundle(Path::new("/b/bundle/tidemark.yml"), []);
+        assert_eq!(vars.locate("data/bronze"), "/b/bundle/data/bronze");
+        assert_eq!(vars.locate("../lake/x"), "/b/lake/x");
+        assert_eq!(vars.locate("/abs/x"), "/abs/x");
+        assert_eq!(vars.locate("file:///abs/x"), "file:///abs/x");
+        // Outside a bundle a relative location stays the working directory's.
+        assert_eq!(Vars::new().locate("data/bronze"), "data/bronze");
     }
 }

@@ -328,7 +328,7 @@ impl BundleExecutor {
                 .map(|(k, j)| (k.clone(), Arc::new(j.clone())))
                 .collect(),
             target: bundle.target.clone(),
-            runner: JobRunner::new(bundle.lake(), clock, cancel_rx)?,
+            runner: JobRunner::new(&bundle.lake(), clock, cancel_rx)?,
             cancel,
         })
     }

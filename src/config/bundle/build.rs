@@ -8,6 +8,7 @@ use super::{Bundle, BundleError, Diagnostic, Loaded, Variable, BUNDLE_FILE, LAKE
 use crate::config::location::{
     explain_serde_message, line_of_key, line_of_key_from, line_of_text_from, nearest,
 };
+use crate::config::vars::relative_to;
 use crate::config::Vars;
 
 /// Prefix of the environment variables that set bundle variables.
@@ -285,7 +286,14 @@ fn resolve_variables(
     let target_raw = chosen.as_ref().and_then(|t| raw.targets.get(t));
 
     let declared: Vec<String> = raw.variables.keys().cloned().collect();
-    let mut vars = Vars::new().in_bundle(&file.display().to_string(), declared.clone());
+    let mut vars = Vars::new().in_bundle(file, declared.clone());
+    // Relative paths are relative to where they are written: the shell's working directory for
+    // `--var` (made absolute when parsed) and `BUNDLE_VAR_*`, the bundle root for this file.
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let bundle_root = vars
+        .bundle_root()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
     let mut variables = Vec::new();
     for name in cli.names() {
         if !raw.variables.contains_key(name) {
@@ -320,11 +328,20 @@ fn resolve_variables(
         let (value, source) = if let Some(v) = cli.get(name) {
             (Some(v.to_string()), Some("--var".to_string()))
         } else if let Some(v) = env(&format!("{ENV_PREFIX}{name}")) {
-            (Some(v), Some(format!("{ENV_PREFIX}{name}")))
+            (
+                Some(relative_to(&v, &cwd)),
+                Some(format!("{ENV_PREFIX}{name}")),
+            )
         } else if let Some(v) = from_target {
-            (Some(v), Some(format!("target {target_name}")))
+            (
+                Some(relative_to(&v, &bundle_root)),
+                Some(format!("target {target_name}")),
+            )
         } else if let Some(v) = &decl.default {
-            (Some(v.to_string()), Some("default".to_string()))
+            (
+                Some(relative_to(&v.to_string(), &bundle_root)),
+                Some("default".to_string()),
+            )
         } else {
             (None, None)
         };

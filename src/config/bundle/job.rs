@@ -119,6 +119,7 @@ impl JobCtx<'_> {
             let compute = compute::build(
                 &c.new_cluster,
                 &mut |key, value| match vars.substitute(value) {
+                    Ok(v) if key == "spill_directory" => Some(vars.locate(v.trim())),
                     Ok(v) => Some(v),
                     Err(u) => {
                         subs.push((

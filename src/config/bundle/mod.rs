@@ -19,6 +19,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+pub use build::normalize;
 pub use compute::{Compute, MAX_MEMORY_LIMIT, MAX_WORKER_THREADS, MIN_MEMORY_LIMIT};
 
 use super::{Pipeline, Vars};
@@ -250,10 +251,12 @@ impl Bundle {
         build::load(path, target, cli_vars, &|name| std::env::var(name).ok())
     }
 
-    /// The lake root (`${var.lake}`): the run ledger and the leases live under it.
-    pub fn lake(&self) -> &str {
+    /// The lake root (`${var.lake}`): the run ledger and the leases live under it. A relative
+    /// path is the bundle root's.
+    pub fn lake(&self) -> String {
         // `load` refuses a bundle without a value for it.
-        self.vars.get(LAKE_VARIABLE).unwrap_or(".")
+        self.vars
+            .locate(self.vars.get(LAKE_VARIABLE).unwrap_or("."))
     }
 
     /// The job named `name`, or an error listing the jobs there are.
