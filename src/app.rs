@@ -15,6 +15,7 @@ use crate::cli::{
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
+use crate::config::pipeline::Spec;
 use crate::config::{ConfigError, Pipeline, Vars};
 use crate::error::{classify_delta, Classify, ErrorClass};
 use crate::generate::{self, GenerateError, GenerateMode, GenerateOptions, GenerateReport};
@@ -177,7 +178,7 @@ fn load_pipeline(name: &str, from: &PipelineVars) -> Result<Pipeline, AppError> 
 /// The table a command names: a pipeline's target when `name` is a pipeline, else `name`.
 fn table_or_pipeline_target(name: &str, from: &PipelineVars) -> Result<String, AppError> {
     match resolve_pipeline_path(name, &from.pipelines_dir) {
-        Ok(_) => Ok(load_pipeline(name, from)?.target_uri),
+        Ok(_) => Ok(load_pipeline(name, from)?.target_uri().to_string()),
         Err(_) => Ok(name.to_string()),
     }
 }
@@ -267,7 +268,14 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
         limit: args.limit,
         var_args: var_args.clone(),
     };
-    let report = reconcile::reconcile(&pipeline, &opts, clock, &Engine::default()).await?;
+    let report = reconcile::reconcile(
+        &pipeline,
+        pipeline.cdc_merge("reconcile")?,
+        &opts,
+        clock,
+        &Engine::default(),
+    )
+    .await?;
     let rendered = match args.output {
         OutputFormat::Json => report.to_json() + "\n",
         OutputFormat::Text => report.to_text(),
@@ -414,11 +422,13 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
         match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
             Ok(_) => {
                 let p = load_pipeline(&args.table, &args.from)?;
-                (
-                    p.target_uri,
-                    Some((p.target_file_size, p.keys)),
-                    p.target_row_group_rows,
-                )
+                match p.spec {
+                    Spec::CdcMerge(m) => (
+                        m.target_uri,
+                        Some((m.target_file_size, m.keys)),
+                        m.target_row_group_rows,
+                    ),
+                }
             }
             Err(_) => (
                 args.table.clone(),
@@ -602,7 +612,11 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
     };
     let bundle = jobs_commands::load_bundle(&select)?;
     let job = bundle.job(DEMO_JOB).map_err(AppError::Usage)?;
-    let Some(bronze_uri) = job.tasks.first().map(|t| t.pipeline.source_uri.clone()) else {
+    let Some(bronze_uri) = job
+        .tasks
+        .first()
+        .map(|t| t.pipeline.source_uri().to_string())
+    else {
         return Err(AppError::Usage(format!("job `{DEMO_JOB}` has no task")));
     };
     let mut out = String::new();

@@ -18,6 +18,7 @@ pub mod generate;
 pub mod jobs;
 pub mod lake;
 pub mod logging;
+pub mod merge;
 pub mod reconcile;
 pub mod report;
 pub mod run;

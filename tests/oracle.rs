@@ -108,7 +108,8 @@ async fn check_scenario(
     let path = write_pipeline(dir.path(), "10m", "soft", "");
     let mut pipeline = Pipeline::load(&path, &Vars::new()).expect("pipeline");
     // Tiny row groups make every rewrite mix copied and re-encoded row groups.
-    pipeline.target_row_group_rows = row_group_rows;
+    let tidemark::config::pipeline::Spec::CdcMerge(merge) = &mut pipeline.spec;
+    merge.target_row_group_rows = row_group_rows;
     let mut landed: Vec<Change> = Vec::new();
     let mut last_watermark: Option<i64> = None;
     for (b, action) in actions.iter().enumerate() {

@@ -27,13 +27,15 @@ pub use report::{DiffCounts, DiffKind, ReconcileReport};
 use self::report::{CellDiff, DiffKey};
 use self::stats::{Aggregator, Side};
 use crate::clock::Clock;
+use crate::config::pipeline::CdcMerge;
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::config::Pipeline;
 use crate::error::{Classify, ErrorClass};
 use crate::lake;
 use crate::lake::storage::cast_to;
-use crate::run::changes::{render_key, render_value};
-use crate::run::{dedup_winners, validate, Deduper, Engine, Layout, RunError};
+use crate::run::render::{render_key, render_value};
+use crate::run::Phase;
+use crate::run::{dedup_winners, validate, ColumnRoles, Deduper, Engine, RunError};
 
 /// What the caller asked for.
 #[derive(Debug, Clone)]
@@ -126,15 +128,17 @@ type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, ReconcileError>
 
 fn arrow_err(e: ArrowError) -> ReconcileError {
     RunError::Arrow {
-        phase: "reconcile",
+        phase: Phase::Reconcile,
         source: e,
     }
     .into()
 }
 
-/// Compares the target of `p` with the newest row per key of its source.
+/// Compares the target of the `cdc_merge` pipeline `p` (its settings `m`) with the newest row
+/// per key of its source.
 pub async fn reconcile(
     p: &Pipeline,
+    m: &CdcMerge,
     opts: &ReconcileOptions,
     clock: &dyn Clock,
     engine: &Engine,
@@ -142,19 +146,19 @@ pub async fn reconcile(
     let q = RunError::query;
     let now = clock.now();
     let ctx = engine.context();
-    let target = match lake::open_if_exists(&p.target_uri)
+    let target = match lake::open_if_exists(&m.target_uri)
         .await
         .map_err(RunError::from)?
     {
         Some(t) => t,
         None => {
             return Err(ReconcileError::NoTarget {
-                target: p.target_uri.clone(),
+                target: m.target_uri.clone(),
                 pipeline: format!("{}{}", p.path.display(), opts.var_args),
             })
         }
     };
-    let mut source = lake::open_required(&p.source_uri, "source")
+    let mut source = lake::open_required(&m.source_uri, "source")
         .await
         .map_err(RunError::from)?;
     let mut notes = Vec::new();
@@ -166,9 +170,9 @@ pub async fn reconcile(
     let latest = source.version().unwrap_or(0);
     let recorded = lake::record::read(&target, &p.app_id())
         .await
-        .map_err(RunError::delta("reconcile", &p.target_uri))?;
-    let table_id =
-        lake::record::table_id(&source).map_err(RunError::delta("reconcile", &p.source_uri))?;
+        .map_err(RunError::delta(Phase::Reconcile, &m.target_uri))?;
+    let table_id = lake::record::table_id(&source)
+        .map_err(RunError::delta(Phase::Reconcile, &m.source_uri))?;
     let mut basis = "latest";
     let replaced = recorded
         .table
@@ -186,7 +190,7 @@ pub async fn reconcile(
                     match source.load_version(v as u64).await {
                         Ok(()) => basis = "recorded by the target's last run",
                         Err(e) => {
-                            source = lake::open_required(&p.source_uri, "source")
+                            source = lake::open_required(&m.source_uri, "source")
                                 .await
                                 .map_err(RunError::from)?;
                             notes.push(format!("the source version the target's last run read ({v}) cannot be loaded ({e}); compared with the latest version, so rows landed since that run show as missing"));
@@ -212,38 +216,40 @@ pub async fn reconcile(
     // Expected: exactly what a full reload would write.
     source
         .update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta("reconcile", &p.source_uri))?;
+        .map_err(RunError::delta(Phase::Reconcile, &m.source_uri))?;
     target
         .update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta("reconcile", &p.target_uri))?;
-    let source_provider = source.table_provider().await.map_err(q("reconcile"))?;
+        .map_err(RunError::delta(Phase::Reconcile, &m.target_uri))?;
+    let source_provider = source.table_provider().await.map_err(q(Phase::Reconcile))?;
     let source_schema = source_provider.schema();
-    let layout = Layout::new(p, &source_schema).map_err(RunError::from)?;
+    let roles = ColumnRoles::new(p, m, &source_schema).map_err(RunError::from)?;
     let seq_type = source_schema
-        .field_with_name(layout.sequence())
+        .field_with_name(roles.sequence())
         .map(|f| f.data_type().clone())
-        .map_err(|e| RunError::query("reconcile")(e.into()))?;
-    let input = ctx.read_table(source_provider).map_err(q("reconcile"))?;
+        .map_err(|e| RunError::query(Phase::Reconcile)(e.into()))?;
+    let input = ctx
+        .read_table(source_provider)
+        .map_err(q(Phase::Reconcile))?;
     let split = validate::split(
         input,
-        &layout,
+        &roles,
         &seq_type,
-        validate::due_micros(now, p.max_future_skew),
+        validate::due_micros(now, m.max_future_skew),
     )?;
     let sorted = split
         .valid
-        .select(layout.canonical_exprs())
-        .and_then(|df| df.sort(layout.dedup_sort()))
-        .map_err(q("reconcile"))?
+        .select(roles.canonical_exprs())
+        .and_then(|df| df.sort(roles.dedup_sort()))
+        .map_err(q(Phase::Reconcile))?
         .execute_stream()
         .await
-        .map_err(q("reconcile"))?;
-    let deduper = Deduper::new(&layout).map_err(arrow_err)?;
-    let canonical = layout.canonical.clone();
-    let hard = layout.hard_deletes();
-    let source_uri = p.source_uri.clone();
+        .map_err(q(Phase::Reconcile))?;
+    let deduper = Deduper::new(&roles).map_err(arrow_err)?;
+    let canonical = roles.canonical.clone();
+    let hard = roles.hard_deletes();
+    let source_uri = m.source_uri.clone();
     let sorted = sorted.map(move |batch| {
-        let batch = batch.map_err(RunError::scan("reconcile", &source_uri))?;
+        let batch = batch.map_err(RunError::scan(Phase::Reconcile, &source_uri))?;
         cast_to(&batch, &canonical).map_err(arrow_err)
     });
     let expected: BatchStream = Box::pin(dedup_winners(sorted, deduper, None, arrow_err).map(
@@ -258,10 +264,10 @@ pub async fn reconcile(
     ));
 
     // Actual: the target, sorted by key.
-    let target_provider = target.table_provider().await.map_err(q("reconcile"))?;
-    if let Some(diff) = layout.target_schema_diff(&target_provider.schema()) {
+    let target_provider = target.table_provider().await.map_err(q(Phase::Reconcile))?;
+    if let Some(diff) = roles.target_schema_diff(&target_provider.schema()) {
         return Err(RunError::SchemaDrift {
-            uri: p.target_uri.clone(),
+            uri: m.target_uri.clone(),
             message: format!(
                 "{diff}; the target cannot be compared column by column. If the pipeline changed on purpose, rebuild with `--full-reload`"
             ),
@@ -270,22 +276,23 @@ pub async fn reconcile(
     }
     let actual = ctx
         .read_table(target_provider)
-        .and_then(|df| df.select(layout.target_exprs()))
-        .and_then(|df| df.sort(layout.key_sort()))
-        .map_err(q("reconcile"))?
+        .and_then(|df| df.select(roles.target_exprs()))
+        .and_then(|df| df.sort(roles.key_sort()))
+        .map_err(q(Phase::Reconcile))?
         .execute_stream()
         .await
-        .map_err(q("reconcile"))?;
-    let canonical = layout.canonical.clone();
+        .map_err(q(Phase::Reconcile))?;
+    let canonical = roles.canonical.clone();
     let actual: BatchStream = Box::pin(actual.map(move |batch| {
-        let batch = batch.map_err(q("reconcile"))?;
+        let batch = batch.map_err(q(Phase::Reconcile))?;
         cast_to(&batch, &canonical).map_err(arrow_err)
     }));
 
-    let mut join = Join::new(&layout, p, opts.limit, &mut notes).map_err(arrow_err)?;
+    let mut join = Join::new(&roles, m, opts.limit, &mut notes).map_err(arrow_err)?;
     join.run(expected, actual).await?;
     Ok(report::build(
         p,
+        m,
         report::Versions {
             source: source_version,
             basis,
@@ -421,13 +428,13 @@ struct Encoders {
 impl Encoders {
     /// Columns the row format cannot encode are left out of the value comparison (and named in
     /// a note), so that reconcile still runs on exotic tables.
-    fn new(layout: &Layout, notes: &mut Vec<String>) -> Result<Self, ArrowError> {
-        let schema: &SchemaRef = &layout.canonical;
+    fn new(roles: &ColumnRoles, notes: &mut Vec<String>) -> Result<Self, ArrowError> {
+        let schema: &SchemaRef = &roles.canonical;
         let field = |i: &usize| SortField::new(schema.field(*i).data_type().clone());
-        let key_idx = layout.indices(&layout.keys);
+        let key_idx = roles.indices(&roles.keys);
         let mut value_idx = Vec::new();
         for (i, f) in schema.fields().iter().enumerate() {
-            if key_idx.contains(&i) || !layout.target_columns.contains(f.name()) {
+            if key_idx.contains(&i) || !roles.target_columns.contains(f.name()) {
                 continue;
             }
             if RowConverter::supports_fields(&[field(&i)]) {
@@ -511,21 +518,21 @@ pub(crate) struct Join {
 
 impl Join {
     fn new(
-        layout: &Layout,
-        p: &Pipeline,
+        roles: &ColumnRoles,
+        m: &CdcMerge,
         limit: usize,
         notes: &mut Vec<String>,
     ) -> Result<Self, ArrowError> {
-        let enc = Encoders::new(layout, notes)?;
+        let enc = Encoders::new(roles, notes)?;
         let value_names = enc
             .value_idx
             .iter()
-            .map(|i| layout.canonical.field(*i).name().clone())
+            .map(|i| roles.canonical.field(*i).name().clone())
             .collect();
         Ok(Join {
-            schema: layout.canonical.clone(),
-            keys: layout.keys.clone(),
-            agg: Aggregator::new(layout, &p.reconcile)?,
+            schema: roles.canonical.clone(),
+            keys: roles.keys.clone(),
+            agg: Aggregator::new(roles, &m.reconcile)?,
             enc,
             limit,
             value_names,
@@ -665,7 +672,7 @@ quarantine: { uri: "/nowhere/q" }
 reconcile: { day: updated_at, group_by: [cur], sum: [amount], count_by: [status] }
 "#;
 
-    fn layout() -> (Pipeline, Layout) {
+    fn roles() -> (Pipeline, ColumnRoles) {
         let p = Pipeline::parse(std::path::Path::new("t.yml"), PIPELINE, &Vars::new())
             .expect("pipeline");
         let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
@@ -677,15 +684,16 @@ reconcile: { day: updated_at, group_by: [cur], sum: [amount], count_by: [status]
             Field::new("status", DataType::Utf8, true),
             Field::new("op", DataType::Utf8, true),
         ]);
-        let layout = Layout::new(&p, &source).expect("layout");
-        (p, layout)
+        let roles =
+            ColumnRoles::new(&p, p.cdc_merge("test").expect("merge"), &source).expect("roles");
+        (p, roles)
     }
 
     /// Canonical rows `(id, day offset, currency, amount, status, deleted)`.
-    fn batch(layout: &Layout, rows: &[(&str, i64, &str, i64, &str, bool)]) -> RecordBatch {
+    fn batch(roles: &ColumnRoles, rows: &[(&str, i64, &str, i64, &str, bool)]) -> RecordBatch {
         const DAY: i64 = 86_400_000_000;
         RecordBatch::try_new(
-            layout.canonical.clone(),
+            roles.canonical.clone(),
             vec![
                 Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
                 Arc::new(
@@ -706,9 +714,10 @@ reconcile: { day: updated_at, group_by: [cur], sum: [amount], count_by: [status]
     }
 
     async fn join(expected: Vec<RecordBatch>, actual: Vec<RecordBatch>) -> Join {
-        let (p, layout) = layout();
+        let (p, roles) = roles();
         let mut notes = Vec::new();
-        let mut j = Join::new(&layout, &p, 10, &mut notes).expect("join");
+        let mut j =
+            Join::new(&roles, p.cdc_merge("test").expect("merge"), 10, &mut notes).expect("join");
         j.run(stream(expected), stream(actual)).await.expect("run");
         assert!(notes.is_empty(), "{notes:?}");
         j
@@ -749,7 +758,7 @@ reconcile: { day: updated_at, group_by: [cur], sum: [amount], count_by: [status]
 
     #[tokio::test]
     async fn identical_sides_across_batch_boundaries_have_no_differences() {
-        let (_, l) = layout();
+        let (_, l) = roles();
         let e = vec![
             batch(&l, &[("a", 0, "EUR", 5, "ok", false)]),
             batch(
@@ -784,7 +793,7 @@ reconcile: { day: updated_at, group_by: [cur], sum: [amount], count_by: [status]
 
     #[tokio::test]
     async fn finds_missing_unexpected_different_and_duplicate_keys() {
-        let (_, l) = layout();
+        let (_, l) = roles();
         let e = vec![batch(
             &l,
             &[
@@ -840,9 +849,10 @@ reconcile: { day: updated_at, group_by: [cur], sum: [amount], count_by: [status]
 
     #[tokio::test]
     async fn keys_out_of_order_are_a_bug_not_a_finding() {
-        let (p, l) = layout();
+        let (p, l) = roles();
         let mut notes = Vec::new();
-        let mut j = Join::new(&l, &p, 10, &mut notes).expect("join");
+        let mut j =
+            Join::new(&l, p.cdc_merge("test").expect("merge"), 10, &mut notes).expect("join");
         let unsorted = vec![batch(
             &l,
             &[

@@ -10,8 +10,9 @@ use serde_json::Value;
 
 use super::stats::{BucketKey, BucketStats, SumValue};
 use super::Join;
+use crate::config::pipeline::CdcMerge;
 use crate::config::Pipeline;
-use crate::run::changes::{render_key, render_value};
+use crate::run::render::{render_key, render_value};
 
 /// How one key differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -302,13 +303,14 @@ fn add_into(total: &mut BucketStats, s: &BucketStats) {
 /// Assembles the report from a finished join.
 pub(crate) fn build(
     p: &Pipeline,
+    m: &CdcMerge,
     versions: Versions,
     now: DateTime<Utc>,
     join: Join,
     limit: usize,
     notes: Vec<String>,
 ) -> ReconcileReport {
-    let spec = &p.reconcile;
+    let spec = &m.reconcile;
     let scales = join.agg.sum_scales();
     let mut keys = join.listed;
     for k in &mut keys {
@@ -360,10 +362,10 @@ pub(crate) fn build(
         pipeline: p.name.clone(),
         pipeline_file: p.path.display().to_string(),
         identical: join.counts.total() == 0 && buckets_differing == 0,
-        source_uri: p.source_uri.clone(),
+        source_uri: m.source_uri.clone(),
         source_version: versions.source,
         source_version_basis: versions.basis.to_string(),
-        target_uri: p.target_uri.clone(),
+        target_uri: m.target_uri.clone(),
         target_version: versions.target,
         now: now.to_rfc3339_opts(SecondsFormat::AutoSi, true),
         day: spec.day.clone(),

@@ -13,7 +13,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::config::ReconcileSpec;
-use crate::run::Layout;
+use crate::run::ColumnRoles;
 
 /// One side of the comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,8 +88,8 @@ pub struct Aggregator {
     buckets: BTreeMap<BucketKey, [Option<BucketStats>; 2]>,
 }
 
-fn index(layout: &Layout, column: &str) -> Result<usize, ArrowError> {
-    layout.canonical.index_of(column)
+fn index(roles: &ColumnRoles, column: &str) -> Result<usize, ArrowError> {
+    roles.canonical.index_of(column)
 }
 
 /// Renders values the way people read them; nulls are told apart from the text "null".
@@ -98,14 +98,14 @@ fn formatter_options() -> FormatOptions<'static> {
 }
 
 impl Aggregator {
-    /// An aggregator for canonical batches of `layout`, reporting what `spec` asks for.
-    pub fn new(layout: &Layout, spec: &ReconcileSpec) -> Result<Self, ArrowError> {
+    /// An aggregator for canonical batches of `roles`, reporting what `spec` asks for.
+    pub fn new(roles: &ColumnRoles, spec: &ReconcileSpec) -> Result<Self, ArrowError> {
         let sums = spec
             .sum
             .iter()
             .map(|c| {
-                let i = index(layout, c)?;
-                let kind = match layout.canonical.field(i).data_type() {
+                let i = index(roles, c)?;
+                let kind = match roles.canonical.field(i).data_type() {
                     DataType::Decimal128(_, scale) => SumKind::Exact { scale: *scale },
                     dt if dt.is_floating() => SumKind::Float,
                     _ => SumKind::Exact { scale: 0 },
@@ -114,20 +114,20 @@ impl Aggregator {
             })
             .collect::<Result<Vec<_>, ArrowError>>()?;
         Ok(Aggregator {
-            day_idx: index(layout, &spec.day)?,
+            day_idx: index(roles, &spec.day)?,
             group_idx: spec
                 .group_by
                 .iter()
-                .map(|c| index(layout, c))
+                .map(|c| index(roles, c))
                 .collect::<Result<_, _>>()?,
             sums,
             count_idx: spec
                 .count_by
                 .iter()
-                .map(|c| index(layout, c))
+                .map(|c| index(roles, c))
                 .collect::<Result<_, _>>()?,
-            key_idx: layout.indices(&layout.keys),
-            deleted_idx: layout.canonical.index_of(DELETED_COLUMN).ok(),
+            key_idx: roles.indices(&roles.keys),
+            deleted_idx: roles.canonical.index_of(DELETED_COLUMN).ok(),
             buckets: BTreeMap::new(),
         })
     }

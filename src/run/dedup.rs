@@ -1,4 +1,4 @@
-//! Newest version per key, over a stream sorted by [`Layout::dedup_sort`].
+//! Newest version per key, over a stream sorted by [`ColumnRoles::dedup_sort`].
 //!
 //! The sort (DataFusion, spilling when a memory limit is set) puts each key's versions together,
 //! newest first; this pass keeps the first row of each key and counts what it drops. It holds one
@@ -17,7 +17,7 @@ use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use futures::StreamExt;
 
-use super::layout::Layout;
+use super::roles::ColumnRoles;
 use crate::config::pipeline::DELETED_COLUMN;
 
 /// What deduplication did.
@@ -93,9 +93,9 @@ impl EncodedBatch {
 }
 
 impl RowEncoders {
-    /// Encoders for batches in the canonical schema of `layout`.
-    pub fn new(layout: &Layout) -> Result<Self, ArrowError> {
-        let schema = &layout.canonical;
+    /// Encoders for batches in the canonical schema of `roles`.
+    pub fn new(roles: &ColumnRoles) -> Result<Self, ArrowError> {
+        let schema = &roles.canonical;
         let conv = |idx: &[usize]| {
             RowConverter::new(
                 idx.iter()
@@ -103,15 +103,15 @@ impl RowEncoders {
                     .collect(),
             )
         };
-        let key_idx = layout.indices(&layout.keys);
-        let tuple_idx = layout.indices(&layout.order);
-        let content_idx = layout.indices(&layout.comparable_content());
+        let key_idx = roles.indices(&roles.keys);
+        let tuple_idx = roles.indices(&roles.order);
+        let content_idx = roles.indices(&roles.comparable_content());
         Ok(RowEncoders {
             key: conv(&key_idx)?,
             tuple: conv(&tuple_idx)?,
             content: conv(&content_idx)?,
             deleted_idx: schema.index_of(DELETED_COLUMN).ok(),
-            seq_idx: schema.index_of(layout.sequence())?,
+            seq_idx: schema.index_of(roles.sequence())?,
             key_idx,
             tuple_idx,
             content_idx,
@@ -206,10 +206,10 @@ pub struct Deduper {
 }
 
 impl Deduper {
-    /// A deduper for canonical batches of `layout`.
-    pub fn new(layout: &Layout) -> Result<Self, ArrowError> {
+    /// A deduper for canonical batches of `roles`.
+    pub fn new(roles: &ColumnRoles) -> Result<Self, ArrowError> {
         Ok(Deduper {
-            enc: RowEncoders::new(layout)?,
+            enc: RowEncoders::new(roles)?,
             current: None,
             counts: DedupCounts::default(),
             conflict_keys: HashSet::new(),
@@ -399,11 +399,11 @@ impl std::fmt::Debug for DedupPartition {
 impl DedupPartition {
     /// Wraps `input` (sorted canonical rows). Its schema loses the source's field metadata
     /// (column-mapping annotations), which must not reach a table the winners create.
-    pub fn new(layout: &Layout, input: SendableRecordBatchStream) -> Result<Self, ArrowError> {
+    pub fn new(roles: &ColumnRoles, input: SendableRecordBatchStream) -> Result<Self, ArrowError> {
         Ok(DedupPartition {
             schema: Arc::new(crate::lake::storage::plain_schema(&input.schema())),
             input: Mutex::new(Some(input)),
-            deduper: Arc::new(Mutex::new(Some(Deduper::new(layout)?))),
+            deduper: Arc::new(Mutex::new(Some(Deduper::new(roles)?))),
             counts: Arc::new(Mutex::new(DedupCounts::default())),
             input_error: Arc::new(Mutex::new(None)),
         })
@@ -471,7 +471,7 @@ mod tests {
     /// (id, ts, v)
     type Row = (&'static str, i64, Option<i64>);
 
-    fn layout() -> Layout {
+    fn roles() -> ColumnRoles {
         let p = Pipeline::parse(
             std::path::Path::new("p.yml"),
             "name: t\nkind: cdc_merge\nsource: { uri: /tmp/l/b }\ntarget: { uri: /tmp/l/s }\nkeys: [id]\nsequence_by: ts\noverlap: 1h\nquarantine: { uri: /tmp/l/q }\n",
@@ -483,12 +483,12 @@ mod tests {
             Field::new("ts", DataType::Timestamp(TimeUnit::Microsecond, None), true),
             Field::new("v", DataType::Int64, true),
         ]);
-        Layout::new(&p, &schema).expect("layout")
+        ColumnRoles::new(&p, p.cdc_merge("test").expect("merge"), &schema).expect("roles")
     }
 
-    fn batch(layout: &Layout, rows: &[Row]) -> RecordBatch {
+    fn batch(roles: &ColumnRoles, rows: &[Row]) -> RecordBatch {
         RecordBatch::try_new(
-            layout.canonical.clone(),
+            roles.canonical.clone(),
             vec![
                 Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.0))),
                 Arc::new(TimestampMicrosecondArray::from_iter_values(
@@ -501,13 +501,13 @@ mod tests {
     }
 
     fn run(
-        layout: &Layout,
+        roles: &ColumnRoles,
         batches: &[Vec<Row>],
     ) -> (Vec<(String, i64, Option<i64>)>, DedupCounts) {
-        let mut d = Deduper::new(layout).expect("deduper");
+        let mut d = Deduper::new(roles).expect("deduper");
         let mut out = Vec::new();
         for b in batches {
-            out.push(d.push(&batch(layout, b)).expect("push"));
+            out.push(d.push(&batch(roles, b)).expect("push"));
         }
         out.extend(d.finish().expect("finish"));
         let rows = out
@@ -538,7 +538,7 @@ mod tests {
 
     #[test]
     fn equal_tuples_keep_the_greatest_content_whatever_their_order_and_batching() {
-        let l = layout();
+        let l = roles();
         // key a: newest tuple 5 three times (contents 1, 7, null) across batches; key b: one row.
         let orders: [Vec<Vec<Row>>; 3] = [
             vec![
@@ -577,7 +577,7 @@ mod tests {
 
     #[test]
     fn identical_redeliveries_are_not_conflicts_and_a_key_may_span_batches() {
-        let l = layout();
+        let l = roles();
         let (rows, counts) = run(
             &l,
             &[

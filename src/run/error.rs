@@ -1,3 +1,4 @@
+use super::Phase;
 use crate::config::ConfigError;
 use crate::error::{classify_delta, classify_delta_write, Classify, ErrorClass};
 use crate::lake::LakeError;
@@ -13,14 +14,14 @@ pub enum RunError {
     /// A query over the source or the target failed.
     #[error("{phase}: query failed: {source}{}", memory_hint(source))]
     Query {
-        phase: &'static str,
+        phase: Phase,
         #[source]
         source: Box<datafusion::error::DataFusionError>,
     },
     /// A Delta operation failed.
     #[error("{phase}: {uri}: {source}")]
     Delta {
-        phase: &'static str,
+        phase: Phase,
         uri: String,
         #[source]
         source: Box<deltalake::DeltaTableError>,
@@ -28,7 +29,7 @@ pub enum RunError {
     /// Writing to a table failed: its data files, its commit, or the quarantine table.
     #[error("{phase}: cannot write to {uri}: {source}{}", write_hint(source))]
     Write {
-        phase: &'static str,
+        phase: Phase,
         uri: String,
         #[source]
         source: Box<deltalake::DeltaTableError>,
@@ -36,7 +37,7 @@ pub enum RunError {
     /// Arrow compute failed (a bug or an unsupported type).
     #[error("{phase}: {source}")]
     Arrow {
-        phase: &'static str,
+        phase: Phase,
         #[source]
         source: arrow::error::ArrowError,
     },
@@ -184,7 +185,7 @@ fn write_hint(e: &deltalake::DeltaTableError) -> &'static str {
 impl RunError {
     /// For delta-rs operations that write (see [`RunError::Write`]).
     pub(crate) fn write<'u>(
-        phase: &'static str,
+        phase: Phase,
         uri: &'u str,
     ) -> impl FnOnce(deltalake::DeltaTableError) -> Self + 'u {
         move |source| match crate::lake::store_fault(&source) {
@@ -201,9 +202,7 @@ impl RunError {
         }
     }
 
-    pub(crate) fn query(
-        phase: &'static str,
-    ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self {
+    pub(crate) fn query(phase: Phase) -> impl FnOnce(datafusion::error::DataFusionError) -> Self {
         move |source| RunError::Query {
             phase,
             source: Box::new(source),
@@ -211,7 +210,7 @@ impl RunError {
     }
 
     pub(crate) fn delta<'u>(
-        phase: &'static str,
+        phase: Phase,
         uri: &'u str,
     ) -> impl FnOnce(deltalake::DeltaTableError) -> Self + 'u {
         move |source| match crate::lake::store_fault(&source) {
@@ -231,7 +230,7 @@ impl RunError {
     /// For queries that scan the source: a failure to read one of its data files becomes
     /// [`RunError::SourceRead`] (naming the table and the repair), anything else a query error.
     pub(crate) fn scan<'u>(
-        phase: &'static str,
+        phase: Phase,
         uri: &'u str,
     ) -> impl FnOnce(datafusion::error::DataFusionError) -> Self + 'u {
         move |source| {
@@ -268,7 +267,7 @@ impl RunError {
         }
     }
 
-    pub(crate) fn arrow(phase: &'static str) -> impl FnOnce(arrow::error::ArrowError) -> Self {
+    pub(crate) fn arrow(phase: Phase) -> impl FnOnce(arrow::error::ArrowError) -> Self {
         move |source| RunError::Arrow { phase, source }
     }
 }
@@ -441,18 +440,18 @@ mod tests {
 
     #[test]
     fn scans_name_a_refused_source_read_and_leave_a_full_disk_to_io() {
-        let err = RunError::scan("read", "s3://b/src")(flattened(
+        let err = RunError::scan(Phase::Read, "s3://b/src")(flattened(
             "Generic LocalFileSystem error: Permission denied (os error 13)",
         ));
         assert!(matches!(err, RunError::SourceUnreadable { .. }), "{err}");
         assert_eq!(err.class(), ErrorClass::Unavailable);
         assert!(err.to_string().contains("readable"), "{err}");
-        let full = RunError::scan("read", "s3://b/src")(D::Execution(
+        let full = RunError::scan(Phase::Read, "s3://b/src")(D::Execution(
             "Arrow error: Io error: No space left on device (os error 28)".into(),
         ));
         assert_eq!(full.class(), ErrorClass::Io);
         assert!(full.to_string().contains("free space"), "{full}");
-        let damaged = RunError::scan("read", "s3://b/src")(flattened(
+        let damaged = RunError::scan(Phase::Read, "s3://b/src")(flattened(
             "Object at location t/part-0.parquet not found: No such file or directory (os error 2)",
         ));
         assert_eq!(damaged.class(), ErrorClass::BadData);
@@ -478,13 +477,13 @@ mod tests {
             }),
         };
         assert_eq!(refused.class(), ErrorClass::Unavailable);
-        let write = RunError::write("commit", "t")(deltalake::DeltaTableError::ObjectStore {
+        let write = RunError::write(Phase::Commit, "t")(deltalake::DeltaTableError::ObjectStore {
             source: store(std::io::Error::from_raw_os_error(13)),
         });
         assert_eq!(write.class(), ErrorClass::Io);
         assert!(write.to_string().contains("writable"), "{write}");
         let race =
-            RunError::write("write", "t")(deltalake::DeltaTableError::VersionAlreadyExists(4));
+            RunError::write(Phase::Write, "t")(deltalake::DeltaTableError::VersionAlreadyExists(4));
         assert!(race.is_commit_conflict());
         assert_eq!(race.class(), ErrorClass::Retryable);
     }

@@ -15,7 +15,7 @@ use deltalake::protocol::SaveMode;
 use std::sync::Arc;
 
 use super::validate::REASON_COLUMN;
-use super::RunError;
+use super::{Phase, RunError};
 use crate::lake;
 use crate::lake::storage::storage_batch;
 
@@ -64,7 +64,7 @@ pub async fn store(
         }
         let idx = arrow::array::UInt32Array::from(keep.clone());
         let rows = arrow::compute::take_record_batch(batch, &idx)
-            .map_err(RunError::arrow("quarantine"))?;
+            .map_err(RunError::arrow(Phase::Quarantine))?;
         let kept_hashes: Vec<&str> = keep.iter().map(|i| hashes[*i as usize].as_str()).collect();
         fresh.push(with_bookkeeping(&rows, &kept_hashes, run_id, now)?);
     }
@@ -74,14 +74,14 @@ pub async fn store(
             Some(t) => t,
             None => lake::builder(lake::create_url(uri)?)
                 .and_then(|b| b.build())
-                .map_err(RunError::delta("quarantine", uri))?,
+                .map_err(RunError::delta(Phase::Quarantine, uri))?,
         };
         table
             .write(fresh)
             .with_save_mode(SaveMode::Append)
             .with_schema_mode(SchemaMode::Merge)
             .await
-            .map_err(RunError::write("quarantine", uri))?;
+            .map_err(RunError::write(Phase::Quarantine, uri))?;
     }
     Ok(Outcome {
         rejected: total as u64,
@@ -93,10 +93,13 @@ async fn known_hashes(
     ctx: &SessionContext,
     table: &deltalake::DeltaTable,
 ) -> Result<HashSet<String>, RunError> {
-    let q = RunError::query("quarantine");
+    let q = RunError::query(Phase::Quarantine);
     table
         .update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta("quarantine", table.table_url().as_ref()))?;
+        .map_err(RunError::delta(
+            Phase::Quarantine,
+            table.table_url().as_ref(),
+        ))?;
     let provider = table.table_provider().await.map_err(q)?;
     if provider.schema().field_with_name(ROW_HASH_COLUMN).is_err() {
         return Ok(HashSet::new());
@@ -104,14 +107,14 @@ async fn known_hashes(
     let batches = ctx
         .read_table(provider)
         .and_then(|df| df.select(vec![ident(ROW_HASH_COLUMN)]))
-        .map_err(RunError::query("quarantine"))?
+        .map_err(RunError::query(Phase::Quarantine))?
         .collect()
         .await
-        .map_err(RunError::query("quarantine"))?;
+        .map_err(RunError::query(Phase::Quarantine))?;
     let mut out = HashSet::new();
     for b in batches {
         let col = arrow::compute::cast(b.column(0), &DataType::Utf8)
-            .map_err(RunError::arrow("quarantine"))?;
+            .map_err(RunError::arrow(Phase::Quarantine))?;
         if let Some(s) = arrow::array::AsArray::as_string_opt::<i32>(col.as_ref()) {
             out.extend(s.iter().flatten().map(str::to_string));
         }
@@ -130,7 +133,7 @@ fn row_hashes(batch: &RecordBatch) -> Result<Vec<String>, RunError> {
         .filter(|(_, f)| f.name() != REASON_COLUMN)
         .map(|(c, _)| ArrayFormatter::try_new(c.as_ref(), &opts))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(RunError::arrow("quarantine"))?;
+        .map_err(RunError::arrow(Phase::Quarantine))?;
     Ok((0..batch.num_rows())
         .map(|i| {
             let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -151,7 +154,7 @@ fn with_bookkeeping(
     run_id: &str,
     now: DateTime<Utc>,
 ) -> Result<RecordBatch, RunError> {
-    let rows = storage_batch(rows).map_err(RunError::arrow("quarantine"))?;
+    let rows = storage_batch(rows).map_err(RunError::arrow(Phase::Quarantine))?;
     let n = rows.num_rows();
     let mut fields: Vec<Field> = rows
         .schema()
@@ -173,5 +176,5 @@ fn with_bookkeeping(
     fields.push(Field::new(ROW_HASH_COLUMN, DataType::Utf8, false));
     columns.push(Arc::new(StringArray::from(hashes.to_vec())));
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map_err(RunError::arrow("quarantine"))
+        .map_err(RunError::arrow(Phase::Quarantine))
 }

@@ -23,11 +23,8 @@ use deltalake::delta_datafusion::DeltaSessionContext;
 
 use crate::config::bundle::Compute;
 
-// A sibling file (src/run/spill.rs), declared here so that src/run/mod.rs stays untouched.
-#[path = "spill.rs"]
-mod spill;
-use spill::SpillDir;
-pub use spill::{default_base as default_spill_base, sweep as sweep_spill_dirs};
+use super::spill::SpillDir;
+pub use super::spill::{default_base as default_spill_base, sweep as sweep_spill_dirs};
 
 /// Why the compute of a job cluster cannot be set up.
 #[derive(Debug, thiserror::Error)]

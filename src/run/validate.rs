@@ -5,8 +5,8 @@ use chrono::{DateTime, Utc};
 use datafusion::logical_expr::{lit, when, Expr};
 use datafusion::prelude::{ident, DataFrame};
 
-use super::layout::{timestamp_lit, Layout};
-use super::RunError;
+use super::roles::{timestamp_lit, ColumnRoles};
+use super::{Phase, RunError};
 
 /// Column the quarantine table adds: why the row was rejected.
 pub const REASON_COLUMN: &str = "_quarantine_reason";
@@ -30,17 +30,17 @@ pub fn due_micros(now: DateTime<Utc>, max_future_skew: std::time::Duration) -> i
 /// Splits `input` (source rows) for a run that started at `due_micros - max_future_skew`.
 pub fn split(
     input: DataFrame,
-    layout: &Layout,
+    roles: &ColumnRoles,
     seq_type: &DataType,
     due_micros: i64,
 ) -> Result<Split, RunError> {
     let q = RunError::query;
-    let mut nulls: Vec<(Expr, String)> = layout
+    let mut nulls: Vec<(Expr, String)> = roles
         .keys
         .iter()
         .map(|k| (ident(k).is_null(), format!("null key column `{k}`")))
         .collect();
-    let seq = layout.sequence();
+    let seq = roles.sequence();
     nulls.push((
         ident(seq).is_null(),
         format!("null sequence column `{seq}`"),
@@ -57,25 +57,25 @@ pub fn split(
     }
     let reason = reason
         .otherwise(lit("invalid row"))
-        .map_err(q("validate"))?
+        .map_err(q(Phase::Validate))?
         .alias(REASON_COLUMN);
 
     let rejected = input
         .clone()
         .filter(any_null.clone())
         .and_then(|df| df.with_column(REASON_COLUMN, reason))
-        .map_err(q("validate"))?;
+        .map_err(q(Phase::Validate))?;
     let present = input
         .filter(datafusion::logical_expr::not(any_null))
-        .map_err(q("validate"))?;
+        .map_err(q(Phase::Validate))?;
     let due = timestamp_lit(seq_type, due_micros);
     let deferred = present
         .clone()
         .filter(ident(seq).gt(due.clone()))
-        .map_err(q("validate"))?;
+        .map_err(q(Phase::Validate))?;
     let valid = present
         .filter(ident(seq).lt_eq(due))
-        .map_err(q("validate"))?;
+        .map_err(q(Phase::Validate))?;
     Ok(Split {
         valid,
         rejected,
@@ -88,12 +88,12 @@ pub fn split(
 /// source from there on until those rows are due (`crate::lake::record`).
 pub async fn deferred_summary(
     deferred: DataFrame,
-    layout: &Layout,
+    roles: &ColumnRoles,
 ) -> Result<(u64, Option<i64>), datafusion::error::DataFusionError> {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Int64Type, TimeUnit, TimestampMicrosecondType};
     use datafusion::functions_aggregate::expr_fn::{count, min};
-    let seq = ident(layout.sequence());
+    let seq = ident(roles.sequence());
     let batches = deferred
         .aggregate(
             vec![],

@@ -93,7 +93,10 @@ fn variables_resolve_from_var_then_env_then_target_then_default() {
     let cli = Vars::from_args(&["lake=/cli/lake"]).unwrap();
     let b = load(dir.path(), None, &cli, &env).unwrap().bundle;
     assert_eq!(b.lake(), "/cli/lake");
-    assert_eq!(b.jobs["j"].tasks[0].pipeline.source_uri, "/cli/lake/bronze");
+    assert_eq!(
+        b.jobs["j"].tasks[0].pipeline.source_uri(),
+        "/cli/lake/bronze"
+    );
 }
 
 #[test]

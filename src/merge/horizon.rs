@@ -21,9 +21,10 @@ use chrono::{DateTime, Utc};
 use deltalake::kernel::Add;
 use deltalake::DeltaTable;
 
-use super::RunError;
+use crate::config::pipeline::CdcMerge;
 use crate::config::{Pipeline, SourceRecreate};
 use crate::lake::{self, record, SourceRecord};
+use crate::run::{Phase, RunError};
 
 /// Which source files, besides the slice, the run reads in full behind `lo`.
 #[derive(Debug)]
@@ -54,6 +55,7 @@ pub(super) struct ReadPlan {
 
 pub(super) struct Inputs<'a> {
     pub p: &'a Pipeline,
+    pub m: &'a CdcMerge,
     pub source: &'a DeltaTable,
     pub source_version: u64,
     /// The source's table id (`metaData.id`).
@@ -70,18 +72,18 @@ fn micros(d: std::time::Duration) -> i64 {
 
 /// Plans the read of an incremental run, or refuses when the source changed under the target.
 pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
-    let p = i.p;
+    let (p, m) = (i.p, i.m);
     let mut warnings = Vec::new();
     let horizon = i
         .now
         .timestamp_micros()
-        .saturating_add(micros(p.max_future_skew));
+        .saturating_add(micros(m.max_future_skew));
     let watermark = match i.watermark {
         Some(w) if w.timestamp_micros() > horizon => {
             let clamped = DateTime::<Utc>::from_timestamp_micros(horizon);
             warnings.push(format!(
                 "the target's largest `{}` is {} — later than now + max_future_skew ({}): a row dated in the future reached the target (another writer, or a run whose clock was ahead). Planning from {} instead, so no row due now is skipped",
-                p.sequence_by,
+                m.sequence_by,
                 w.to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
                 clamped.map(|c| c.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)).unwrap_or_default(),
                 clamped.map(|c| c.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)).unwrap_or_default(),
@@ -90,7 +92,7 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
         }
         w => w,
     };
-    let mut lo = watermark.map(|w| w.timestamp_micros().saturating_sub(micros(p.overlap)));
+    let mut lo = watermark.map(|w| w.timestamp_micros().saturating_sub(micros(m.overlap)));
     if let (Some(l), Some(floor)) = (lo, i.record.deferred_floor) {
         // Rows an earlier run deferred have sequences >= floor: read them again.
         lo = Some(l.min(floor.saturating_sub(1)));
@@ -112,10 +114,10 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
         .is_some_and(|t| t != record::table_fingerprint(i.source_table_id));
     if replaced {
         let id = i.source_table_id.to_string();
-        match p.source_on_recreate {
+        match m.source_on_recreate {
             SourceRecreate::Fail => {
                 return Err(RunError::SourceReplaced {
-                    uri: p.source_uri.clone(),
+                    uri: m.source_uri.clone(),
                     table_id: id,
                     pipeline: p.name.clone(),
                     path: p.path.display().to_string(),
@@ -124,7 +126,7 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
             SourceRecreate::ReadAll => {
                 plan.warnings.push(format!(
                     "the source {} is a new table (id {id}) since the target's last run; reading all of it (source.on_recreate: read_all)",
-                    p.source_uri
+                    m.source_uri
                 ));
                 plan.landed = Landed::WholeSource;
                 plan.late_is_approximate = true;
@@ -142,7 +144,7 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
     };
     if prev > i.source_version as i64 {
         return Err(RunError::SourceWentBack {
-            uri: p.source_uri.clone(),
+            uri: m.source_uri.clone(),
             recorded: prev,
             found: i.source_version,
             pipeline: p.name.clone(),
@@ -159,10 +161,10 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
     }
     let added = lake::files_added_between(i.source, prev.max(0) as u64, i.source_version)
         .await
-        .map_err(RunError::delta("read", &p.source_uri))?;
+        .map_err(RunError::delta(Phase::Read, &m.source_uri))?;
     if let Some(first) = added.rewrites.first() {
         return Err(RunError::SourceRewritten {
-            uri: p.source_uri.clone(),
+            uri: m.source_uri.clone(),
             version: first.version,
             operation: first.operation.clone().unwrap_or_else(|| "unknown".into()),
             files_removed: first.files_removed,

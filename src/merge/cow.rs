@@ -32,12 +32,13 @@ use deltalake::DeltaTable;
 
 use futures::StreamExt;
 
-use super::dedup::{EncodedBatch, RowEncoders};
-use super::layout::Layout;
-use super::RunError;
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::lake::datafile::{DataFile, FastPath, NewFile};
 use crate::lake::storage::cast_to;
+use crate::run::dedup::{EncodedBatch, RowEncoders};
+use crate::run::render::render_key;
+use crate::run::roles::ColumnRoles;
+use crate::run::{Phase, RunError};
 
 /// What applying the slice did (or would do).
 #[derive(Debug, Default)]
@@ -86,32 +87,32 @@ enum Found {
     Decide(usize),
 }
 
-fn key_converter(layout: &Layout, names: &[String]) -> Result<RowConverter, RunError> {
+fn key_converter(roles: &ColumnRoles, names: &[String]) -> Result<RowConverter, RunError> {
     RowConverter::new(
         names
             .iter()
             .map(|n| {
-                layout
+                roles
                     .canonical
                     .field_with_name(n)
                     .map(|f| SortField::new(f.data_type().clone()))
-                    .map_err(|e| RunError::arrow("apply")(e))
+                    .map_err(|e| RunError::arrow(Phase::Compare)(e))
             })
             .collect::<Result<Vec<_>, _>>()?,
     )
-    .map_err(RunError::arrow("apply"))
+    .map_err(RunError::arrow(Phase::Compare))
 }
 
-fn sub_schema(layout: &Layout, names: &[String]) -> Result<SchemaRef, RunError> {
+fn sub_schema(roles: &ColumnRoles, names: &[String]) -> Result<SchemaRef, RunError> {
     Ok(Arc::new(Schema::new(
         names
             .iter()
             .map(|n| {
-                layout
+                roles
                     .canonical
                     .field_with_name(n)
                     .map(|f| f.as_ref().clone())
-                    .map_err(|e| RunError::arrow("apply")(e))
+                    .map_err(|e| RunError::arrow(Phase::Compare)(e))
             })
             .collect::<Result<Vec<Field>, _>>()?,
     )))
@@ -130,19 +131,19 @@ fn admits(sorted: &[Box<[u8]>], lo: Option<&[u8]>, hi: Option<&[u8]>) -> bool {
 fn candidates(
     target: &DeltaTable,
     uri: &str,
-    layout: &Layout,
+    roles: &ColumnRoles,
     keys: &SortedKeys,
 ) -> Result<Vec<FileInfo>, RunError> {
     let (key_type, sorted) = keys;
     let adds = crate::lake::live_files(target)
-        .map_err(RunError::delta("apply", uri))?
+        .map_err(RunError::delta(Phase::Compare, uri))?
         .files;
-    let first = &layout.keys[0];
+    let first = &roles.keys[0];
     let paths = adds
         .column_by_name("path")
         .map(|c| arrow::compute::cast(c, &DataType::Utf8))
         .transpose()
-        .map_err(RunError::arrow("apply"))?;
+        .map_err(RunError::arrow(Phase::Compare))?;
     let Some(paths) = paths else {
         return Ok(Vec::new());
     };
@@ -151,20 +152,20 @@ fn candidates(
         .column_by_name("size_bytes")
         .map(|c| arrow::compute::cast(c, &DataType::UInt64))
         .transpose()
-        .map_err(RunError::arrow("apply"))?;
+        .map_err(RunError::arrow(Phase::Compare))?;
     let sizes = sizes
         .as_ref()
         .map(|s| s.as_primitive::<arrow::datatypes::UInt64Type>());
     let conv = RowConverter::new(vec![SortField::new(key_type.clone())])
-        .map_err(RunError::arrow("apply"))?;
+        .map_err(RunError::arrow(Phase::Compare))?;
     let bound = |name: String| -> Result<Option<Rows>, RunError> {
         let Some(col) = adds.column_by_name(&name) else {
             return Ok(None);
         };
-        let col = arrow::compute::cast(col, key_type).map_err(RunError::arrow("apply"))?;
+        let col = arrow::compute::cast(col, key_type).map_err(RunError::arrow(Phase::Compare))?;
         Ok(Some(
             conv.convert_columns(&[col])
-                .map_err(RunError::arrow("apply"))?,
+                .map_err(RunError::arrow(Phase::Compare))?,
         ))
     };
     let mins = bound(format!("min.{first}"))?;
@@ -192,10 +193,9 @@ fn candidates(
             out.push(FileInfo {
                 path: paths.value(i).to_string(),
                 size: size.ok_or_else(|| {
-                    RunError::delta("apply", uri)(deltalake::DeltaTableError::Generic(format!(
-                        "the log gives no size for {}",
-                        paths.value(i)
-                    )))
+                    RunError::delta(Phase::Compare, uri)(deltalake::DeltaTableError::Generic(
+                        format!("the log gives no size for {}", paths.value(i)),
+                    ))
                 })?,
             });
         }
@@ -247,7 +247,7 @@ fn admitted_row_groups(
     let Ok((mins, maxs)) = file.bounds(first_key) else {
         return Ok(all());
     };
-    let a = |e| RunError::arrow("apply")(e);
+    let a = |e| RunError::arrow(Phase::Compare)(e);
     let (Ok(mins), Ok(maxs)) = (
         arrow::compute::cast(&mins, key_type),
         arrow::compute::cast(&maxs, key_type),
@@ -283,10 +283,10 @@ type SortedKeys = (DataType, Vec<Box<[u8]>>);
 
 /// The slice's first key column, encoded in storage type and sorted, for pruning files and
 /// row groups by their key statistics.
-fn sorted_first_keys(layout: &Layout, winners: &RecordBatch) -> Result<SortedKeys, RunError> {
-    let a = |e| RunError::arrow("apply")(e);
-    let first = &layout.keys[0];
-    let key_type = layout
+fn sorted_first_keys(roles: &ColumnRoles, winners: &RecordBatch) -> Result<SortedKeys, RunError> {
+    let a = |e| RunError::arrow(Phase::Compare)(e);
+    let first = &roles.keys[0];
+    let key_type = roles
         .canonical
         .field_with_name(first)
         .map(|f| crate::lake::storage::storage_type(f.data_type()))
@@ -308,9 +308,9 @@ fn sorted_first_keys(layout: &Layout, winners: &RecordBatch) -> Result<SortedKey
 
 /// A row group decoded from a target file, in the canonical row (hard-delete targets get an
 /// all-false `_deleted`, files from before a schema change get nulls for the newer columns).
-fn canonical_rows(layout: &Layout, batch: &RecordBatch) -> Result<RecordBatch, RunError> {
-    let a = |e| RunError::arrow("apply")(e);
-    let columns = layout
+fn canonical_rows(roles: &ColumnRoles, batch: &RecordBatch) -> Result<RecordBatch, RunError> {
+    let a = |e| RunError::arrow(Phase::Compare)(e);
+    let columns = roles
         .canonical
         .fields()
         .iter()
@@ -327,7 +327,7 @@ fn canonical_rows(layout: &Layout, batch: &RecordBatch) -> Result<RecordBatch, R
         .collect::<Result<Vec<_>, _>>()
         .map_err(&a)?;
     RecordBatch::try_new_with_options(
-        layout.canonical.clone(),
+        roles.canonical.clone(),
         columns,
         &arrow::array::RecordBatchOptions::new().with_row_count(Some(batch.num_rows())),
     )
@@ -336,7 +336,7 @@ fn canonical_rows(layout: &Layout, batch: &RecordBatch) -> Result<RecordBatch, R
 
 /// The slice and how to look its keys up, shared (read only) by the probe and rewrite tasks.
 struct Slice {
-    layout: Layout,
+    roles: ColumnRoles,
     winners: RecordBatch,
     /// Encoded key → winner row.
     index: HashMap<Box<[u8]>, usize>,
@@ -357,7 +357,7 @@ struct Slice {
 
 impl Slice {
     fn delta_err(&self, source: deltalake::DeltaTableError) -> RunError {
-        RunError::delta("apply", &self.uri)(source)
+        RunError::delta(Phase::Compare, &self.uri)(source)
     }
 
     /// A target data file could not be read (missing, cut short, not Parquet, refused).
@@ -397,7 +397,7 @@ async fn probe_file(
     let file = DataFile::open(&s.fast.store, path, size)
         .await
         .map_err(read)?;
-    let groups = admitted_row_groups(&file, &s.layout.keys[0], &s.key_type, &s.sorted)?;
+    let groups = admitted_row_groups(&file, &s.roles.keys[0], &s.key_type, &s.sorted)?;
     // Rows arrive in the order of `groups`: cumulative counts map a row to its group.
     let mut bounds = Vec::with_capacity(groups.len());
     let mut end = 0u64;
@@ -405,7 +405,7 @@ async fn probe_file(
         end += file.row_groups()[g].num_rows() as u64;
         bounds.push((end, g));
     }
-    let nk = s.layout.keys.len();
+    let nk = s.roles.keys.len();
     let mut matches = Vec::new();
     let mut row = 0u64;
     let mut at = 0usize;
@@ -414,15 +414,15 @@ async fn probe_file(
         .await
         .map_err(read)?
     {
-        let batch = cast_to(&batch, &s.probe_schema).map_err(RunError::arrow("apply"))?;
+        let batch = cast_to(&batch, &s.probe_schema).map_err(RunError::arrow(Phase::Compare))?;
         let keys = s
             .key_conv
             .convert_columns(&batch.columns()[..nk])
-            .map_err(RunError::arrow("apply"))?;
+            .map_err(RunError::arrow(Phase::Compare))?;
         let tuples = s
             .tuple_conv
             .convert_columns(&batch.columns()[nk..])
-            .map_err(RunError::arrow("apply"))?;
+            .map_err(RunError::arrow(Phase::Compare))?;
         for r in 0..batch.num_rows() {
             while at < bounds.len() && row >= bounds[at].0 {
                 at += 1;
@@ -481,7 +481,7 @@ async fn rewrite_file(
     let s = &r.slice;
     let d = |e| s.delta_err(e);
     let read = |e| s.read_err(e);
-    let hard = s.layout.hard_deletes();
+    let hard = s.roles.hard_deletes();
     let bytes = file.fetch(&s.fast.store).await.map_err(read)?;
     let mut new = NewFile::new(
         s.fast.schema.clone(),
@@ -512,8 +512,11 @@ async fn rewrite_file(
         }
         let batch = file.decode(&bytes, g).map_err(read)?;
         o.reencoded += batch.num_rows() as u64;
-        let batch = canonical_rows(&s.layout, &batch)?;
-        let t = s.enc.encode(&batch).map_err(RunError::arrow("apply"))?;
+        let batch = canonical_rows(&s.roles, &batch)?;
+        let t = s
+            .enc
+            .encode(&batch)
+            .map_err(RunError::arrow(Phase::Compare))?;
         // For each row: keep it, or take winner i in its place, or drop it (hard delete).
         let mut pieces: Vec<(bool, u32)> = Vec::with_capacity(batch.num_rows());
         for row in 0..batch.num_rows() {
@@ -558,7 +561,7 @@ async fn rewrite_file(
         o.add = new
             .put(&s.fast)
             .await
-            .map_err(RunError::write("apply", &s.uri))?;
+            .map_err(RunError::write(Phase::Compare, &s.uri))?;
     }
     Ok(o)
 }
@@ -566,19 +569,21 @@ async fn rewrite_file(
 /// Decides and (unless `dry_run`) writes the changes of `winners` against the target.
 pub async fn apply(
     target: &Target<'_>,
-    layout: &Layout,
+    roles: &ColumnRoles,
     winners: &RecordBatch,
     already_conflicting: &HashSet<Box<[u8]>>,
     dry_run: bool,
 ) -> Result<Applied, RunError> {
     let uri = target.uri;
-    let d = |source| RunError::delta("apply", uri)(source);
+    let d = |source| RunError::delta(Phase::Compare, uri)(source);
     let mut out = Applied::default();
     if winners.num_rows() == 0 {
         return Ok(out);
     }
-    let enc = RowEncoders::new(layout).map_err(RunError::arrow("apply"))?;
-    let w = enc.encode(winners).map_err(RunError::arrow("apply"))?;
+    let enc = RowEncoders::new(roles).map_err(RunError::arrow(Phase::Compare))?;
+    let w = enc
+        .encode(winners)
+        .map_err(RunError::arrow(Phase::Compare))?;
     let mut index: HashMap<Box<[u8]>, usize> = HashMap::with_capacity(winners.num_rows());
     for i in 0..winners.num_rows() {
         index.insert(w.keys.row(i).as_ref().into(), i);
@@ -588,24 +593,24 @@ pub async fn apply(
 
     // 1-2: candidate files by the log's statistics, their row groups by the footers'; the
     // probe reads the key and ordering columns of those row groups only.
-    let keys = sorted_first_keys(layout, winners)?;
-    let listed = candidates(target.table, uri, layout, &keys)?;
+    let keys = sorted_first_keys(roles, winners)?;
+    let listed = candidates(target.table, uri, roles, &keys)?;
     out.files_candidate = listed.len() as u64;
     let (key_type, sorted) = keys;
-    let probe_cols: Vec<String> = layout
+    let probe_cols: Vec<String> = roles
         .keys
         .iter()
-        .chain(layout.order.iter())
+        .chain(roles.order.iter())
         .cloned()
         .collect();
     let slice = Arc::new(Slice {
-        probe_schema: sub_schema(layout, &probe_cols)?,
-        key_conv: key_converter(layout, &layout.keys)?,
-        tuple_conv: key_converter(layout, &layout.order)?,
+        probe_schema: sub_schema(roles, &probe_cols)?,
+        key_conv: key_converter(roles, &roles.keys)?,
+        tuple_conv: key_converter(roles, &roles.order)?,
         probe_cols,
         key_type,
         sorted,
-        layout: layout.clone(),
+        roles: roles.clone(),
         winners: winners.clone(),
         index,
         enc,
@@ -630,7 +635,7 @@ pub async fn apply(
         let (file, matches) = joined_or_panic(joined, &d)??;
         for (i, group) in matches {
             if let Some(prev) = seen_in.insert(i, f) {
-                let key = super::changes::render_key(winners, &layout.keys, i);
+                let key = render_key(winners, &roles.keys, i);
                 return Err(RunError::DuplicateTargetKeys {
                     uri: uri.to_string(),
                     count: 1,
@@ -662,7 +667,7 @@ pub async fn apply(
     );
 
     // 3: rewrite the touched files: untouched row groups are copied as bytes.
-    let hard = layout.hard_deletes();
+    let hard = roles.hard_deletes();
     let schema = &target.fast.schema;
     let mut adds: Vec<Action> = Vec::new();
     let mut removes: Vec<Action> = Vec::new();
@@ -672,7 +677,7 @@ pub async fn apply(
         target
             .table
             .snapshot()
-            .map_err(RunError::delta("apply", uri))?
+            .map_err(RunError::delta(Phase::Compare, uri))?
             .log_data()
             .iter()
             .map(|v| (v.path().to_string(), v.remove_action(true)))
@@ -760,14 +765,14 @@ pub async fn apply(
     out.unchanged += found.iter().filter(|f| **f == Found::Older).count() as u64;
     if !inserts.is_empty() && !dry_run {
         let rows = arrow::compute::take_record_batch(winners, &UInt32Array::from(inserts))
-            .map_err(RunError::arrow("apply"))?;
-        let rows = cast_to(&rows, schema).map_err(RunError::arrow("apply"))?;
+            .map_err(RunError::arrow(Phase::Compare))?;
+        let rows = cast_to(&rows, schema).map_err(RunError::arrow(Phase::Compare))?;
         let mut new = NewFile::new(schema.clone(), target.row_group_rows, 0).map_err(d)?;
         new.write(&rows).map_err(d)?;
         adds.extend(
             new.put(target.fast)
                 .await
-                .map_err(RunError::write("apply", uri))?
+                .map_err(RunError::write(Phase::Compare, uri))?
                 .map(Action::Add),
         );
     }
@@ -784,9 +789,9 @@ fn assemble(
     pieces: &[(bool, u32)],
     schema: &SchemaRef,
 ) -> Result<RecordBatch, RunError> {
-    let a = RunError::arrow("apply");
-    let batch = cast_to(batch, schema).map_err(RunError::arrow("apply"))?;
-    let winners = cast_to(winners, schema).map_err(RunError::arrow("apply"))?;
+    let a = RunError::arrow(Phase::Compare);
+    let batch = cast_to(batch, schema).map_err(RunError::arrow(Phase::Compare))?;
+    let winners = cast_to(winners, schema).map_err(RunError::arrow(Phase::Compare))?;
     let columns = (0..schema.fields().len())
         .map(|c| {
             let sources: [&dyn Array; 2] = [batch.column(c).as_ref(), winners.column(c).as_ref()];
@@ -798,7 +803,7 @@ fn assemble(
         })
         .collect::<Result<Vec<_>, _>>()
         .map_err(a)?;
-    RecordBatch::try_new(schema.clone(), columns).map_err(RunError::arrow("apply"))
+    RecordBatch::try_new(schema.clone(), columns).map_err(RunError::arrow(Phase::Compare))
 }
 
 /// Commits the removes and adds of `applied` in one commit with `props`.
@@ -808,7 +813,7 @@ pub async fn commit(
     applied: Applied,
     props: CommitProperties,
 ) -> Result<u64, RunError> {
-    let d = RunError::delta("commit", uri);
+    let d = RunError::delta(Phase::Commit, uri);
     let snapshot = target.snapshot().map_err(d)?;
     let operation = DeltaOperation::Merge {
         predicate: None,
@@ -821,6 +826,6 @@ pub async fn commit(
         .with_actions(applied.actions)
         .build(Some(snapshot), target.log_store(), operation)
         .await
-        .map_err(RunError::write("commit", uri))?;
+        .map_err(RunError::write(Phase::Commit, uri))?;
     Ok(finalized.version())
 }

@@ -14,11 +14,11 @@ use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
-use super::layout::Layout;
-use super::RunError;
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::lake;
 use crate::lake::storage::storage_batch;
+use crate::run::roles::ColumnRoles;
+use crate::run::{Phase, RunError};
 
 fn qualified(table: &str, column: &str) -> Expr {
     Expr::Column(Column::new(Some(TableReference::bare(table)), column))
@@ -31,7 +31,7 @@ pub async fn merge(
     ctx: &SessionContext,
     target: DeltaTable,
     uri: &str,
-    layout: &Layout,
+    roles: &ColumnRoles,
     changes: Vec<RecordBatch>,
     props: CommitProperties,
     add_new_columns: bool,
@@ -41,26 +41,26 @@ pub async fn merge(
         .iter()
         .map(storage_batch)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(RunError::arrow("merge"))?;
+        .map_err(RunError::arrow(Phase::Commit))?;
     let schema = changes
         .first()
         .map(|b| b.schema())
         .ok_or_else(|| RunError::Arrow {
-            phase: "merge",
+            phase: Phase::Commit,
             source: arrow::error::ArrowError::InvalidArgumentError("no rows to merge".into()),
         })?;
     let mem = datafusion::datasource::MemTable::try_new(schema, vec![changes])
-        .map_err(RunError::query("merge"))?;
+        .map_err(RunError::query(Phase::Commit))?;
     let source = ctx
         .read_table(Arc::new(mem))
-        .map_err(RunError::query("merge"))?;
-    let on = layout
+        .map_err(RunError::query(Phase::Commit))?;
+    let on = roles
         .keys
         .iter()
         .map(|k| qualified("t", k).eq(qualified("s", k)))
         .reduce(Expr::and)
         .unwrap_or_else(|| lit(false));
-    let columns = layout.target_columns.clone();
+    let columns = roles.target_columns.clone();
     let mut builder = target
         .merge(source, on)
         .with_source_alias("s")
@@ -68,10 +68,10 @@ pub async fn merge(
         .with_commit_properties(props)
         .with_merge_schema(add_new_columns)
         .with_session_state(Arc::new(ctx.state()));
-    if layout.hard_deletes() {
+    if roles.hard_deletes() {
         builder = builder
             .when_matched_delete(|del| del.predicate(qualified("s", DELETED_COLUMN).eq(lit(true))))
-            .map_err(d("merge", uri))?;
+            .map_err(d(Phase::Commit, uri))?;
     }
     let update_cols = columns.clone();
     builder = builder
@@ -81,15 +81,15 @@ pub async fn merge(
             }
             u
         })
-        .map_err(d("merge", uri))?
+        .map_err(d(Phase::Commit, uri))?
         .when_not_matched_insert(move |mut i| {
             for c in &columns {
                 i = i.set(c.as_str(), qualified("s", c));
             }
             i
         })
-        .map_err(d("merge", uri))?;
-    builder.await.map_err(RunError::write("merge", uri))
+        .map_err(d(Phase::Commit, uri))?;
+    builder.await.map_err(RunError::write(Phase::Commit, uri))
 }
 
 /// How big the target's files and their row groups are (the pipeline's `target:` block).
@@ -136,7 +136,7 @@ pub async fn overwrite(
             .and_then(|url| {
                 lake::builder(url)
                     .and_then(|b| b.build())
-                    .map_err(d("write", uri))
+                    .map_err(d(Phase::Write, uri))
             }),
     };
     let table = match table {
@@ -163,7 +163,7 @@ pub async fn overwrite(
             Some(file_size.to_string()),
         )]);
     }
-    let written = builder.await.map_err(RunError::write("write", uri));
+    let written = builder.await.map_err(RunError::write(Phase::Write, uri));
     if written.is_err() {
         new_dirs.remove_empty();
     }

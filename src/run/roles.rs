@@ -6,12 +6,13 @@ use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use datafusion::logical_expr::{cast, lit, Expr, SortExpr};
 use datafusion::prelude::ident;
 
+use crate::config::pipeline::CdcMerge;
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::config::{ConfigError, DeleteMode, Deletes, Pipeline};
 
 /// The roles of the columns in a run, in the order the target stores them.
 #[derive(Debug, Clone)]
-pub struct Layout {
+pub struct ColumnRoles {
     /// Business key columns.
     pub keys: Vec<String>,
     /// The sequence column followed by the tie-breakers: the tuple that orders versions.
@@ -27,9 +28,9 @@ pub struct Layout {
     pub deletes: Option<Deletes>,
 }
 
-impl Layout {
+impl ColumnRoles {
     /// Checks the pipeline's columns against the source schema and fixes the roles.
-    pub fn new(p: &Pipeline, source: &Schema) -> Result<Self, ConfigError> {
+    pub fn new(p: &Pipeline, m: &CdcMerge, source: &Schema) -> Result<Self, ConfigError> {
         let has = |c: &str| source.field_with_name(c).is_ok();
         let available = || {
             source
@@ -44,30 +45,30 @@ impl Layout {
                 key,
                 format!(
                     "column `{col}` (in `{key}`) is not in the source table {}; its columns are: {}",
-                    p.source_uri,
+                    m.source_uri,
                     available()
                 ),
             )
         };
-        for k in &p.keys {
+        for k in &m.keys {
             if !has(k) {
                 return Err(missing("keys", k));
             }
         }
-        if !has(&p.sequence_by) {
-            return Err(missing("sequence_by", &p.sequence_by));
+        if !has(&m.sequence_by) {
+            return Err(missing("sequence_by", &m.sequence_by));
         }
-        for t in &p.tie_breakers {
+        for t in &m.tie_breakers {
             if !has(t) {
                 return Err(missing("tie_breakers", t));
             }
         }
-        for e in &p.exclude {
+        for e in &m.exclude {
             if !has(e) {
                 return Err(missing("exclude", e));
             }
         }
-        if let Some(d) = &p.deletes {
+        if let Some(d) = &m.deletes {
             if !has(&d.column) {
                 return Err(missing("column", &d.column));
             }
@@ -76,16 +77,16 @@ impl Layout {
         // (in both delete modes: hard deletes use it to steer the merge). Excluded, it is still
         // read — so it can be the `deletes.column` itself — but never copied.
         if has(DELETED_COLUMN)
-            && p.deletes.is_some()
-            && !p.exclude.iter().any(|e| e == DELETED_COLUMN)
+            && m.deletes.is_some()
+            && !m.exclude.iter().any(|e| e == DELETED_COLUMN)
         {
             return Err(p.error_at(
                 "deletes",
-                format!("the source already has a `{DELETED_COLUMN}` column, which tidemark adds to the target for deletes; add it to `columns.exclude` (e.g. `columns: {{ exclude: [{}] }}`: the target's `{DELETED_COLUMN}` is then tidemark's, and `deletes.column: {DELETED_COLUMN}` may still read the source's), or rename it upstream", p.exclude.iter().map(String::as_str).chain([DELETED_COLUMN]).collect::<Vec<_>>().join(", ")),
+                format!("the source already has a `{DELETED_COLUMN}` column, which tidemark adds to the target for deletes; add it to `columns.exclude` (e.g. `columns: {{ exclude: [{}] }}`: the target's `{DELETED_COLUMN}` is then tidemark's, and `deletes.column: {DELETED_COLUMN}` may still read the source's), or rename it upstream", m.exclude.iter().map(String::as_str).chain([DELETED_COLUMN]).collect::<Vec<_>>().join(", ")),
             ));
         }
         let seq_type = source
-            .field_with_name(&p.sequence_by)
+            .field_with_name(&m.sequence_by)
             .map(|f| f.data_type().clone())
             .unwrap_or(DataType::Null);
         if !matches!(seq_type, DataType::Timestamp(_, _)) {
@@ -93,26 +94,26 @@ impl Layout {
                 "sequence_by",
                 format!(
                     "`sequence_by: {}` has type {seq_type}; it must be a timestamp (the overlap and future-skew rules are durations)",
-                    p.sequence_by
+                    m.sequence_by
                 ),
             ));
         }
-        check_reconcile(p, source, &missing)?;
+        check_reconcile(p, m, source, &missing)?;
 
         let mut fields: Vec<Field> = source
             .fields()
             .iter()
-            .filter(|f| !p.exclude.contains(f.name()))
+            .filter(|f| !m.exclude.contains(f.name()))
             .map(|f| f.as_ref().clone().with_metadata(Default::default()))
             .collect();
-        if p.deletes.is_some() {
+        if m.deletes.is_some() {
             fields.push(Field::new(DELETED_COLUMN, DataType::Boolean, false));
         }
-        let order = p.order_columns();
+        let order = m.order_columns();
         let content = fields
             .iter()
             .map(|f| f.name().clone())
-            .filter(|n| !p.keys.contains(n) && !order.contains(n))
+            .filter(|n| !m.keys.contains(n) && !order.contains(n))
             .collect();
         let target_columns = fields
             .iter()
@@ -120,7 +121,7 @@ impl Layout {
             .filter(|n| {
                 !(n == DELETED_COLUMN
                     && matches!(
-                        p.deletes,
+                        m.deletes,
                         Some(Deletes {
                             mode: DeleteMode::Hard,
                             ..
@@ -128,13 +129,13 @@ impl Layout {
                     ))
             })
             .collect();
-        Ok(Layout {
-            keys: p.keys.clone(),
+        Ok(ColumnRoles {
+            keys: m.keys.clone(),
             order,
             content,
             canonical: Arc::new(Schema::new(fields)),
             target_columns,
-            deletes: p.deletes.clone(),
+            deletes: m.deletes.clone(),
         })
     }
 
@@ -288,10 +289,11 @@ impl Layout {
 /// next hourly run, not during an incident.
 fn check_reconcile(
     p: &Pipeline,
+    m: &CdcMerge,
     source: &Schema,
     missing: &dyn Fn(&str, &str) -> ConfigError,
 ) -> Result<(), ConfigError> {
-    let r = &p.reconcile;
+    let r = &m.reconcile;
     let roles = std::iter::once(("day", &r.day))
         .chain(r.group_by.iter().map(|c| ("group_by", c)))
         .chain(r.sum.iter().map(|c| ("sum", c)))
@@ -300,7 +302,7 @@ fn check_reconcile(
         let Ok(field) = source.field_with_name(col) else {
             return Err(missing(key, col));
         };
-        if p.exclude.contains(col) {
+        if m.exclude.contains(col) {
             return Err(p.error_at(
                 key,
                 format!("`reconcile.{key}` names `{col}`, which `columns.exclude` keeps out of the target; reconcile compares target columns, so pick another column or stop excluding it"),

@@ -8,10 +8,9 @@
 use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
-use arrow::array::{Array, RecordBatch, UInt32Array};
-use arrow::error::ArrowError;
+use arrow::array::{RecordBatch, UInt32Array};
 use arrow::row::OwnedRow;
-use arrow::util::display::{ArrayFormatter, FormatOptions};
+
 use datafusion::common::JoinType;
 use datafusion::functions_aggregate::expr_fn::{max, min};
 use datafusion::logical_expr::lit;
@@ -19,10 +18,11 @@ use datafusion::prelude::{ident, SessionContext};
 use datafusion::scalar::ScalarValue;
 use deltalake::DeltaTable;
 
-use super::dedup::RowEncoders;
-use super::layout::Layout;
-use super::RunError;
 use crate::lake::storage::cast_to;
+use crate::run::dedup::RowEncoders;
+use crate::run::render::render_key;
+use crate::run::roles::ColumnRoles;
+use crate::run::{Phase, RunError};
 
 /// The rows to merge and what they will do.
 #[derive(Debug, Default)]
@@ -64,16 +64,18 @@ pub async fn detect(
     ctx: &SessionContext,
     target: &DeltaTable,
     target_uri: &str,
-    layout: &Layout,
+    roles: &ColumnRoles,
     winners: &RecordBatch,
     already_conflicting: &HashSet<Box<[u8]>>,
 ) -> Result<ChangeSet, RunError> {
-    let enc = RowEncoders::new(layout).map_err(RunError::arrow("compare"))?;
-    let existing = target_rows(ctx, target, target_uri, layout, winners, &enc).await?;
-    let e = enc.encode(winners).map_err(RunError::arrow("compare"))?;
+    let enc = RowEncoders::new(roles).map_err(RunError::arrow(Phase::Compare))?;
+    let existing = target_rows(ctx, target, target_uri, roles, winners, &enc).await?;
+    let e = enc
+        .encode(winners)
+        .map_err(RunError::arrow(Phase::Compare))?;
     let mut cs = ChangeSet::default();
     let mut keep: Vec<u32> = Vec::new();
-    let hard = layout.hard_deletes();
+    let hard = roles.hard_deletes();
     for i in 0..winners.num_rows() {
         let deleted = e.is_deleted(i);
         let apply = match existing.get(e.keys.row(i).as_ref()) {
@@ -119,7 +121,8 @@ pub async fn detect(
     if !keep.is_empty() {
         let idx = UInt32Array::from(keep);
         cs.rows.push(
-            arrow::compute::take_record_batch(winners, &idx).map_err(RunError::arrow("compare"))?,
+            arrow::compute::take_record_batch(winners, &idx)
+                .map_err(RunError::arrow(Phase::Compare))?,
         );
     }
     Ok(cs)
@@ -131,7 +134,7 @@ async fn target_rows(
     ctx: &SessionContext,
     target: &DeltaTable,
     target_uri: &str,
-    layout: &Layout,
+    roles: &ColumnRoles,
     winners: &RecordBatch,
     enc: &RowEncoders,
 ) -> Result<HashMap<Box<[u8]>, TargetRow>, RunError> {
@@ -140,8 +143,8 @@ async fn target_rows(
     if winners.num_rows() == 0 {
         return Ok(out);
     }
-    let key_names: Vec<String> = layout.keys.iter().map(|k| format!("__slice_{k}")).collect();
-    let key_cols: Vec<_> = layout
+    let key_names: Vec<String> = roles.keys.iter().map(|k| format!("__slice_{k}")).collect();
+    let key_cols: Vec<_> = roles
         .keys
         .iter()
         .zip(&key_names)
@@ -150,8 +153,8 @@ async fn target_rows(
     let slice_keys = ctx
         .read_batch(winners.clone())
         .and_then(|df| df.select(key_cols))
-        .map_err(q("compare"))?;
-    let first = &layout.keys[0];
+        .map_err(q(Phase::Compare))?;
+    let first = &roles.keys[0];
     let first_alias = &key_names[0];
     let bounds = slice_keys
         .clone()
@@ -159,36 +162,38 @@ async fn target_rows(
             vec![],
             vec![min(ident(first_alias)), max(ident(first_alias))],
         )
-        .map_err(q("compare"))?
+        .map_err(q(Phase::Compare))?
         .collect()
         .await
-        .map_err(q("compare"))?;
+        .map_err(q(Phase::Compare))?;
     let (lo, hi) = match bounds.first() {
         Some(b) if b.num_rows() == 1 => (
-            ScalarValue::try_from_array(b.column(0), 0).map_err(q("compare"))?,
-            ScalarValue::try_from_array(b.column(1), 0).map_err(q("compare"))?,
+            ScalarValue::try_from_array(b.column(0), 0).map_err(q(Phase::Compare))?,
+            ScalarValue::try_from_array(b.column(1), 0).map_err(q(Phase::Compare))?,
         ),
         _ => return Ok(out),
     };
 
-    let provider = target.table_provider().await.map_err(q("compare"))?;
-    let columns = layout.target_exprs_for(&provider.schema());
-    let left: Vec<&str> = layout.keys.iter().map(String::as_str).collect();
+    let provider = target.table_provider().await.map_err(q(Phase::Compare))?;
+    let columns = roles.target_exprs_for(&provider.schema());
+    let left: Vec<&str> = roles.keys.iter().map(String::as_str).collect();
     let right: Vec<&str> = key_names.iter().map(String::as_str).collect();
     let batches = ctx
         .read_table(provider)
         .and_then(|df| df.filter(ident(first).between(lit(lo), lit(hi))))
         .and_then(|df| df.join(slice_keys, JoinType::LeftSemi, &left, &right, None))
         .and_then(|df| df.select(columns))
-        .map_err(q("compare"))?
+        .map_err(q(Phase::Compare))?
         .collect()
         .await
-        .map_err(q("compare"))?;
+        .map_err(q(Phase::Compare))?;
     let mut duplicates = 0u64;
     let mut first_duplicate = None;
     for batch in batches {
-        let batch = cast_to(&batch, &layout.canonical).map_err(RunError::arrow("compare"))?;
-        let e = enc.encode(&batch).map_err(RunError::arrow("compare"))?;
+        let batch = cast_to(&batch, &roles.canonical).map_err(RunError::arrow(Phase::Compare))?;
+        let e = enc
+            .encode(&batch)
+            .map_err(RunError::arrow(Phase::Compare))?;
         for i in 0..batch.num_rows() {
             let key: Box<[u8]> = e.keys.row(i).as_ref().into();
             let row = TargetRow {
@@ -199,7 +204,7 @@ async fn target_rows(
             if out.insert(key, row).is_some() {
                 duplicates += 1;
                 if first_duplicate.is_none() {
-                    first_duplicate = Some(render_key(&batch, &layout.keys, i));
+                    first_duplicate = Some(render_key(&batch, &roles.keys, i));
                 }
             }
         }
@@ -212,44 +217,4 @@ async fn target_rows(
         });
     }
     Ok(out)
-}
-
-/// A value as people read it in messages and reports: `None` for null, long values cut (a
-/// 1 MB payload is still reported, not printed).
-pub(crate) fn render_value(col: &dyn Array, row: usize) -> Result<Option<String>, ArrowError> {
-    const MAX: usize = 120;
-    if col.is_null(row) {
-        return Ok(None);
-    }
-    let f = ArrayFormatter::try_new(col, &FormatOptions::default())?;
-    let s = f.value(row).to_string();
-    let chars = s.chars().count();
-    Ok(Some(if chars > MAX {
-        format!(
-            "{}… ({chars} characters)",
-            s.chars().take(MAX).collect::<String>()
-        )
-    } else {
-        s
-    }))
-}
-
-/// `k1="v1", k2=null` for the key columns of a row. Values are quoted and escaped, so control
-/// characters, RTL marks and trailing spaces in a key show in the message.
-pub(crate) fn render_key(batch: &RecordBatch, keys: &[String], row: usize) -> String {
-    keys.iter()
-        .map(|k| {
-            let v = batch
-                .column_by_name(k)
-                .and_then(|c| render_value(c.as_ref(), row).ok().flatten())
-                .map_or_else(|| "null".to_string(), |v| format!("{v:?}"));
-            format!("{k}={v}")
-        })
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Rows in a set of batches.
-pub fn row_count(batches: &[RecordBatch]) -> u64 {
-    batches.iter().map(|b| b.num_rows() as u64).sum()
 }

@@ -1,0 +1,137 @@
+//! The pipeline file as written: `kind:` picks one raw struct per pipeline kind, each mirroring
+//! its file exactly (`deny_unknown_fields`: a typo is an error, never a silent default).
+//!
+//! The kind is read first and the file is then parsed again as that kind's struct, so every
+//! error serde reports keeps its line (an internally tagged serde enum buffers the mapping and
+//! loses positions).
+
+use serde::{Deserialize, Serialize};
+
+use super::{DeleteMode, SchemaChange, SourceRecreate};
+
+/// The kinds of pipeline tidemark runs: `kind:` in a pipeline file names one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// Change records (bronze) merged into one row per key (silver).
+    CdcMerge,
+}
+
+impl Kind {
+    /// Every kind, in the order messages list them.
+    pub const ALL: &'static [Kind] = &[Kind::CdcMerge];
+
+    /// The name written in `kind:`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Kind::CdcMerge => "cdc_merge",
+        }
+    }
+
+    /// The kind named `name`, if there is one.
+    pub fn from_name(name: &str) -> Option<Kind> {
+        Kind::ALL.iter().copied().find(|k| k.as_str() == name)
+    }
+
+    /// The kinds' names, for messages: `cdc_merge, ...`.
+    pub fn names() -> String {
+        Kind::ALL
+            .iter()
+            .map(|k| k.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+impl std::fmt::Display for Kind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Only the tag: what kind the file declares.
+#[derive(Debug, Deserialize)]
+pub(super) struct RawTag {
+    pub(super) kind: Option<String>,
+}
+
+/// A pipeline file as written, one variant per [`Kind`].
+#[derive(Debug)]
+pub(super) enum RawPipeline {
+    CdcMerge(RawCdcMerge),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCdcMerge {
+    pub(super) name: String,
+    /// The tag, already read by [`RawTag`].
+    #[serde(rename = "kind")]
+    pub(super) _kind: serde::de::IgnoredAny,
+    pub(super) source: RawSource,
+    pub(super) target: RawTarget,
+    pub(super) keys: Vec<String>,
+    pub(super) sequence_by: String,
+    #[serde(default)]
+    pub(super) tie_breakers: Vec<String>,
+    pub(super) overlap: String,
+    pub(super) max_future_skew: Option<String>,
+    pub(super) deletes: Option<RawDeletes>,
+    pub(super) columns: Option<RawColumns>,
+    pub(super) quarantine: RawQuarantine,
+    #[serde(default)]
+    pub(super) on_schema_change: SchemaChange,
+    pub(super) reconcile: Option<RawReconcile>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawSource {
+    pub(super) uri: String,
+    #[serde(default)]
+    pub(super) on_recreate: SourceRecreate,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawTarget {
+    pub(super) uri: String,
+    pub(super) file_size: Option<String>,
+    pub(super) row_group_rows: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDeletes {
+    pub(super) column: String,
+    pub(super) values: Vec<String>,
+    #[serde(default)]
+    pub(super) mode: DeleteMode,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawColumns {
+    #[serde(default)]
+    pub(super) exclude: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawQuarantine {
+    pub(super) uri: String,
+    pub(super) max_rows: Option<u64>,
+    pub(super) max_fraction: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReconcile {
+    pub(super) day: Option<String>,
+    #[serde(default)]
+    pub(super) group_by: Vec<String>,
+    #[serde(default)]
+    pub(super) sum: Vec<String>,
+    #[serde(default)]
+    pub(super) count_by: Vec<String>,
+}
