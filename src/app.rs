@@ -63,19 +63,9 @@ impl Classify for AppError {
             AppError::Config(e) => e.class(),
             AppError::Lake(e) => e.class(),
             AppError::Run(e) => e.class(),
-            AppError::Generate(e) => match e {
-                GenerateError::TableExists { .. } | GenerateError::InvalidOptions(_) => {
-                    ErrorClass::Usage
-                }
-                GenerateError::NotATable { .. }
-                | GenerateError::NoGeneratorMetadata { .. }
-                | GenerateError::BadMetadata { .. } => ErrorClass::Unavailable,
-                GenerateError::Delta { source, .. } => classify_delta(source),
-                GenerateError::Arrow(_) => ErrorClass::Internal,
-            },
+            AppError::Generate(e) => e.class(),
             AppError::Usage(_) => ErrorClass::Usage,
-            AppError::Maintain(lake::MaintainError::UnsafeRetention { .. }) => ErrorClass::Usage,
-            AppError::Maintain(lake::MaintainError::Delta(e)) => classify_delta(e),
+            AppError::Maintain(e) => e.class(),
             AppError::Jobs(e) => e.class(),
             AppError::Bundle(e) => e.class(),
             AppError::Delta { source, .. } => classify_delta(source),

@@ -173,6 +173,22 @@ pub enum GenerateError {
     Arrow(#[from] ArrowError),
 }
 
+impl crate::error::Classify for GenerateError {
+    fn class(&self) -> crate::error::ErrorClass {
+        use crate::error::ErrorClass;
+        match self {
+            GenerateError::TableExists { .. } | GenerateError::InvalidOptions(_) => {
+                ErrorClass::Usage
+            }
+            GenerateError::NotATable { .. }
+            | GenerateError::NoGeneratorMetadata { .. }
+            | GenerateError::BadMetadata { .. } => ErrorClass::Unavailable,
+            GenerateError::Delta { source, .. } => crate::error::classify_delta(source),
+            GenerateError::Arrow(_) => ErrorClass::Internal,
+        }
+    }
+}
+
 /// Attach the table path to Delta errors.
 trait AtPath<T> {
     fn at(self, path: &str) -> Result<T, GenerateError>;

@@ -21,7 +21,7 @@ use futures::future::BoxFuture;
 use serde_json::Value;
 use tidemark::clock::{Clock, TokioClock};
 use tidemark::config::bundle::CatchUp;
-use tidemark::jobs::cron::QuartzSchedule;
+use tidemark::config::schedule::QuartzSchedule;
 use tidemark::jobs::{Executor, Fire, JobsError, ScheduledJob, Scheduler, Trigger};
 
 /// The instant the binary believes it is.

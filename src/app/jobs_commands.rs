@@ -16,9 +16,9 @@ use crate::cli::{
 };
 use crate::clock::Clock;
 use crate::config::bundle::{Bundle, Job, Severity};
+use crate::config::schedule::local_label;
 use crate::config::{BundleError, ConfigError, Diagnostic, Vars};
 use crate::error::ErrorClass;
-use crate::jobs::cron::local_label;
 use crate::jobs::{
     BundleExecutor, JobRequest, JobRunner, Ledger, ScheduledJob, Scheduler, Trigger,
 };

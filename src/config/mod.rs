@@ -8,6 +8,7 @@ pub mod bundle;
 mod error;
 mod location;
 pub mod pipeline;
+pub mod schedule;
 pub mod vars;
 
 pub use bundle::{Bundle, BundleError, Diagnostic};

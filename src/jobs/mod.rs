@@ -7,7 +7,6 @@
 //!   through [`crate::run::run`], exactly what `tidemark run` calls.
 //! - [`scheduler`]: the long-running process that fires jobs on their schedules.
 
-pub mod cron;
 mod error;
 pub mod lease;
 pub mod ledger;

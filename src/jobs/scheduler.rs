@@ -25,13 +25,13 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
-use super::cron::{local_label, QuartzSchedule};
 use super::ledger::Trigger;
 use super::report::JobStatus;
 use super::runner::{JobRequest, JobRunner};
 use super::JobsError;
 use crate::clock::Clock;
 use crate::config::bundle::{Bundle, CatchUp, Job, PauseStatus};
+use crate::config::schedule::{local_label, QuartzSchedule};
 
 /// A fire handled later than this (the process was stalled or suspended) is a missed fire and
 /// follows the job's `catch_up` policy.

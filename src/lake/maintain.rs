@@ -38,6 +38,15 @@ pub enum MaintainError {
     Delta(#[from] Box<DeltaTableError>),
 }
 
+impl crate::error::Classify for MaintainError {
+    fn class(&self) -> crate::error::ErrorClass {
+        match self {
+            MaintainError::UnsafeRetention { .. } => crate::error::ErrorClass::Usage,
+            MaintainError::Delta(e) => crate::error::classify_delta(e),
+        }
+    }
+}
+
 impl From<DeltaTableError> for MaintainError {
     fn from(e: DeltaTableError) -> Self {
         MaintainError::Delta(Box::new(e))

@@ -371,16 +371,14 @@ impl Slice {
 
 /// A spawned task's result; a panic inside it goes on unwinding here, as it would have
 /// without the task.
-fn joined_or_panic<T>(
-    joined: Result<T, tokio::task::JoinError>,
-    d: &impl Fn(deltalake::DeltaTableError) -> RunError,
-) -> Result<T, RunError> {
+fn joined_or_panic<T>(joined: Result<T, tokio::task::JoinError>) -> Result<T, RunError> {
     match joined {
         Ok(v) => Ok(v),
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => Err(d(deltalake::DeltaTableError::Generic(format!(
-            "a file task was cancelled: {e}"
-        )))),
+        Err(e) => Err(RunError::Internal {
+            phase: Phase::Compare,
+            message: format!("a file task was cancelled: {e}"),
+        }),
     }
 }
 
@@ -632,7 +630,7 @@ pub async fn apply(
     let mut seen_in: HashMap<usize, usize> = HashMap::new();
     let mut f = 0usize;
     while let Some(joined) = probes.next().await {
-        let (file, matches) = joined_or_panic(joined, &d)??;
+        let (file, matches) = joined_or_panic(joined)??;
         for (i, group) in matches {
             if let Some(prev) = seen_in.insert(i, f) {
                 let key = render_key(winners, &roles.keys, i);
@@ -704,7 +702,7 @@ pub async fn apply(
         })
         .buffered(parallelism);
     while let Some(joined) = outcomes.next().await {
-        let o = joined_or_panic(joined, &d)??;
+        let o = joined_or_panic(joined)??;
         for i in &o.lost {
             found[*i] = Found::Older;
         }
@@ -721,12 +719,13 @@ pub async fn apply(
         out.rows_reencoded += o.reencoded;
         if !dry_run {
             adds.extend(o.add.map(Action::Add));
-            let remove = views.get(o.path.as_str()).cloned().ok_or_else(|| {
-                d(deltalake::DeltaTableError::Generic(format!(
-                    "file {} is not in the snapshot",
-                    o.path
-                )))
-            })?;
+            let remove = views
+                .get(o.path.as_str())
+                .cloned()
+                .ok_or_else(|| RunError::Internal {
+                    phase: Phase::Compare,
+                    message: format!("rewrote {}, which is not in the planned snapshot", o.path),
+                })?;
             removes.push(Action::Remove(remove));
         }
     }

@@ -41,6 +41,9 @@ pub enum RunError {
         #[source]
         source: arrow::error::ArrowError,
     },
+    /// An invariant of tidemark itself broke: a bug, never a fault of the data or the world.
+    #[error("{phase}: internal error (a bug in tidemark, not in your data or setup): {message}; nothing was committed. Please report it with the run's log (-v)")]
+    Internal { phase: Phase, message: String },
     /// More rows failed validation than the pipeline tolerates.
     #[error("{rejected} of {read} rows read failed validation, over the limit ({limit}); nothing was merged. The rows are in the quarantine table {uri}: inspect them, fix the source or raise `quarantine.max_rows`/`max_fraction`, then rerun")]
     QuarantineLimit {
@@ -304,7 +307,7 @@ impl Classify for RunError {
             RunError::TargetRead { source, .. } => target_read_class(source),
             RunError::Delta { source, .. } => classify_delta(source),
             RunError::Write { source, .. } => classify_delta_write(source),
-            RunError::Arrow { .. } => ErrorClass::Internal,
+            RunError::Arrow { .. } | RunError::Internal { .. } => ErrorClass::Internal,
             RunError::Injected(e) => e.class(),
             RunError::Conflict { .. } => ErrorClass::Retryable,
             RunError::QuarantineLimit { .. }

@@ -31,6 +31,48 @@ pub struct Outcome {
     pub new: u64,
 }
 
+/// The quarantine stage of any kind: stores the rejected rows (each once), then enforces the
+/// pipeline's limits against `read` rows. Returns the outcome and the warning to report when
+/// rows were rejected within the limits; a limit exceeded is [`RunError::QuarantineLimit`].
+#[allow(clippy::too_many_arguments)]
+pub async fn stage(
+    ctx: &SessionContext,
+    spec: &crate::config::Quarantine,
+    rejected: Vec<RecordBatch>,
+    run_id: &str,
+    now: DateTime<Utc>,
+    dry_run: bool,
+    read: u64,
+) -> Result<(Outcome, Option<String>), RunError> {
+    let outcome = store(ctx, &spec.uri, rejected, run_id, now, dry_run).await?;
+    if outcome.rejected == 0 {
+        return Ok((outcome, None));
+    }
+    let over_rows = spec.max_rows.is_some_and(|m| outcome.rejected > m);
+    let over_fraction = spec
+        .max_fraction
+        .is_some_and(|f| outcome.rejected as f64 / read.max(1) as f64 > f);
+    if over_rows || over_fraction {
+        let limit = match (spec.max_rows, spec.max_fraction) {
+            (Some(r), Some(f)) => format!("max_rows {r}, max_fraction {f}"),
+            (Some(r), None) => format!("max_rows {r}"),
+            (None, Some(f)) => format!("max_fraction {f}"),
+            (None, None) => String::new(),
+        };
+        return Err(RunError::QuarantineLimit {
+            rejected: outcome.rejected,
+            read,
+            limit,
+            uri: spec.uri.clone(),
+        });
+    }
+    let warning = format!(
+        "{} rows failed validation ({} newly quarantined in {})",
+        outcome.rejected, outcome.new, spec.uri
+    );
+    Ok((outcome, Some(warning)))
+}
+
 /// Stores the rejected rows not already quarantined (unless `dry_run`).
 pub async fn store(
     ctx: &SessionContext,

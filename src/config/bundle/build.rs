@@ -1,70 +1,17 @@
 //! Raw bundle files → a validated [`Bundle`], collecting every problem on the way.
 
 use std::collections::BTreeMap;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use super::raw::{RawJob, RawResourceFile, RawRoot, Scalar};
+use super::source::{Diags, Source};
 use super::{Bundle, BundleError, Diagnostic, Loaded, Variable, BUNDLE_FILE, LAKE_VARIABLE};
-use crate::config::location::{
-    explain_serde_message, line_of_key, line_of_key_from, line_of_text_from, nearest,
-};
+use crate::config::location::{line_of_key, line_of_key_from, line_of_text_from, nearest};
 use crate::config::vars::relative_to;
 use crate::config::Vars;
 
 /// Prefix of the environment variables that set bundle variables.
 pub const ENV_PREFIX: &str = "BUNDLE_VAR_";
-
-/// A file with its text, for locating keys.
-pub(super) struct Source {
-    pub(super) path: PathBuf,
-    pub(super) text: String,
-}
-
-impl Source {
-    fn read(path: &Path) -> Result<Self, Diagnostic> {
-        std::fs::read_to_string(path)
-            .map(|text| Source {
-                path: path.to_path_buf(),
-                text,
-            })
-            .map_err(|e| {
-                Diagnostic::general(format!("cannot read bundle file {}: {e}", path.display()))
-            })
-    }
-
-    fn parse<T: serde::de::DeserializeOwned>(&self) -> Result<T, Diagnostic> {
-        serde_yaml::from_str(&self.text).map_err(|e| {
-            Diagnostic::error(
-                &self.path,
-                e.location().map(|l| l.line()).unwrap_or(1),
-                explain_serde_message(&e.to_string()),
-            )
-        })
-    }
-}
-
-#[derive(Default)]
-pub(super) struct Diags {
-    pub(super) errors: Vec<Diagnostic>,
-    pub(super) warnings: Vec<Diagnostic>,
-}
-
-impl Diags {
-    pub(super) fn error(&mut self, file: &Path, line: usize, message: impl Into<String>) {
-        self.errors.push(Diagnostic::error(file, line, message));
-    }
-
-    pub(super) fn warning(&mut self, file: &Path, line: usize, message: impl Into<String>) {
-        self.warnings.push(Diagnostic::warning(file, line, message));
-    }
-
-    fn fail(self) -> BundleError {
-        BundleError {
-            errors: self.errors,
-            warnings: self.warnings,
-        }
-    }
-}
 
 pub(super) fn load(
     path: &Path,
@@ -356,30 +303,4 @@ fn resolve_variables(
         });
     }
     (target_name, vars, variables)
-}
-
-/// Removes `.` and `..` components lexically, so messages show `pipelines/x.yml`, not
-/// `bundle/resources/../../pipelines/x.yml`.
-pub fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                let last = out.components().next_back();
-                match last {
-                    Some(Component::Normal(_)) => {
-                        out.pop();
-                    }
-                    Some(Component::RootDir) => {}
-                    _ => out.push(".."),
-                }
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    if out.as_os_str().is_empty() {
-        out.push(".");
-    }
-    out
 }

@@ -5,12 +5,12 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-use super::build::{normalize, Diags, Source};
 use super::raw::{RawJob, RawTask};
+use super::source::{normalize, Diags, Source};
 use super::{compute, Diagnostic, Job, Schedule, Task};
 use crate::config::location::{line_of_key_from, line_of_text_from, nearest};
+use crate::config::schedule::QuartzSchedule;
 use crate::config::{ConfigError, Pipeline, Vars};
-use crate::jobs::cron::QuartzSchedule;
 
 /// Largest `max_retries`: a bound, so a failing job cannot retry for days.
 const MAX_RETRIES: i64 = 100;
@@ -81,7 +81,7 @@ impl JobCtx<'_> {
                 }
                 Err(e) => {
                     let key = match e {
-                        crate::jobs::cron::CronError::TimeZone { .. } => "timezone_id",
+                        crate::config::schedule::CronError::TimeZone { .. } => "timezone_id",
                         _ => "quartz_cron_expression",
                     };
                     let tz_line = line_of_key_from(&self.src.text, key, line);

@@ -11,6 +11,7 @@ mod build;
 mod compute;
 mod job;
 mod raw;
+mod source;
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -19,12 +20,12 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-pub use build::normalize;
 pub use compute::{Compute, MAX_MEMORY_LIMIT, MAX_WORKER_THREADS, MIN_MEMORY_LIMIT};
+pub use source::normalize;
 
 use super::{Pipeline, Vars};
+use crate::config::schedule::QuartzSchedule;
 use crate::error::{Classify, ErrorClass};
-use crate::jobs::cron::QuartzSchedule;
 
 /// The file a bundle directory must contain.
 pub const BUNDLE_FILE: &str = "tidemark.yml";

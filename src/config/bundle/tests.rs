@@ -3,7 +3,8 @@
 
 use std::path::Path;
 
-use super::build::{load, normalize};
+use super::build::load;
+use super::source::normalize;
 use super::*;
 
 const ROOT: &str = r#"bundle:

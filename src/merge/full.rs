@@ -1,0 +1,190 @@
+//! Bootstrap and full reload: the whole source, streamed through validation and dedup into one
+//! overwrite commit.
+
+use std::sync::Arc;
+
+use datafusion::catalog::streaming::StreamingTable;
+use datafusion::logical_expr::Expr;
+use datafusion::prelude::ident;
+use deltalake::DeltaTable;
+use futures::StreamExt;
+use tracing::{info_span, Instrument};
+
+use super::*;
+
+impl Run<'_> {
+    pub(super) async fn full(
+        mut self,
+        source_provider: Arc<dyn datafusion::catalog::TableProvider>,
+        target: Option<DeltaTable>,
+        roles: &ColumnRoles,
+        seq_type: &arrow::datatypes::DataType,
+    ) -> Result<RunSummary, RunError> {
+        let q = RunError::query;
+        if let Some(t) = &target {
+            t.update_datafusion_session(&self.ctx.state())
+                .map_err(RunError::delta(Phase::Plan, &self.m.target_uri))?;
+        }
+        self.end_phase(Phase::Plan)?;
+        let input = self
+            .ctx
+            .read_table(source_provider)
+            .map_err(q(Phase::Read))?;
+        let due = validate::due_micros(self.now, self.m.max_future_skew);
+        let split = validate::split(input.clone(), roles, seq_type, due)?;
+        self.summary.num_source_rows_read = match self.source_rows {
+            Some(rows) => rows,
+            None => input
+                .count()
+                .await
+                .map_err(RunError::scan(Phase::Read, &self.m.source_uri))?
+                as u64,
+        };
+        self.end_phase(Phase::Read)?;
+        self.quarantine(split.rejected).await?;
+        let (deferred, floor) = validate::deferred_summary(split.deferred, roles)
+            .await
+            .map_err(RunError::scan(Phase::Validate, &self.m.source_uri))?;
+        self.summary.num_deferred = deferred;
+        self.deferred_floor = floor;
+        self.end_phase(Phase::Validate)?;
+
+        let sorted = split
+            .valid
+            .select(roles.canonical_exprs())
+            .and_then(|df| df.sort(roles.dedup_sort()))
+            .map_err(q(Phase::Dedup))?;
+        let stream = sorted.execute_stream().await.map_err(q(Phase::Dedup))?;
+        let partition =
+            dedup::DedupPartition::new(roles, stream).map_err(RunError::arrow(Phase::Dedup))?;
+        let counts = partition.counts();
+        let scan_error = partition.input_error();
+        let table = StreamingTable::try_new(partition.schema_ref(), vec![Arc::new(partition)])
+            .map_err(q(Phase::Dedup))?;
+        let mut winners = self
+            .ctx
+            .read_table(Arc::new(table))
+            .map_err(q(Phase::Dedup))?;
+        if roles.hard_deletes() {
+            winners = winners
+                .filter(datafusion::logical_expr::not(ident(
+                    crate::config::pipeline::DELETED_COLUMN,
+                )))
+                .map_err(q(Phase::Dedup))?;
+        }
+        let out_cols: Vec<Expr> = roles
+            .target_columns
+            .iter()
+            .map(|c| {
+                let dt = roles
+                    .canonical
+                    .field_with_name(c)
+                    .map(|f| storage::storage_type(f.data_type()))
+                    .unwrap_or(arrow::datatypes::DataType::Null);
+                datafusion::logical_expr::cast(ident(c), dt).alias(c)
+            })
+            .collect();
+        let winners = winners.select(out_cols).map_err(q(Phase::Dedup))?;
+
+        if self.opts.dry_run {
+            let mut stream = winners.execute_stream().await.map_err(q(Phase::Dedup))?;
+            while let Some(b) = stream.next().await {
+                if let Err(e) = b {
+                    return Err(match dedup::take_error(&scan_error) {
+                        Some(source) => RunError::scan(Phase::Read, &self.m.source_uri)(source),
+                        None => q(Phase::Dedup)(e),
+                    });
+                }
+            }
+            self.end_phase(Phase::Dedup)?;
+        } else {
+            // The counts of a streamed reload are known only after the write; its commit
+            // carries what is known before it, and delta-rs adds the written row count.
+            if let Some(t) = &target {
+                self.ensure_unchanged(t).await?;
+            }
+            let props = self.commit_properties();
+            let plan = winners.into_unoptimized_plan();
+            let ctx = self.ctx.clone();
+            let final_facts = streamed_facts(counts.clone(), roles.hard_deletes());
+            let written = write::overwrite(
+                &ctx,
+                target,
+                &self.m.target_uri,
+                &self.p.name,
+                write::FileShape {
+                    file_size: self.m.target_file_size,
+                    row_group_rows: self.m.target_row_group_rows,
+                },
+                plan,
+                write::OverwriteCommit { props, final_facts },
+            )
+            .instrument(info_span!("commit"))
+            .await;
+            // The write streams the source through the dedup; when it failed because the source
+            // could not be read, that is the error to report (the stream only carries its text).
+            let table = match (written, dedup::take_error(&scan_error)) {
+                (Err(_), Some(e)) => {
+                    return Err(RunError::scan(Phase::Read, &self.m.source_uri)(e))
+                }
+                (written, _) => written?,
+            };
+            self.summary.target_version = table.version();
+            self.end_phase(Phase::Write)?;
+            let (added, removed) = last_commit_files(&table).await;
+            self.summary.num_files_added = added;
+            self.summary.num_files_removed = removed;
+        }
+        let c = *counts.lock().map_err(|_| RunError::Internal {
+            phase: Phase::Dedup,
+            message: "the dedup counters were poisoned by a panicked writer thread".into(),
+        })?;
+        // Every winner is new to the rebuilt table: live rows are inserts, deletes are tombstones
+        // (soft) or simply absent (hard).
+        self.summary.num_inserted = c.winners - c.deleted_winners;
+        (self.summary.num_superseded, self.summary.num_duplicates) = (c.superseded, c.duplicates);
+        self.summary.num_conflicts = c.conflicts;
+        self.summary.num_deleted = c.deleted_winners;
+        self.summary.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);
+        Ok(self.finish())
+    }
+}
+
+/// The facts of a streamed reload that are known only once every winner was written; the
+/// commit (written last) carries them, like the run summary.
+fn streamed_facts(
+    counts: Arc<std::sync::Mutex<DedupCounts>>,
+    hard_deletes: bool,
+) -> lake::facts::FinalFacts {
+    Arc::new(move || {
+        let c = *counts.lock().ok()?;
+        let mut facts = serde_json::Map::new();
+        facts.insert(
+            "num_inserted".into(),
+            (c.winners - c.deleted_winners).into(),
+        );
+        facts.insert("num_deleted".into(), c.deleted_winners.into());
+        facts.insert("num_superseded".into(), c.superseded.into());
+        facts.insert("num_duplicates".into(), c.duplicates.into());
+        facts.insert("num_conflicts".into(), c.conflicts.into());
+        facts.insert(
+            "watermark_after".into(),
+            c.watermark(hard_deletes)
+                .and_then(micros_to_time)
+                .map(|t| crate::report::rfc3339(&t))
+                .into(),
+        );
+        Some(facts)
+    })
+}
+
+/// Files added and removed by the table's latest commit (from its log entry).
+async fn last_commit_files(table: &DeltaTable) -> (u64, u64) {
+    match lake::read_commits(table, 1).await {
+        Ok(entries) => entries
+            .first()
+            .map(|e| (e.files_added, e.files_removed))
+            .unwrap_or((0, 0)),
+        Err(_) => (0, 0),
+    }
+}
