@@ -9,10 +9,12 @@ use std::fmt::Write as _;
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde::Serialize;
 
+use crate::config::pipeline::Kind;
+
 /// The phases of a run in the order they execute (the text summary lists them so; a phase
 /// not named here comes last).
-const PHASE_ORDER: &[&str] = &[
-    "plan", "read", "validate", "dedup", "compare", "apply", "commit", "write",
+pub(crate) const PHASE_ORDER: &[&str] = &[
+    "plan", "read", "validate", "dedup", "compare", "commit", "write",
 ];
 
 /// How a run treated the target.
@@ -37,23 +39,20 @@ impl std::fmt::Display for RunMode {
     }
 }
 
-/// Everything a run did, as counted while doing it.
+/// Everything a run did, as counted while doing it: a header every kind fills, then the
+/// kind's own counters (flattened: the JSON is one flat object).
 #[derive(Debug, Clone, Serialize)]
 pub struct RunSummary {
     pub run_id: String,
     pub pipeline: String,
+    /// The pipeline's kind (`cdc_merge`).
+    pub kind: Kind,
     pub mode: RunMode,
     pub dry_run: bool,
     pub source_uri: String,
     pub target_uri: String,
-    #[serde(serialize_with = "rfc3339_opt")]
-    pub watermark_before: Option<DateTime<Utc>>,
-    #[serde(serialize_with = "rfc3339_opt")]
-    pub watermark_after: Option<DateTime<Utc>>,
     /// Source table version this run read (pinned for the whole run).
     pub source_version: u64,
-    /// Source version the previous committed run read; rows landed after it were read in full.
-    pub previous_source_version: Option<i64>,
     /// Target version this run committed; null when nothing was committed.
     pub target_version: Option<u64>,
     pub num_source_rows_read: u64,
@@ -61,6 +60,36 @@ pub struct RunSummary {
     pub num_quarantined: u64,
     /// Of those, rows not already in the quarantine table (written by this run).
     pub num_quarantined_new: u64,
+    pub num_files_added: u64,
+    pub num_files_removed: u64,
+    /// Times the run lost a commit race to another writer and planned again.
+    pub num_replans: u32,
+    pub duration_ms: u64,
+    /// Milliseconds per phase, in the order they ran.
+    pub phases_ms: BTreeMap<String, u64>,
+    pub warnings: Vec<String>,
+    /// What this kind counts.
+    #[serde(flatten)]
+    pub counters: Counters,
+}
+
+/// Each kind's counters. A new kind adds a variant; the header and the other kinds' counters
+/// stay as they are.
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Counters {
+    Merge(MergeCounters),
+}
+
+/// What a `cdc_merge` run counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MergeCounters {
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub watermark_before: Option<DateTime<Utc>>,
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub watermark_after: Option<DateTime<Utc>>,
+    /// Source version the previous committed run read; rows landed after it were read in full.
+    pub previous_source_version: Option<i64>,
     pub num_deferred: u64,
     /// Rows dropped because a newer version of the same key won (older versions, losers of
     /// equal-tuple conflicts).
@@ -76,8 +105,6 @@ pub struct RunSummary {
     pub num_updated: u64,
     pub num_deleted: u64,
     pub num_unchanged: u64,
-    pub num_files_added: u64,
-    pub num_files_removed: u64,
     /// Target files whose key statistics could hold a key of the slice (probed on keys only).
     pub num_files_candidate: u64,
     /// Unchanged rows carried into rewritten files: the price of copy-on-write.
@@ -85,15 +112,18 @@ pub struct RunSummary {
     /// Rows decoded and encoded again (the row groups holding a changed key); the other
     /// copied rows moved as bytes.
     pub num_rows_reencoded: u64,
-    /// Times the run lost a commit race to another writer and planned again.
-    pub num_replans: u32,
     /// True when nothing was left to do because an earlier run already applied this source
     /// version (for example a run whose success response was lost).
     pub already_applied: bool,
-    pub duration_ms: u64,
-    /// Milliseconds per phase, in the order they ran.
-    pub phases_ms: BTreeMap<String, u64>,
-    pub warnings: Vec<String>,
+}
+
+impl RunSummary {
+    /// The merge's counters, when this was a `cdc_merge` run.
+    pub fn merge(&self) -> Option<&MergeCounters> {
+        match &self.counters {
+            Counters::Merge(c) => Some(c),
+        }
+    }
 }
 
 /// The one timestamp format of every summary, report, ledger listing and history: RFC 3339 in
@@ -136,10 +166,11 @@ impl RunSummary {
     /// The summary for people: a headline and aligned counts.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
+        let already_applied = self.merge().is_some_and(|c| c.already_applied);
         let outcome = match (self.dry_run, self.target_version) {
             (true, _) => "dry run: nothing written".to_string(),
             (false, Some(v)) => format!("committed target version {v}"),
-            (false, None) if self.already_applied => format!(
+            (false, None) if already_applied => format!(
                 "source version {} was already applied: no commit",
                 self.source_version
             ),
@@ -150,46 +181,44 @@ impl RunSummary {
             "{} {} run {} — {} ({} ms)",
             self.pipeline, self.mode, self.run_id, outcome, self.duration_ms
         );
-        let rows: Vec<(&str, String)> = vec![
-            (
-                "source version",
-                format!(
-                    "{} (previous run read {})",
-                    self.source_version,
-                    self.previous_source_version
-                        .map_or("-".to_string(), |v| v.to_string())
+        let quarantined = format!(
+            "{} ({} new)",
+            self.num_quarantined, self.num_quarantined_new
+        );
+        let files = format!("{}/{}", self.num_files_added, self.num_files_removed);
+        let rows: Vec<(&str, String)> = match &self.counters {
+            Counters::Merge(c) => vec![
+                (
+                    "source version",
+                    format!(
+                        "{} (previous run read {})",
+                        self.source_version,
+                        c.previous_source_version
+                            .map_or("-".to_string(), |v| v.to_string())
+                    ),
                 ),
-            ),
-            (
-                "watermark",
-                format!(
-                    "{} -> {}",
-                    fmt_time(&self.watermark_before),
-                    fmt_time(&self.watermark_after)
+                (
+                    "watermark",
+                    format!(
+                        "{} -> {}",
+                        fmt_time(&c.watermark_before),
+                        fmt_time(&c.watermark_after)
+                    ),
                 ),
-            ),
-            ("rows read", self.num_source_rows_read.to_string()),
-            ("late rows", self.num_late_rows.to_string()),
-            (
-                "quarantined",
-                format!(
-                    "{} ({} new)",
-                    self.num_quarantined, self.num_quarantined_new
-                ),
-            ),
-            ("deferred (future)", self.num_deferred.to_string()),
-            ("superseded versions", self.num_superseded.to_string()),
-            ("duplicates (re-delivered)", self.num_duplicates.to_string()),
-            ("conflicts", self.num_conflicts.to_string()),
-            ("inserted", self.num_inserted.to_string()),
-            ("updated", self.num_updated.to_string()),
-            ("deleted", self.num_deleted.to_string()),
-            ("unchanged", self.num_unchanged.to_string()),
-            (
-                "files added/removed",
-                format!("{}/{}", self.num_files_added, self.num_files_removed),
-            ),
-        ];
+                ("rows read", self.num_source_rows_read.to_string()),
+                ("late rows", c.num_late_rows.to_string()),
+                ("quarantined", quarantined),
+                ("deferred (future)", c.num_deferred.to_string()),
+                ("superseded versions", c.num_superseded.to_string()),
+                ("duplicates (re-delivered)", c.num_duplicates.to_string()),
+                ("conflicts", c.num_conflicts.to_string()),
+                ("inserted", c.num_inserted.to_string()),
+                ("updated", c.num_updated.to_string()),
+                ("deleted", c.num_deleted.to_string()),
+                ("unchanged", c.num_unchanged.to_string()),
+                ("files added/removed", files),
+            ],
+        };
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         for (k, v) in rows {
             let _ = writeln!(out, "  {k:<width$}  {v}");

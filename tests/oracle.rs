@@ -143,7 +143,10 @@ async fn check_scenario(
         let mut ids: Vec<&str> = actual.iter().map(|r| r.id.as_str()).collect();
         ids.dedup();
         prop_assert_eq!(ids.len(), actual.len(), "duplicate keys in the target");
-        let wm = summary.watermark_after.map(|t| t.timestamp_micros());
+        let wm = summary
+            .merge()
+            .and_then(|c| c.watermark_after)
+            .map(|t| t.timestamp_micros());
         prop_assert!(
             wm >= last_watermark.map(|w| w - 1000),
             "watermark went backwards: {:?} -> {:?}",
@@ -252,7 +255,12 @@ async fn restore_then_incremental_converges() {
         landed.extend(b.clone());
         let s = run_once(&pipeline, T0 + (i as i64 + 1) * HOUR, false).await;
         if i > 0 {
-            assert_eq!(s.num_late_rows, 1, "{}", s.to_json());
+            assert_eq!(
+                s.merge().map(|c| c.num_late_rows),
+                Some(1),
+                "{}",
+                s.to_json()
+            );
         }
     }
     let now = T0 + 3 * HOUR;

@@ -24,7 +24,7 @@ use serde::Serialize;
 
 use super::JobsError;
 use crate::lake;
-use crate::report::RunSummary;
+use crate::report::{Counters, RunSummary};
 use crate::run::Engine;
 
 /// What started an attempt.
@@ -155,19 +155,23 @@ impl LedgerRow {
         self.mode = Some(s.mode.to_string());
         self.source_version = n(s.source_version);
         self.target_version = s.target_version.and_then(n);
-        self.watermark_before = s.watermark_before;
-        self.watermark_after = s.watermark_after;
         self.num_source_rows_read = n(s.num_source_rows_read);
-        self.num_inserted = n(s.num_inserted);
-        self.num_updated = n(s.num_updated);
-        self.num_deleted = n(s.num_deleted);
-        self.num_unchanged = n(s.num_unchanged);
         self.num_quarantined = n(s.num_quarantined);
-        self.num_deferred = n(s.num_deferred);
-        self.num_late_rows = n(s.num_late_rows);
-        self.num_conflicts = n(s.num_conflicts);
-        self.num_superseded = n(s.num_superseded);
-        self.num_duplicates = n(s.num_duplicates);
+        match &s.counters {
+            Counters::Merge(c) => {
+                self.watermark_before = c.watermark_before;
+                self.watermark_after = c.watermark_after;
+                self.num_inserted = n(c.num_inserted);
+                self.num_updated = n(c.num_updated);
+                self.num_deleted = n(c.num_deleted);
+                self.num_unchanged = n(c.num_unchanged);
+                self.num_deferred = n(c.num_deferred);
+                self.num_late_rows = n(c.num_late_rows);
+                self.num_conflicts = n(c.num_conflicts);
+                self.num_superseded = n(c.num_superseded);
+                self.num_duplicates = n(c.num_duplicates);
+            }
+        }
         self
     }
 }

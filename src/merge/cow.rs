@@ -1,4 +1,4 @@
-//! Copy-on-write apply for incremental runs: touch only the row groups that hold a changed key.
+//! Copy-on-write rewrite for incremental runs: touch only the row groups that hold a changed key.
 //!
 //! A MERGE by key scans every target file whose key range overlaps the slice's; with a thin tail
 //! of old keys (refunds, chargebacks) that is most of the table. Here the run decides itself:
@@ -42,13 +42,13 @@ use crate::run::{Phase, RunError};
 
 /// What applying the slice did (or would do).
 #[derive(Debug, Default)]
-pub struct Applied {
+pub struct Rewritten {
     pub inserted: u64,
     pub updated: u64,
     pub deleted: u64,
     pub unchanged: u64,
     pub conflicts: u64,
-    /// Largest sequence among the applied rows that stay live (soft deletes: all of them).
+    /// Largest sequence among the changed rows that stay live (soft deletes: all of them).
     pub max_sequence: Option<i64>,
     /// Sequence of every row that changed the target (inserted, updated or deleted), µs.
     pub changed_sequences: Vec<i64>,
@@ -64,7 +64,7 @@ pub struct Applied {
     actions: Vec<Action>,
 }
 
-impl Applied {
+impl Rewritten {
     /// Whether the commit would change anything.
     pub fn is_empty(&self) -> bool {
         self.actions.is_empty()
@@ -225,7 +225,7 @@ fn possibly_truncated(max: Option<&arrow::array::ArrayRef>, i: usize) -> bool {
     }
 }
 
-/// Everything the copy-on-write apply needs besides the slice.
+/// Everything the copy-on-write rewrite needs besides the slice.
 pub struct Target<'a> {
     pub table: &'a DeltaTable,
     pub uri: &'a str,
@@ -565,16 +565,16 @@ async fn rewrite_file(
 }
 
 /// Decides and (unless `dry_run`) writes the changes of `winners` against the target.
-pub async fn apply(
+pub async fn rewrite(
     target: &Target<'_>,
     roles: &ColumnRoles,
     winners: &RecordBatch,
     already_conflicting: &HashSet<Box<[u8]>>,
     dry_run: bool,
-) -> Result<Applied, RunError> {
+) -> Result<Rewritten, RunError> {
     let uri = target.uri;
     let d = |source| RunError::delta(Phase::Compare, uri)(source);
-    let mut out = Applied::default();
+    let mut out = Rewritten::default();
     if winners.num_rows() == 0 {
         return Ok(out);
     }
@@ -805,11 +805,11 @@ fn assemble(
     RecordBatch::try_new(schema.clone(), columns).map_err(RunError::arrow(Phase::Compare))
 }
 
-/// Commits the removes and adds of `applied` in one commit with `props`.
+/// Commits the removes and adds of `rewrite` in one commit with `props`.
 pub async fn commit(
     target: &DeltaTable,
     uri: &str,
-    applied: Applied,
+    rewrite: Rewritten,
     props: CommitProperties,
 ) -> Result<u64, RunError> {
     let d = RunError::delta(Phase::Commit, uri);
@@ -822,9 +822,77 @@ pub async fn commit(
         not_matched_by_source_predicates: vec![],
     };
     let finalized = CommitBuilder::from(props)
-        .with_actions(applied.actions)
+        .with_actions(rewrite.actions)
         .build(Some(snapshot), target.log_store(), operation)
         .await
         .map_err(RunError::write(Phase::Commit, uri))?;
     Ok(finalized.version())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{ArrayRef, StringArray};
+
+    use super::*;
+
+    fn keys(ks: &[&str]) -> Vec<Box<[u8]>> {
+        ks.iter().map(|k| k.as_bytes().into()).collect()
+    }
+
+    #[test]
+    fn a_range_admits_a_key_only_when_one_lies_inside_its_bounds() {
+        let sorted = keys(&["b", "d", "f"]);
+        assert!(
+            admits(&sorted, Some(b"a"), Some(b"b")),
+            "inclusive upper bound"
+        );
+        assert!(
+            admits(&sorted, Some(b"f"), Some(b"z")),
+            "inclusive lower bound"
+        );
+        assert!(!admits(&sorted, Some(b"g"), Some(b"z")), "above every key");
+        assert!(!admits(&sorted, Some(b"a"), Some(b"a")), "below every key");
+        assert!(!admits(&sorted, Some(b"c"), Some(b"c")), "between two keys");
+    }
+
+    #[test]
+    fn open_bounds_are_unbounded_and_no_keys_admit_nothing() {
+        let sorted = keys(&["m"]);
+        assert!(admits(&sorted, None, None));
+        assert!(admits(&sorted, None, Some(b"m")));
+        assert!(admits(&sorted, Some(b"m"), None));
+        assert!(!admits(&sorted, None, Some(b"l")));
+        assert!(!admits(&sorted, Some(b"n"), None));
+        assert!(
+            !admits(&[], None, None),
+            "a slice without keys touches no file"
+        );
+    }
+
+    #[test]
+    fn a_long_string_maximum_may_be_truncated_and_is_no_upper_bound() {
+        let long = "p".repeat(32);
+        let max: ArrayRef = Arc::new(StringArray::from(vec![
+            Some("pay_0001"),
+            Some(long.as_str()),
+            None,
+        ]));
+        assert!(!possibly_truncated(Some(&max), 0));
+        assert!(
+            possibly_truncated(Some(&max), 1),
+            "32 characters: a writer may have cut it"
+        );
+        assert!(
+            !possibly_truncated(Some(&max), 2),
+            "no statistic is handled as missing"
+        );
+        let ints: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![i64::MAX]));
+        assert!(
+            !possibly_truncated(Some(&ints), 0),
+            "numbers are never truncated"
+        );
+        assert!(!possibly_truncated(None, 0));
+    }
 }

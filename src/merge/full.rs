@@ -45,7 +45,7 @@ impl Run<'_> {
         let (deferred, floor) = validate::deferred_summary(split.deferred, roles)
             .await
             .map_err(RunError::scan(Phase::Validate, &self.m.source_uri))?;
-        self.summary.num_deferred = deferred;
+        self.c.num_deferred = deferred;
         self.deferred_floor = floor;
         self.end_phase(Phase::Validate)?;
 
@@ -141,11 +141,11 @@ impl Run<'_> {
         })?;
         // Every winner is new to the rebuilt table: live rows are inserts, deletes are tombstones
         // (soft) or simply absent (hard).
-        self.summary.num_inserted = c.winners - c.deleted_winners;
-        (self.summary.num_superseded, self.summary.num_duplicates) = (c.superseded, c.duplicates);
-        self.summary.num_conflicts = c.conflicts;
-        self.summary.num_deleted = c.deleted_winners;
-        self.summary.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);
+        self.c.num_inserted = c.winners - c.deleted_winners;
+        (self.c.num_superseded, self.c.num_duplicates) = (c.superseded, c.duplicates);
+        self.c.num_conflicts = c.conflicts;
+        self.c.num_deleted = c.deleted_winners;
+        self.c.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);
         Ok(self.finish())
     }
 }

@@ -52,10 +52,10 @@ impl Run<'_> {
         let before = planned.target_max.map(|w| w.timestamp_micros());
         let previous = planned.previous;
         if let Some(fast) = fast {
-            self.apply_copy_on_write(target, &fast, roles, &winners, &deduper, previous, before)
+            self.commit_by_rewrite(target, &fast, roles, &winners, &deduper, previous, before)
                 .await?;
         } else {
-            self.apply_with_merge(target, roles, &winners, &deduper, previous, before)
+            self.commit_with_merge(target, roles, &winners, &deduper, previous, before)
                 .await?;
         }
         Ok(self.finish())
@@ -81,7 +81,7 @@ impl Run<'_> {
         }
         let record = self.recorded(target).await?;
         let previous = record.version;
-        self.summary.previous_source_version = previous;
+        self.c.previous_source_version = previous;
         let target_max = self.watermark(target, roles).await?;
         let read = horizon::plan(horizon::Inputs {
             p: self.p,
@@ -97,7 +97,7 @@ impl Run<'_> {
         for w in &read.warnings {
             self.warn(w.clone());
         }
-        self.summary.watermark_before = read.watermark;
+        self.c.watermark_before = read.watermark;
         if read.late_is_approximate {
             self.late_bound = read.lo;
         }
@@ -203,7 +203,7 @@ impl Run<'_> {
         let q = RunError::query;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
         let split = validate::split(input, roles, seq_type, due)?;
-        self.summary.num_late_rows = split
+        self.c.num_late_rows = split
             .valid
             .clone()
             .filter(ident(LATE_COLUMN))
@@ -219,7 +219,7 @@ impl Run<'_> {
         let (deferred, floor) = validate::deferred_summary(split.deferred, roles)
             .await
             .map_err(q(Phase::Validate))?;
-        self.summary.num_deferred = deferred;
+        self.c.num_deferred = deferred;
         self.deferred_floor = floor;
         Ok(split.valid)
     }
@@ -247,9 +247,8 @@ impl Run<'_> {
         }
         winners.extend(deduper.finish().map_err(a(Phase::Dedup))?);
         let counts = deduper.counts();
-        (self.summary.num_superseded, self.summary.num_duplicates) =
-            (counts.superseded, counts.duplicates);
-        self.summary.num_conflicts = counts.conflicts;
+        (self.c.num_superseded, self.c.num_duplicates) = (counts.superseded, counts.duplicates);
+        self.c.num_conflicts = counts.conflicts;
         let winners =
             arrow::compute::concat_batches(&roles.canonical, &winners).map_err(a(Phase::Dedup))?;
         Ok((winners, deduper))
@@ -266,23 +265,22 @@ impl Run<'_> {
         if let Some(lo) = self.late_bound {
             // Every landed row was flagged late (log gap, recreated source): count those that
             // changed something and that the slice could not have found.
-            self.summary.num_late_rows =
-                changed_sequences.iter().filter(|s| **s <= lo).count() as u64;
+            self.c.num_late_rows = changed_sequences.iter().filter(|s| **s <= lo).count() as u64;
         }
-        self.summary.num_conflicts += counts.conflicts;
-        self.summary.num_inserted = counts.inserted;
-        self.summary.num_updated = counts.updated;
-        self.summary.num_deleted = counts.deleted;
-        self.summary.num_unchanged = counts.unchanged;
-        self.summary.watermark_after = before.max(max_sequence).and_then(micros_to_time);
-        self.summary.already_applied =
+        self.c.num_conflicts += counts.conflicts;
+        self.c.num_inserted = counts.inserted;
+        self.c.num_updated = counts.updated;
+        self.c.num_deleted = counts.deleted;
+        self.c.num_unchanged = counts.unchanged;
+        self.c.watermark_after = before.max(max_sequence).and_then(micros_to_time);
+        self.c.already_applied =
             !counts.changes_anything() && previous == Some(self.summary.source_version as i64);
     }
 
     /// The normal path: only files holding a changed key are rewritten, and in them only the
     /// row groups holding one are re-encoded.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn apply_copy_on_write(
+    pub(super) async fn commit_by_rewrite(
         &mut self,
         target: DeltaTable,
         fast: &FastPath,
@@ -292,7 +290,7 @@ impl Run<'_> {
         previous: Option<i64>,
         before: Option<i64>,
     ) -> Result<(), RunError> {
-        let applied = cow::apply(
+        let rewrite = cow::rewrite(
             &cow::Target {
                 table: &target,
                 uri: &self.m.target_uri,
@@ -305,34 +303,34 @@ impl Run<'_> {
             deduper.conflict_keys(),
             self.opts.dry_run,
         )
-        .instrument(info_span!("apply"))
+        .instrument(info_span!("rewrite"))
         .await?;
         self.record_outcome(
             Counts {
-                inserted: applied.inserted,
-                updated: applied.updated,
-                deleted: applied.deleted,
-                unchanged: applied.unchanged,
-                conflicts: applied.conflicts,
+                inserted: rewrite.inserted,
+                updated: rewrite.updated,
+                deleted: rewrite.deleted,
+                unchanged: rewrite.unchanged,
+                conflicts: rewrite.conflicts,
             },
-            applied.max_sequence,
-            &applied.changed_sequences,
+            rewrite.max_sequence,
+            &rewrite.changed_sequences,
             before,
             previous,
         );
-        self.summary.num_files_candidate = applied.files_candidate;
-        self.summary.num_rows_copied = applied.rows_copied;
-        self.summary.num_rows_reencoded = applied.rows_reencoded;
+        self.c.num_files_candidate = rewrite.files_candidate;
+        self.c.num_rows_copied = rewrite.rows_copied;
+        self.c.num_rows_reencoded = rewrite.rows_reencoded;
         self.end_phase(Phase::Compare)?;
-        if applied.is_empty() || self.opts.dry_run {
+        if rewrite.is_empty() || self.opts.dry_run {
             return Ok(());
         }
         crate::failpoint::hit(&phase::Path::Incremental.before(Phase::Commit))?;
         self.ensure_unchanged(&target).await?;
-        self.summary.num_files_added = applied.files_added;
-        self.summary.num_files_removed = applied.files_removed;
+        self.summary.num_files_added = rewrite.files_added;
+        self.summary.num_files_removed = rewrite.files_removed;
         let props = self.commit_properties();
-        let version = cow::commit(&target, &self.m.target_uri, applied, props)
+        let version = cow::commit(&target, &self.m.target_uri, rewrite, props)
             .instrument(info_span!("commit"))
             .await?;
         self.summary.target_version = Some(version);
@@ -341,7 +339,7 @@ impl Run<'_> {
 
     /// Schema evolution (`on_schema_change: add_new_columns`) goes through delta-rs' MERGE,
     /// which adds the new columns to the table metadata in the same commit.
-    pub(super) async fn apply_with_merge(
+    pub(super) async fn commit_with_merge(
         &mut self,
         target: DeltaTable,
         roles: &ColumnRoles,

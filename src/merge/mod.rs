@@ -24,10 +24,11 @@ use deltalake::kernel::transaction::CommitProperties;
 use tracing::{info, info_span, warn, Instrument};
 
 use crate::config::pipeline::CdcMerge;
+use crate::config::pipeline::Kind;
 use crate::config::Pipeline;
 use crate::lake::datafile::FastPath;
 use crate::lake::{self, storage, StatsMax, COMMIT_INFO_KEY};
-use crate::report::{RunMode, RunSummary};
+use crate::report::{Counters, MergeCounters, RunMode, RunSummary};
 use crate::run::phase::{self, Phase, Timer};
 use crate::run::render::row_count;
 use crate::run::roles::{self, ColumnRoles};
@@ -73,7 +74,10 @@ struct Run<'a> {
     now: DateTime<Utc>,
     ctx: SessionContext,
     timer: Timer,
+    /// The header of the summary (every kind's).
     summary: RunSummary,
+    /// What this merge counts; moved into the summary when the run finishes.
+    c: MergeCounters,
     /// Source rows per the log's statistics (a full reload reads them all).
     source_rows: Option<u64>,
     /// The source's table id (`metaData.id`), recorded (as a fingerprint) with the version.
@@ -104,37 +108,23 @@ impl<'a> Run<'a> {
         let summary = RunSummary {
             run_id,
             pipeline: p.name.clone(),
+            kind: Kind::CdcMerge,
             mode: RunMode::Incremental,
             dry_run: opts.dry_run,
             source_uri: m.source_uri.clone(),
             target_uri: m.target_uri.clone(),
-            watermark_before: None,
-            watermark_after: None,
             source_version: 0,
-            previous_source_version: None,
             target_version: None,
             num_source_rows_read: 0,
             num_quarantined: 0,
             num_quarantined_new: 0,
-            num_deferred: 0,
-            num_superseded: 0,
-            num_duplicates: 0,
-            num_conflicts: 0,
-            num_late_rows: 0,
-            num_inserted: 0,
-            num_updated: 0,
-            num_deleted: 0,
-            num_unchanged: 0,
             num_files_added: 0,
             num_files_removed: 0,
             num_replans: 0,
-            num_files_candidate: 0,
-            num_rows_copied: 0,
-            num_rows_reencoded: 0,
-            already_applied: false,
             duration_ms: 0,
             phases_ms: BTreeMap::new(),
             warnings: Vec::new(),
+            counters: Counters::Merge(MergeCounters::default()),
         };
         Run {
             p,
@@ -144,6 +134,7 @@ impl<'a> Run<'a> {
             ctx: engine.context(),
             timer: Timer::default(),
             summary,
+            c: MergeCounters::default(),
             source_rows: None,
             source_table_id: None,
             deferred_floor: None,
@@ -233,7 +224,7 @@ impl<'a> Run<'a> {
         };
         if self.opts.full_reload {
             self.summary.mode = RunMode::FullReload;
-            self.summary.watermark_before = self.watermark(&target, &roles).await?;
+            self.c.watermark_before = self.watermark(&target, &roles).await?;
             return self
                 .full(source_provider, Some(target), &roles, &seq_type)
                 .await;
@@ -269,25 +260,25 @@ impl<'a> Run<'a> {
     }
 
     pub(super) fn commit_properties(&self) -> CommitProperties {
-        let s = &self.summary;
+        let (s, c) = (&self.summary, &self.c);
         let facts = serde_json::json!({
             "run_id": s.run_id,
             "pipeline": s.pipeline,
             "mode": s.mode,
-            "watermark_before": s.watermark_before.map(|t| crate::report::rfc3339(&t)),
-            "watermark_after": s.watermark_after.map(|t| crate::report::rfc3339(&t)),
+            "watermark_before": c.watermark_before.map(|t| crate::report::rfc3339(&t)),
+            "watermark_after": c.watermark_after.map(|t| crate::report::rfc3339(&t)),
             "source_version": s.source_version,
-            "previous_source_version": s.previous_source_version,
+            "previous_source_version": c.previous_source_version,
             "num_source_rows_read": s.num_source_rows_read,
             "num_quarantined": s.num_quarantined,
-            "num_deferred": s.num_deferred,
-            "num_late_rows": s.num_late_rows,
-            "num_inserted": s.num_inserted,
-            "num_updated": s.num_updated,
-            "num_deleted": s.num_deleted,
-            "num_conflicts": s.num_conflicts,
-            "num_superseded": s.num_superseded,
-            "num_duplicates": s.num_duplicates,
+            "num_deferred": c.num_deferred,
+            "num_late_rows": c.num_late_rows,
+            "num_inserted": c.num_inserted,
+            "num_updated": c.num_updated,
+            "num_deleted": c.num_deleted,
+            "num_conflicts": c.num_conflicts,
+            "num_superseded": c.num_superseded,
+            "num_duplicates": c.num_duplicates,
             "source_table_id": self.source_table_id,
             "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| crate::report::rfc3339(&t)),
         });
@@ -307,12 +298,13 @@ impl<'a> Run<'a> {
         info!(
             mode = %self.summary.mode,
             target_version = ?self.summary.target_version,
-            inserted = self.summary.num_inserted,
-            updated = self.summary.num_updated,
-            deleted = self.summary.num_deleted,
-            late = self.summary.num_late_rows,
+            inserted = self.c.num_inserted,
+            updated = self.c.num_updated,
+            deleted = self.c.num_deleted,
+            late = self.c.num_late_rows,
             "run finished"
         );
+        self.summary.counters = Counters::Merge(self.c);
         self.summary
     }
 }

@@ -158,6 +158,17 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_lists_the_timed_phases_in_this_order() {
+        let names: Vec<&str> = Phase::TIMED.iter().map(|p| p.as_str()).collect();
+        let listed: Vec<&str> = crate::report::PHASE_ORDER
+            .iter()
+            .copied()
+            .filter(|n| names.contains(n))
+            .collect();
+        assert_eq!(listed, names);
+    }
+
+    #[test]
     fn the_timer_adds_up_a_phase_that_runs_twice() {
         let mut t = Timer::default();
         t.end(Phase::Compare, Path::Incremental)

@@ -121,3 +121,122 @@ pub async fn deferred_summary(
     };
     Ok((count, floor.is_valid(0).then(|| floor.value(0))))
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Array, RecordBatch, StringArray, TimestampMicrosecondArray};
+    use arrow::datatypes::{Field, Schema, TimeUnit};
+    use datafusion::prelude::SessionContext;
+
+    use super::*;
+    use crate::config::{Pipeline, Vars};
+
+    const HOUR: i64 = 3_600_000_000;
+
+    async fn ids(df: DataFrame) -> Vec<String> {
+        let mut out: Vec<String> = df
+            .collect()
+            .await
+            .expect("collect")
+            .iter()
+            .flat_map(|b| {
+                let c = b
+                    .column_by_name("id")
+                    .expect("id")
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .expect("strings")
+                    .clone();
+                (0..c.len())
+                    .map(|i| {
+                        if c.is_null(i) {
+                            "null".to_string()
+                        } else {
+                            c.value(i).to_string()
+                        }
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    #[tokio::test]
+    async fn rows_split_into_valid_rejected_and_deferred() {
+        let p = Pipeline::parse(
+            std::path::Path::new("p.yml"),
+            "name: t\nkind: cdc_merge\nsource: { uri: /tmp/l/b }\ntarget: { uri: /tmp/l/s }\nkeys: [id]\nsequence_by: ts\noverlap: 1h\nquarantine: { uri: /tmp/l/q }\n",
+            &Vars::new(),
+        )
+        .expect("pipeline");
+        let ts = DataType::Timestamp(TimeUnit::Microsecond, None);
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, true),
+            Field::new("ts", ts.clone(), true),
+        ]));
+        let roles =
+            ColumnRoles::new(&p, p.cdc_merge("test").expect("merge"), &schema).expect("roles");
+        let due = 10 * HOUR;
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(StringArray::from(vec![
+                    Some("now"),
+                    Some("due"),
+                    None,
+                    Some("noseq"),
+                    Some("future"),
+                ])),
+                Arc::new(TimestampMicrosecondArray::from(vec![
+                    Some(due - HOUR),
+                    Some(due),
+                    Some(due - HOUR),
+                    None,
+                    Some(due + 1),
+                ])),
+            ],
+        )
+        .expect("batch");
+        let ctx = SessionContext::new();
+        let input = ctx.read_batch(batch).expect("frame");
+        let split = split(input, &roles, &ts, due).expect("split");
+        assert_eq!(
+            ids(split.valid).await,
+            vec!["due", "now"],
+            "up to `due` inclusive"
+        );
+        assert_eq!(ids(split.rejected.clone()).await, vec!["noseq", "null"]);
+        assert_eq!(ids(split.deferred).await, vec!["future"]);
+        let reasons: Vec<String> = split
+            .rejected
+            .select_columns(&[REASON_COLUMN])
+            .expect("reason")
+            .collect()
+            .await
+            .expect("collect")
+            .iter()
+            .flat_map(|b| {
+                let c = b
+                    .column(0)
+                    .as_any()
+                    .downcast_ref::<StringArray>()
+                    .expect("strings")
+                    .clone();
+                (0..c.len())
+                    .map(|i| c.value(i).to_string())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        assert!(
+            reasons.contains(&"null key column `id`".to_string()),
+            "{reasons:?}"
+        );
+        assert!(
+            reasons.contains(&"null sequence column `ts`".to_string()),
+            "{reasons:?}"
+        );
+    }
+}
