@@ -5,7 +5,6 @@
 //! rerun of the same hour writes nothing at all, and equal-tuple conflicts are resolved by the
 //! same content order as the dedup, so incremental runs agree with a full reload.
 
-use std::cmp::Ordering;
 use std::collections::{HashMap, HashSet};
 
 use arrow::array::{RecordBatch, UInt32Array};
@@ -18,6 +17,7 @@ use datafusion::prelude::{ident, SessionContext};
 use datafusion::scalar::ScalarValue;
 use deltalake::DeltaTable;
 
+use super::decide::{self, Verdict};
 use crate::lake::storage::cast_to;
 use crate::run::dedup::RowEncoders;
 use crate::run::render::render_key;
@@ -78,44 +78,32 @@ pub async fn detect(
     let hard = roles.hard_deletes();
     for i in 0..winners.num_rows() {
         let deleted = e.is_deleted(i);
-        let apply = match existing.get(e.keys.row(i).as_ref()) {
-            None if deleted && hard => false,
-            None => {
-                if deleted {
-                    cs.deleted += 1;
-                } else {
-                    cs.inserted += 1;
-                }
-                true
-            }
+        let verdict = match existing.get(e.keys.row(i).as_ref()) {
+            None => decide::absent(deleted, hard),
             Some(t) => {
-                let tuple_cmp = e.tuples.row(i).cmp(&t.tuple.row());
-                let content_differs = e.contents.row(i) != t.content.row();
-                if tuple_cmp == Ordering::Equal
-                    && content_differs
-                    && !already_conflicting.contains(e.keys.row(i).as_ref())
-                {
-                    cs.conflicts += 1;
-                }
-                let newer = tuple_cmp.then_with(|| e.contents.row(i).cmp(&t.content.row()))
-                    == Ordering::Greater;
-                if newer {
-                    match (deleted, t.deleted) {
-                        (true, false) => cs.deleted += 1,
-                        _ => cs.updated += 1,
-                    }
-                }
-                newer
+                let (verdict, conflict) = decide::matched(
+                    e.tuples.row(i).cmp(&t.tuple.row()),
+                    e.contents.row(i).cmp(&t.content.row()),
+                    deleted,
+                    t.deleted,
+                    already_conflicting.contains(e.keys.row(i).as_ref()),
+                );
+                cs.conflicts += u64::from(conflict);
+                verdict
             }
         };
-        if apply {
+        match verdict {
+            Verdict::Insert => cs.inserted += 1,
+            Verdict::Delete => cs.deleted += 1,
+            Verdict::Update => cs.updated += 1,
+            Verdict::Unchanged => cs.unchanged += 1,
+        }
+        if verdict.changes() {
             keep.push(i as u32);
             cs.changed_sequences.extend(e.sequence_micros(i));
-            if !(deleted && hard) {
+            if decide::stays(deleted, hard) {
                 cs.max_sequence = cs.max_sequence.max(e.sequence_micros(i));
             }
-        } else {
-            cs.unchanged += 1;
         }
     }
     if !keep.is_empty() {

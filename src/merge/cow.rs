@@ -32,6 +32,7 @@ use deltalake::DeltaTable;
 
 use futures::StreamExt;
 
+use super::decide::{self, Verdict};
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::lake::datafile::{DataFile, FastPath, NewFile};
 use crate::lake::storage::cast_to;
@@ -526,25 +527,26 @@ async fn rewrite_file(
                 pieces.push((false, row as u32));
                 continue;
             }
-            let tuple_cmp = w.tuples.row(i).cmp(&t.tuples.row(row));
-            let content_cmp = w.contents.row(i).cmp(&t.contents.row(row));
-            if tuple_cmp == Ordering::Equal
-                && content_cmp != Ordering::Equal
-                && !r.already_conflicting.contains(w.keys.row(i).as_ref())
-            {
-                o.conflicts += 1;
-            }
-            if tuple_cmp.then(content_cmp) != Ordering::Greater {
-                o.lost.push(i);
-                pieces.push((false, row as u32));
-                continue;
-            }
             let deleted = w.is_deleted(i);
-            match (deleted, t.is_deleted(row)) {
-                (true, false) => o.deleted += 1,
-                _ => o.updated += 1,
+            let (verdict, conflict) = decide::matched(
+                w.tuples.row(i).cmp(&t.tuples.row(row)),
+                w.contents.row(i).cmp(&t.contents.row(row)),
+                deleted,
+                t.is_deleted(row),
+                r.already_conflicting.contains(w.keys.row(i).as_ref()),
+            );
+            o.conflicts += u64::from(conflict);
+            match verdict {
+                Verdict::Unchanged => {
+                    o.lost.push(i);
+                    pieces.push((false, row as u32));
+                    continue;
+                }
+                Verdict::Delete => o.deleted += 1,
+                // (a held key is never an insert)
+                Verdict::Update | Verdict::Insert => o.updated += 1,
             }
-            if !(deleted && hard) {
+            if decide::stays(deleted, hard) {
                 o.max_sequence = o.max_sequence.max(w.sequence_micros(i));
                 pieces.push((true, i as u32));
             }
@@ -747,15 +749,13 @@ pub async fn rewrite(
         .enumerate()
         .filter(|(_, f)| **f == Found::Absent)
     {
-        let deleted = w.is_deleted(i);
-        if deleted && hard {
-            out.unchanged += 1;
-            continue;
-        }
-        if deleted {
-            out.deleted += 1;
-        } else {
-            out.inserted += 1;
+        match decide::absent(w.is_deleted(i), hard) {
+            Verdict::Unchanged => {
+                out.unchanged += 1;
+                continue;
+            }
+            Verdict::Delete => out.deleted += 1,
+            Verdict::Insert | Verdict::Update => out.inserted += 1,
         }
         out.max_sequence = out.max_sequence.max(w.sequence_micros(i));
         out.changed_sequences.extend(w.sequence_micros(i));

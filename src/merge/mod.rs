@@ -9,6 +9,7 @@
 
 mod changes;
 mod cow;
+mod decide;
 mod full;
 mod horizon;
 mod incremental;
