@@ -32,6 +32,12 @@ use deltalake::DeltaTable;
 
 use futures::StreamExt;
 
+mod file;
+mod prune;
+
+use file::rewrite_file;
+use prune::{admitted_row_groups, candidates, key_converter, sorted_first_keys, sub_schema};
+
 use super::decide::{self, Verdict};
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::lake::datafile::{DataFile, FastPath, NewFile};
@@ -72,6 +78,16 @@ impl Rewritten {
     }
 }
 
+/// Everything the copy-on-write rewrite needs besides the slice.
+pub struct Target<'a> {
+    pub table: &'a DeltaTable,
+    pub uri: &'a str,
+    pub fast: &'a FastPath,
+    pub row_group_rows: usize,
+    /// Files rewritten at the same time (the run's `--threads`).
+    pub parallelism: usize,
+}
+
 struct FileInfo {
     path: String,
     size: u64,
@@ -86,225 +102,6 @@ enum Found {
     Older,
     /// In this file, with an older or equal tuple: decided while rewriting the file.
     Decide(usize),
-}
-
-fn key_converter(roles: &ColumnRoles, names: &[String]) -> Result<RowConverter, RunError> {
-    RowConverter::new(
-        names
-            .iter()
-            .map(|n| {
-                roles
-                    .canonical
-                    .field_with_name(n)
-                    .map(|f| SortField::new(f.data_type().clone()))
-                    .map_err(|e| RunError::arrow(Phase::Compare)(e))
-            })
-            .collect::<Result<Vec<_>, _>>()?,
-    )
-    .map_err(RunError::arrow(Phase::Compare))
-}
-
-fn sub_schema(roles: &ColumnRoles, names: &[String]) -> Result<SchemaRef, RunError> {
-    Ok(Arc::new(Schema::new(
-        names
-            .iter()
-            .map(|n| {
-                roles
-                    .canonical
-                    .field_with_name(n)
-                    .map(|f| f.as_ref().clone())
-                    .map_err(|e| RunError::arrow(Phase::Compare)(e))
-            })
-            .collect::<Result<Vec<Field>, _>>()?,
-    )))
-}
-
-/// Whether a key range `[lo, hi]` (encoded; `None`: unbounded on that side) holds at least one
-/// of the ascending `sorted` keys. Files (from the log) and row groups (from their footers) are
-/// pruned by the same rule.
-fn admits(sorted: &[Box<[u8]>], lo: Option<&[u8]>, hi: Option<&[u8]>) -> bool {
-    let start = lo.map_or(0, |lo| sorted.partition_point(|k| k.as_ref() < lo));
-    start < sorted.len() && hi.is_none_or(|hi| sorted[start].as_ref() <= hi)
-}
-
-/// Files whose statistics for the first key column admit at least one of the slice's keys
-/// (`keys`, see [`sorted_first_keys`]). Files without usable statistics are candidates.
-fn candidates(
-    target: &DeltaTable,
-    uri: &str,
-    roles: &ColumnRoles,
-    keys: &SortedKeys,
-) -> Result<Vec<FileInfo>, RunError> {
-    let (key_type, sorted) = keys;
-    let adds = crate::lake::live_files(target)
-        .map_err(RunError::delta(Phase::Compare, uri))?
-        .files;
-    let first = &roles.keys[0];
-    let paths = adds
-        .column_by_name("path")
-        .map(|c| arrow::compute::cast(c, &DataType::Utf8))
-        .transpose()
-        .map_err(RunError::arrow(Phase::Compare))?;
-    let Some(paths) = paths else {
-        return Ok(Vec::new());
-    };
-    let paths = paths.as_string::<i32>();
-    let sizes = adds
-        .column_by_name("size_bytes")
-        .map(|c| arrow::compute::cast(c, &DataType::UInt64))
-        .transpose()
-        .map_err(RunError::arrow(Phase::Compare))?;
-    let sizes = sizes
-        .as_ref()
-        .map(|s| s.as_primitive::<arrow::datatypes::UInt64Type>());
-    let conv = RowConverter::new(vec![SortField::new(key_type.clone())])
-        .map_err(RunError::arrow(Phase::Compare))?;
-    let bound = |name: String| -> Result<Option<Rows>, RunError> {
-        let Some(col) = adds.column_by_name(&name) else {
-            return Ok(None);
-        };
-        let col = arrow::compute::cast(col, key_type).map_err(RunError::arrow(Phase::Compare))?;
-        Ok(Some(
-            conv.convert_columns(&[col])
-                .map_err(RunError::arrow(Phase::Compare))?,
-        ))
-    };
-    let mins = bound(format!("min.{first}"))?;
-    let maxs = bound(format!("max.{first}"))?;
-    let raw_max = adds.column_by_name(&format!("max.{first}")).cloned();
-    let mut out = Vec::new();
-    for i in 0..adds.num_rows() {
-        let lo = mins
-            .as_ref()
-            .filter(|_| stat_valid(&adds, &format!("min.{first}"), i))
-            .map(|m| m.row(i));
-        let hi = maxs
-            .as_ref()
-            .filter(|_| {
-                stat_valid(&adds, &format!("max.{first}"), i)
-                    && !possibly_truncated(raw_max.as_ref(), i)
-            })
-            .map(|m| m.row(i));
-        if admits(
-            sorted,
-            lo.as_ref().map(|r| r.as_ref()),
-            hi.as_ref().map(|r| r.as_ref()),
-        ) {
-            let size = sizes.filter(|s| s.is_valid(i)).map(|s| s.value(i));
-            out.push(FileInfo {
-                path: paths.value(i).to_string(),
-                size: size.ok_or_else(|| {
-                    RunError::delta(Phase::Compare, uri)(deltalake::DeltaTableError::Generic(
-                        format!("the log gives no size for {}", paths.value(i)),
-                    ))
-                })?,
-            });
-        }
-    }
-    Ok(out)
-}
-
-fn stat_valid(adds: &RecordBatch, name: &str, i: usize) -> bool {
-    adds.column_by_name(name).is_some_and(|c| c.is_valid(i))
-}
-
-/// String statistics may be cut to a prefix by some writers; a long max is then not an upper
-/// bound, so such a file is treated as unbounded above.
-fn possibly_truncated(max: Option<&arrow::array::ArrayRef>, i: usize) -> bool {
-    let Some(max) = max else { return false };
-    match arrow::compute::cast(max, &DataType::Utf8) {
-        Ok(s)
-            if matches!(
-                max.data_type(),
-                DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
-            ) =>
-        {
-            let s = s.as_string::<i32>();
-            s.is_valid(i) && s.value(i).chars().count() >= 32
-        }
-        _ => false,
-    }
-}
-
-/// Everything the copy-on-write rewrite needs besides the slice.
-pub struct Target<'a> {
-    pub table: &'a DeltaTable,
-    pub uri: &'a str,
-    pub fast: &'a FastPath,
-    pub row_group_rows: usize,
-    /// Files rewritten at the same time (the run's `--threads`).
-    pub parallelism: usize,
-}
-
-/// Which row groups of a candidate file can hold one of the sorted slice keys, by the row
-/// groups' own statistics of the first key column (no statistics: every row group).
-fn admitted_row_groups(
-    file: &DataFile,
-    first_key: &str,
-    key_type: &DataType,
-    sorted: &[Box<[u8]>],
-) -> Result<Vec<usize>, RunError> {
-    let all = || (0..file.row_groups().len()).collect::<Vec<_>>();
-    let Ok((mins, maxs)) = file.bounds(first_key) else {
-        return Ok(all());
-    };
-    let a = |e| RunError::arrow(Phase::Compare)(e);
-    let (Ok(mins), Ok(maxs)) = (
-        arrow::compute::cast(&mins, key_type),
-        arrow::compute::cast(&maxs, key_type),
-    ) else {
-        return Ok(all());
-    };
-    let conv = RowConverter::new(vec![SortField::new(key_type.clone())]).map_err(&a)?;
-    let lo = conv
-        .convert_columns(std::slice::from_ref(&mins))
-        .map_err(&a)?;
-    let hi = conv
-        .convert_columns(std::slice::from_ref(&maxs))
-        .map_err(&a)?;
-    Ok((0..file.row_groups().len())
-        .filter(|&g| {
-            admits(
-                sorted,
-                mins.is_valid(g)
-                    .then(|| lo.row(g))
-                    .as_ref()
-                    .map(|r| r.as_ref()),
-                maxs.is_valid(g)
-                    .then(|| hi.row(g))
-                    .as_ref()
-                    .map(|r| r.as_ref()),
-            )
-        })
-        .collect())
-}
-
-/// The first key column's storage type, and the slice's values of it encoded and sorted.
-type SortedKeys = (DataType, Vec<Box<[u8]>>);
-
-/// The slice's first key column, encoded in storage type and sorted, for pruning files and
-/// row groups by their key statistics.
-fn sorted_first_keys(roles: &ColumnRoles, winners: &RecordBatch) -> Result<SortedKeys, RunError> {
-    let a = |e| RunError::arrow(Phase::Compare)(e);
-    let first = &roles.keys[0];
-    let key_type = roles
-        .canonical
-        .field_with_name(first)
-        .map(|f| crate::lake::storage::storage_type(f.data_type()))
-        .map_err(&a)?;
-    let conv = RowConverter::new(vec![SortField::new(key_type.clone())]).map_err(&a)?;
-    let keys = winners
-        .column_by_name(first)
-        .map(|c| arrow::compute::cast(c, &key_type))
-        .transpose()
-        .map_err(&a)?;
-    let Some(keys) = keys else {
-        return Ok((key_type, Vec::new()));
-    };
-    let encoded = conv.convert_columns(&[keys]).map_err(&a)?;
-    let mut sorted: Vec<Box<[u8]>> = encoded.iter().map(|r| r.as_ref().into()).collect();
-    sorted.sort_unstable();
-    Ok((key_type, sorted))
 }
 
 /// A row group decoded from a target file, in the canonical row (hard-delete targets get an
@@ -467,103 +264,6 @@ struct FileOutcome {
     /// Winners whose target version turned out newer by content (equal tuples): unchanged.
     lost: Vec<usize>,
     add: Option<deltalake::kernel::Add>,
-}
-
-/// Rewrites file `f`: row groups outside `groups` are copied as bytes, the others decoded,
-/// patched with the winning rows and encoded again.
-async fn rewrite_file(
-    r: &Rewrite,
-    f: usize,
-    file: &DataFile,
-    groups: &BTreeSet<usize>,
-) -> Result<FileOutcome, RunError> {
-    let s = &r.slice;
-    let d = |e| s.delta_err(e);
-    let read = |e| s.read_err(e);
-    let hard = s.roles.hard_deletes();
-    let bytes = file.fetch(&s.fast.store).await.map_err(read)?;
-    let mut new = NewFile::new(
-        s.fast.schema.clone(),
-        r.row_group_rows,
-        bytes.len() + (bytes.len() >> 4),
-    )
-    .map_err(d)?;
-    let copy = new.can_copy_from(file);
-    let mut o = FileOutcome {
-        path: file.path.clone(),
-        replaced: 0,
-        copied: 0,
-        reencoded: 0,
-        updated: 0,
-        deleted: 0,
-        conflicts: 0,
-        max_sequence: None,
-        changed_sequences: Vec::new(),
-        lost: Vec::new(),
-        add: None,
-    };
-    let w = &s.w;
-    for g in 0..file.row_groups().len() {
-        if copy && !groups.contains(&g) {
-            new.copy_row_group(file, &bytes, g).map_err(read)?;
-            o.copied += file.row_groups()[g].num_rows() as u64;
-            continue;
-        }
-        let batch = file.decode(&bytes, g).map_err(read)?;
-        o.reencoded += batch.num_rows() as u64;
-        let batch = canonical_rows(&s.roles, &batch)?;
-        let t = s
-            .enc
-            .encode(&batch)
-            .map_err(RunError::arrow(Phase::Compare))?;
-        // For each row: keep it, or take winner i in its place, or drop it (hard delete).
-        let mut pieces: Vec<(bool, u32)> = Vec::with_capacity(batch.num_rows());
-        for row in 0..batch.num_rows() {
-            let Some(&i) = s.index.get(t.keys.row(row).as_ref()) else {
-                pieces.push((false, row as u32));
-                continue;
-            };
-            if r.found[i] != Found::Decide(f) {
-                pieces.push((false, row as u32));
-                continue;
-            }
-            let deleted = w.is_deleted(i);
-            let (verdict, conflict) = decide::matched(
-                w.tuples.row(i).cmp(&t.tuples.row(row)),
-                w.contents.row(i).cmp(&t.contents.row(row)),
-                deleted,
-                t.is_deleted(row),
-                r.already_conflicting.contains(w.keys.row(i).as_ref()),
-            );
-            o.conflicts += u64::from(conflict);
-            match verdict {
-                Verdict::Unchanged => {
-                    o.lost.push(i);
-                    pieces.push((false, row as u32));
-                    continue;
-                }
-                Verdict::Delete => o.deleted += 1,
-                // (a held key is never an insert)
-                Verdict::Update | Verdict::Insert => o.updated += 1,
-            }
-            if decide::stays(deleted, hard) {
-                o.max_sequence = o.max_sequence.max(w.sequence_micros(i));
-                pieces.push((true, i as u32));
-            }
-            o.changed_sequences.extend(w.sequence_micros(i));
-            o.replaced += 1;
-        }
-        o.copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
-        new.write(&assemble(&batch, &s.winners, &pieces, &s.fast.schema)?)
-            .map_err(d)?;
-    }
-    if o.replaced > 0 && !r.dry_run {
-        o.add = new
-            .put(&s.fast)
-            .await
-            .map_err(RunError::write(Phase::Compare, &s.uri))?;
-    }
-    Ok(o)
 }
 
 /// Decides and (unless `dry_run`) writes the changes of `winners` against the target.
@@ -781,30 +481,6 @@ pub async fn rewrite(
     Ok(out)
 }
 
-/// Builds the rewritten batch: `(false, r)` keeps row `r` of `batch`, `(true, i)` takes winner `i`.
-fn assemble(
-    batch: &RecordBatch,
-    winners: &RecordBatch,
-    pieces: &[(bool, u32)],
-    schema: &SchemaRef,
-) -> Result<RecordBatch, RunError> {
-    let a = RunError::arrow(Phase::Compare);
-    let batch = cast_to(batch, schema).map_err(RunError::arrow(Phase::Compare))?;
-    let winners = cast_to(winners, schema).map_err(RunError::arrow(Phase::Compare))?;
-    let columns = (0..schema.fields().len())
-        .map(|c| {
-            let sources: [&dyn Array; 2] = [batch.column(c).as_ref(), winners.column(c).as_ref()];
-            let idx: Vec<(usize, usize)> = pieces
-                .iter()
-                .map(|(w, i)| (usize::from(*w), *i as usize))
-                .collect();
-            arrow::compute::interleave(&sources, &idx)
-        })
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(a)?;
-    RecordBatch::try_new(schema.clone(), columns).map_err(RunError::arrow(Phase::Compare))
-}
-
 /// Commits the removes and adds of `rewrite` in one commit with `props`.
 pub async fn commit(
     target: &DeltaTable,
@@ -827,72 +503,4 @@ pub async fn commit(
         .await
         .map_err(RunError::write(Phase::Commit, uri))?;
     Ok(finalized.version())
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use arrow::array::{ArrayRef, StringArray};
-
-    use super::*;
-
-    fn keys(ks: &[&str]) -> Vec<Box<[u8]>> {
-        ks.iter().map(|k| k.as_bytes().into()).collect()
-    }
-
-    #[test]
-    fn a_range_admits_a_key_only_when_one_lies_inside_its_bounds() {
-        let sorted = keys(&["b", "d", "f"]);
-        assert!(
-            admits(&sorted, Some(b"a"), Some(b"b")),
-            "inclusive upper bound"
-        );
-        assert!(
-            admits(&sorted, Some(b"f"), Some(b"z")),
-            "inclusive lower bound"
-        );
-        assert!(!admits(&sorted, Some(b"g"), Some(b"z")), "above every key");
-        assert!(!admits(&sorted, Some(b"a"), Some(b"a")), "below every key");
-        assert!(!admits(&sorted, Some(b"c"), Some(b"c")), "between two keys");
-    }
-
-    #[test]
-    fn open_bounds_are_unbounded_and_no_keys_admit_nothing() {
-        let sorted = keys(&["m"]);
-        assert!(admits(&sorted, None, None));
-        assert!(admits(&sorted, None, Some(b"m")));
-        assert!(admits(&sorted, Some(b"m"), None));
-        assert!(!admits(&sorted, None, Some(b"l")));
-        assert!(!admits(&sorted, Some(b"n"), None));
-        assert!(
-            !admits(&[], None, None),
-            "a slice without keys touches no file"
-        );
-    }
-
-    #[test]
-    fn a_long_string_maximum_may_be_truncated_and_is_no_upper_bound() {
-        let long = "p".repeat(32);
-        let max: ArrayRef = Arc::new(StringArray::from(vec![
-            Some("pay_0001"),
-            Some(long.as_str()),
-            None,
-        ]));
-        assert!(!possibly_truncated(Some(&max), 0));
-        assert!(
-            possibly_truncated(Some(&max), 1),
-            "32 characters: a writer may have cut it"
-        );
-        assert!(
-            !possibly_truncated(Some(&max), 2),
-            "no statistic is handled as missing"
-        );
-        let ints: ArrayRef = Arc::new(arrow::array::Int64Array::from(vec![i64::MAX]));
-        assert!(
-            !possibly_truncated(Some(&ints), 0),
-            "numbers are never truncated"
-        );
-        assert!(!possibly_truncated(None, 0));
-    }
 }
