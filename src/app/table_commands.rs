@@ -1,0 +1,217 @@
+//! Commands on a pipeline's target table: `history`, `restore`, `maintain`.
+
+use super::*;
+
+/// `tidemark history`.
+pub async fn history(mut args: HistoryArgs) -> Result<String, AppError> {
+    args.table = table_or_pipeline_target(&args.table, &args.from)?;
+    let table = lake::open_required(&args.table, "table").await?;
+    let entries = lake::read_commits(&table, args.limit)
+        .await
+        .map_err(|source| AppError::Delta {
+            action: "cannot read the log of",
+            uri: args.table.clone(),
+            source: Box::new(source),
+        })?;
+    if args.output == OutputFormat::Json {
+        return Ok(serde_json::to_string(&entries).unwrap_or_default() + "\n");
+    }
+    let mut t = Table::new();
+    t.load_preset(UTF8_BORDERS_ONLY);
+    t.set_header(vec![
+        "version",
+        "time (UTC)",
+        "operation",
+        "run",
+        "mode",
+        "rows in/upd/del",
+        "files +/-",
+    ]);
+    for e in &entries {
+        let time = e.time.clone().unwrap_or_default();
+        let field = |k: &str| {
+            e.run
+                .as_ref()
+                .and_then(|r| r.get(k))
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .unwrap_or_else(|| v.to_string())
+                })
+                .unwrap_or_default()
+        };
+        let rows = if e.run.is_some() {
+            format!(
+                "{}/{}/{}",
+                field("num_inserted"),
+                field("num_updated"),
+                field("num_deleted")
+            )
+        } else {
+            String::new()
+        };
+        let run_id = field("run_id");
+        t.add_row(vec![
+            e.version.to_string(),
+            time,
+            e.operation.clone().unwrap_or_default(),
+            run_id.get(..13).unwrap_or(&run_id).to_string(),
+            field("mode"),
+            rows,
+            format!("{}/{}", e.files_added, e.files_removed),
+        ]);
+    }
+    Ok(format!("{t}\n"))
+}
+
+/// `tidemark restore`.
+pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
+    args.table = table_or_pipeline_target(&args.table, &args.from)?;
+    let table = lake::open_required(&args.table, "table").await?;
+    let latest = table.version().unwrap_or(0);
+    if args.version >= latest {
+        return Err(AppError::Usage(format!(
+            "cannot restore {} to version {}: choose a version from 0 to {} (the current version is {latest}; see `tidemark history {}`)",
+            args.table,
+            args.version,
+            latest.saturating_sub(1),
+            args.table
+        )));
+    }
+    let outcome = lake::restore(table, args.version)
+        .await
+        .map_err(|source| AppError::Delta {
+            action: "cannot restore",
+            uri: args.table.clone(),
+            source: Box::new(source),
+        })?;
+    let undo = format!(
+        "tidemark restore {} --version {}",
+        args.table,
+        outcome.new_version.saturating_sub(1)
+    );
+    Ok(match args.output {
+        OutputFormat::Json => {
+            let mut v = serde_json::to_value(&outcome).unwrap_or_default();
+            v["table"] = args.table.clone().into();
+            v["undo"] = undo.into();
+            v.to_string() + "\n"
+        }
+        OutputFormat::Text => {
+            let mut out = format!(
+                "restored {} to version {} as new version {} ({} files restored, {} removed)\n",
+                args.table,
+                outcome.restored_version,
+                outcome.new_version,
+                outcome.files_restored,
+                outcome.files_removed
+            );
+            for (app, v) in &outcome.source_versions {
+                out.push_str(&format!(
+                    "{app}: the next run re-reads source rows landed after source version {v}\n"
+                ));
+            }
+            out.push_str(&format!("to undo: {undo}\n"));
+            out
+        }
+    })
+}
+
+/// `tidemark maintain`.
+pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
+    let (uri, file_size, row_group_rows) =
+        match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
+            Ok(_) => {
+                let p = load_pipeline(&args.table, &args.from)?;
+                match p.spec {
+                    Spec::CdcMerge(m) => (
+                        m.target_uri,
+                        Some((m.target_file_size, m.keys)),
+                        m.target_row_group_rows,
+                    ),
+                }
+            }
+            Err(_) => (
+                args.table.clone(),
+                None,
+                lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+            ),
+        };
+    let role = if file_size.is_some() {
+        "target"
+    } else {
+        "table"
+    };
+    let (file_size, cluster_keys) = match file_size {
+        Some((size, keys)) => (Some(size), Some(keys)),
+        None => (None, None),
+    };
+    let table = lake::open_required(&uri, role).await?;
+    let report = lake::maintain(
+        table,
+        &lake::MaintainOptions {
+            compact: !args.no_compact,
+            target_file_size: file_size,
+            cluster_keys,
+            row_group_rows,
+            retention: args.retention,
+            dry_run: args.dry_run,
+        },
+    )
+    .await?;
+    let spill_base = args
+        .spill_dir
+        .clone()
+        .unwrap_or_else(run::default_spill_base);
+    let spill_dirs = run::sweep_spill_dirs(&spill_base, args.dry_run);
+    Ok(match args.output {
+        OutputFormat::Json => {
+            let mut v = serde_json::to_value(&report).unwrap_or_default();
+            v["stale_spill_dirs"] = spill_dirs
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .into();
+            serde_json::to_string(&v).unwrap_or_default() + "\n"
+        }
+        OutputFormat::Text => {
+            let mut out = format!(
+                "{}{uri}: version {} -> {}\n",
+                if report.dry_run { "dry run: " } else { "" },
+                report.version_before.map_or("-".into(), |v| v.to_string()),
+                report.version_after.map_or("-".into(), |v| v.to_string()),
+            );
+            let (would, kept) = if report.dry_run {
+                ("would be ", "would keep")
+            } else {
+                ("", "kept")
+            };
+            out.push_str(&format!(
+                "  compaction: {} small files {would}compacted into {}; checkpoint {would}written at version {}\n",
+                report.files_compacted,
+                report.files_written,
+                report
+                    .checkpoint_version
+                    .map_or("-".into(), |v| v.to_string())
+            ));
+            out.push_str(&format!(
+                "  vacuum (retention {} h): {} files {would}deleted; {kept} {} unreferenced files inside the retention (removed by recent commits, or orphans of recent crashes; a later maintain removes them)\n",
+                report.retention_hours,
+                report.files_vacuumed,
+                report.files_unreferenced_within_retention
+            ));
+            out.push_str(&format!(
+                "  spill: {} stale spill director{} of processes that no longer exist {}under {}\n",
+                spill_dirs.len(),
+                if spill_dirs.len() == 1 { "y" } else { "ies" },
+                if report.dry_run {
+                    "would be removed "
+                } else {
+                    "removed "
+                },
+                spill_base.display()
+            ));
+            out
+        }
+    })
+}
