@@ -62,6 +62,12 @@ impl Injected {
     }
 }
 
+impl crate::error::Classify for Injected {
+    fn class(&self) -> crate::error::ErrorClass {
+        Injected::class(self)
+    }
+}
+
 /// Environment variable that arms failpoints.
 pub const ENV: &str = "TIDEMARK_FAILPOINTS";
 

@@ -49,6 +49,13 @@ pub enum CronError {
     NeverFires { expression: String },
 }
 
+impl crate::error::Classify for CronError {
+    /// A bad schedule is a mistake in the bundle: configuration.
+    fn class(&self) -> crate::error::ErrorClass {
+        crate::error::ErrorClass::Config
+    }
+}
+
 /// A validated Quartz cron expression bound to its time zone.
 #[derive(Debug, Clone)]
 pub struct QuartzSchedule {
