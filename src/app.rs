@@ -2,6 +2,7 @@
 //! The bundle and job commands live in [`jobs_commands`].
 
 mod jobs_commands;
+mod lateness_command;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -44,6 +45,8 @@ pub enum AppError {
     Jobs(#[from] crate::jobs::JobsError),
     #[error(transparent)]
     Bundle(#[from] crate::config::BundleError),
+    #[error(transparent)]
+    Lateness(#[from] crate::lateness::LatenessError),
     /// SIGINT or SIGTERM stopped the command.
     #[error("{} received: the run was stopped and its spill files removed; nothing was committed unless its commit had already landed (a Delta commit lands whole or not at all: `tidemark history` shows which). Rerunning is safe", crate::signal::name(*signal))]
     Stopped { signal: ErrorClass },
@@ -77,6 +80,7 @@ impl Classify for AppError {
             AppError::Maintain(lake::MaintainError::Delta(e)) => classify_delta(e),
             AppError::Jobs(e) => e.class(),
             AppError::Bundle(e) => e.class(),
+            AppError::Lateness(e) => e.class(),
             AppError::Delta { source, .. } => classify_delta(source),
             AppError::Reconcile(e) => e.class(),
             AppError::Stopped { signal } => *signal,
@@ -133,6 +137,7 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
         },
         Command::Scheduler(args) => j::scheduler(args, clock).await?.into(),
         Command::Runs(args) => j::runs(args).await?.into(),
+        Command::Lateness(args) => lateness_command::lateness(args).await?.into(),
     })
 }
 
