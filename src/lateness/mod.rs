@@ -42,7 +42,7 @@ pub use plot::write_plot;
 pub use report::{LatenessReport, Profile};
 pub use runs::{runs_trend, RunsTrend};
 
-use acc::{Bounds, SEC};
+use acc::Bounds;
 use scan::{column_names, column_type, is_time};
 
 /// The table and columns to profile, as the command line and the pipeline give them.
@@ -313,9 +313,9 @@ pub async fn profile(
     ))
 }
 
-/// The default settled window, or — when the log's statistics show that the table's events
-/// all lie outside it (a table younger than 30 days) — the first narrower one that holds
-/// some, with a note saying so.
+/// The default settled window, or — when the log's statistics show that it holds less than a
+/// day of the table's event times (a table younger than 30 days) — the first narrower one that
+/// holds a day or more, with a note saying so.
 fn default_window(
     table: &deltalake::DeltaTable,
     event: &str,
@@ -324,22 +324,22 @@ fn default_window(
     let Some((first, last)) = scan::range_from_stats(table, event) else {
         return (Settled::DEFAULT, None);
     };
-    let holds = |w: &Settled| {
-        let lo = now.saturating_sub(micros(w.from));
-        let hi = now.saturating_sub(micros(w.to));
-        first < hi && last >= lo
+    let holds_a_day = |w: &Settled| {
+        let lo = now.saturating_sub(micros(w.from)).max(first);
+        let hi = now.saturating_sub(micros(w.to)).min(last.saturating_add(1));
+        hi.saturating_sub(lo) >= acc::DAY
     };
-    if holds(&Settled::DEFAULT) {
+    if holds_a_day(&Settled::DEFAULT) {
         return (Settled::DEFAULT, None);
     }
-    let age = humantime::format_duration(Duration::from_secs(
-        (now.saturating_sub(first).max(0) / SEC / 3600 * 3600) as u64,
+    let age = duration_text(Duration::from_secs(
+        (now.saturating_sub(first).max(0) / acc::HOUR * 3_600) as u64,
     ));
-    match NARROWER.iter().find(|w| holds(w)) {
+    match NARROWER.iter().find(|w| holds_a_day(w)) {
         Some(w) => (
             *w,
             Some(format!(
-                "the default settled window 120d..30d holds none of this table's events (the oldest is {age} old): using {}; its latest days may still receive late rows, so the curve may look better than reality — pass --settled FROM..TO to choose",
+                "the default settled window 120d..30d holds less than a day of this table's event times (the oldest is {age} old): using {}; its latest days may still receive late rows, so the curve may look better than reality — pass --settled FROM..TO to choose",
                 window_text(w)
             )),
         ),

@@ -50,7 +50,8 @@ pub async fn runs_trend(lake: &str, pipeline: &str) -> Result<RunsTrend, Latenes
         return Ok(trend);
     }
     trend.ledger_exists = true;
-    let rows = ledger.recent(None, usize::MAX).await?;
+    // Every row (DataFusion takes the limit as an i64: usize::MAX would be -1).
+    let rows = ledger.recent(None, u32::MAX as usize).await?;
     let mut days: BTreeMap<String, RunsDay> = BTreeMap::new();
     let succeeded = TaskStatus::Succeeded.as_str();
     for r in rows
