@@ -649,6 +649,18 @@ async fn a_table_without_an_arrival_column_or_with_odd_columns_is_a_usage_error(
         "{}",
         out.stderr
     );
+    let out = exec(
+        tidemark(dir.path())
+            .arg("lateness")
+            .arg(&p)
+            .args(["--by", "updated_at"]),
+    );
+    assert_eq!(out.code, 64, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("one of the two clocks"),
+        "{}",
+        out.stderr
+    );
     // A missing table is "unavailable".
     let out = exec(
         tidemark(dir.path())

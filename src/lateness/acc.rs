@@ -244,13 +244,13 @@ mod tests {
             (a.n, a.negative, a.beyond_budget, a.beyond_overlap),
             (3, 1, 1, 1)
         );
-        assert_eq!(a.days.to_vec(), vec![(-1, 1), (0, 1), (5, 1)]);
+        assert_eq!(a.days.sorted(), vec![(-1, 1), (0, 1), (5, 1)]);
         assert_eq!(a.settled, 2);
         assert_eq!(a.settled_within_overlap, 1);
-        assert_eq!(a.settled_days.to_vec(), vec![(0, 1), (5, 1)]);
-        assert_eq!(a.settled_secs.to_vec(), vec![(600, 1), (4 * 86_400 + 1, 1)]);
+        assert_eq!(a.settled_days.sorted(), vec![(0, 1), (5, 1)]);
+        assert_eq!(a.settled_secs.sorted(), vec![(600, 1), (4 * 86_400 + 1, 1)]);
         assert_eq!(
-            a.lateness.to_vec(),
+            a.lateness.sorted(),
             vec![(-1000, 1), (600_000, 1), (345_601_000, 1)]
         );
         assert_eq!((a.min_lateness, a.max_lateness), (-SEC, 4 * DAY + SEC));
@@ -297,9 +297,9 @@ mod tests {
         assert_eq!(left.n, one.n);
         assert_eq!(left.negative, one.negative);
         assert_eq!(left.settled, one.settled);
-        assert_eq!(left.lateness.to_vec(), one.lateness.to_vec());
-        assert_eq!(left.settled_secs.to_vec(), one.settled_secs.to_vec());
-        assert_eq!(left.days.to_vec(), one.days.to_vec());
+        assert_eq!(left.lateness.sorted(), one.lateness.sorted());
+        assert_eq!(left.settled_secs.sorted(), one.settled_secs.sorted());
+        assert_eq!(left.days.sorted(), one.days.sorted());
         assert_eq!(left.max_lateness, one.max_lateness);
     }
 }

@@ -153,7 +153,7 @@ impl Counts {
     }
 
     /// The counts as a sorted `(key, count)` list.
-    pub fn to_vec(&mut self) -> Vec<(i64, u64)> {
+    pub fn sorted(&mut self) -> Vec<(i64, u64)> {
         self.iter().collect()
     }
 
@@ -325,7 +325,7 @@ mod tests {
     fn dense_tail_and_negative_keys_come_back_in_order() {
         let mut c = counted(&[5, -3, 1000, 5, 2, -3, 70, 1000, 1000], 64, 2);
         assert_eq!(
-            c.to_vec(),
+            c.sorted(),
             vec![(-3, 2), (2, 1), (5, 2), (70, 1), (1000, 3)]
         );
         assert_eq!(c.total(), 9);
@@ -338,11 +338,11 @@ mod tests {
         let mut left = counted(&a, 16, 2);
         left.merge(counted(&b, 16, 3));
         let all: Vec<i64> = a.iter().chain(&b).copied().collect();
-        assert_eq!(left.to_vec(), counted(&all, 16, 1000).to_vec());
+        assert_eq!(left.sorted(), counted(&all, 16, 1000).sorted());
         // Different dense ranges merge too (the longer one wins; the tail moves into it).
         let mut short = counted(&a, 4, 2);
         short.merge(counted(&b, 1024, 2));
-        assert_eq!(short.to_vec(), counted(&all, 16, 1000).to_vec());
+        assert_eq!(short.sorted(), counted(&all, 16, 1000).sorted());
         assert_eq!(short.total(), all.len() as u64);
     }
 
@@ -352,7 +352,7 @@ mod tests {
         c.dense[2] = u32::MAX;
         c.add(2);
         c.add(2);
-        assert_eq!(c.to_vec(), vec![(2, (1u64 << 32) + 1)]);
+        assert_eq!(c.sorted(), vec![(2, (1u64 << 32) + 1)]);
     }
 
     #[test]
@@ -406,7 +406,7 @@ mod tests {
             for &v in &values {
                 *expect.entry(v).or_default() += 1;
             }
-            let list = c.to_vec();
+            let list = c.sorted();
             prop_assert_eq!(&list, &expect.into_iter().collect::<Vec<_>>());
             let cum = Cumulative::new(&list);
             let k = 1_000i64;

@@ -203,6 +203,11 @@ pub async fn profile(
     if event == arrival {
         return Err(LatenessError::SameColumn { column: event });
     }
+    if let Some(by) = opts.by.as_ref().filter(|b| **b == event || **b == arrival) {
+        return Err(LatenessError::Usage(format!(
+            "--by {by} is one of the two clocks: group by another column (a source system, a client, a currency)"
+        )));
+    }
     for (flag, column) in [("--event-time", &event), ("--arrival", &arrival)] {
         let dt = column_type(&df, column).unwrap_or(arrow::datatypes::DataType::Null);
         if !is_time(&dt) {

@@ -252,7 +252,7 @@ pub fn profile_of(
             }
         })
         .collect();
-    let curve = Cumulative::new(&acc.settled_secs.to_vec());
+    let curve = Cumulative::new(&acc.settled_secs.sorted());
     let within = |seconds: i64| pct(curve.at_most(seconds), settled);
     let (completeness_hours, completeness_minutes) = if settled == 0 {
         (Vec::new(), Vec::new())
@@ -377,7 +377,7 @@ fn count(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -414,7 +414,12 @@ fn seconds_text(s: Option<f64>) -> String {
 pub fn pct_text(p: f64) -> String {
     if p == 100.0 || p == 0.0 {
         format!("{p:.0}%")
-    } else if p >= 99.0 {
+    } else if p < 0.0005 {
+        "<0.001%".into()
+    } else if p >= 99.9995 {
+        ">99.999%".into()
+    } else if !(0.1..99.0).contains(&p) {
+        // The tail's digits: 99.934%, 0.002%.
         let text = format!("{p:.3}");
         format!("{}%", text.trim_end_matches('0').trim_end_matches('.'))
     } else {
@@ -739,6 +744,9 @@ mod tests {
         assert_eq!(seconds_text(None), "-");
         assert_eq!(pct_text(99.934), "99.934%");
         assert_eq!(pct_text(99.9), "99.9%");
+        assert_eq!(pct_text(0.0018), "0.002%");
+        assert_eq!(pct_text(0.0001), "<0.001%");
+        assert_eq!(pct_text(99.99999), ">99.999%");
         assert_eq!(pct_text(91.84), "91.8%");
         assert_eq!(pct_text(100.0), "100%");
     }
