@@ -2,6 +2,7 @@
 //! The bundle and job commands live in [`jobs_commands`].
 
 mod jobs_commands;
+mod lateness_command;
 mod table_commands;
 
 pub use table_commands::{history, maintain, restore};
@@ -48,6 +49,8 @@ pub enum AppError {
     Jobs(#[from] crate::jobs::JobsError),
     #[error(transparent)]
     Bundle(#[from] crate::config::BundleError),
+    #[error(transparent)]
+    Lateness(#[from] crate::lateness::LatenessError),
     /// SIGINT or SIGTERM stopped the command.
     #[error("{} received: the run was stopped and its spill files removed; nothing was committed unless its commit had already landed (a Delta commit lands whole or not at all: `tidemark history` shows which). Rerunning is safe", crate::signal::name(*signal))]
     Stopped { signal: ErrorClass },
@@ -71,6 +74,7 @@ impl Classify for AppError {
             AppError::Maintain(e) => e.class(),
             AppError::Jobs(e) => e.class(),
             AppError::Bundle(e) => e.class(),
+            AppError::Lateness(e) => e.class(),
             AppError::Delta { source, .. } => classify_delta(source),
             AppError::Reconcile(e) => e.class(),
             AppError::Stopped { signal } => *signal,
@@ -127,6 +131,7 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
         },
         Command::Scheduler(args) => j::scheduler(args, clock).await?.into(),
         Command::Runs(args) => j::runs(args).await?.into(),
+        Command::Lateness(args) => lateness_command::lateness(args).await?.into(),
     })
 }
 

@@ -84,6 +84,7 @@ impl Command {
             },
             Command::Scheduler(_) => OutputFormat::Text,
             Command::Runs(a) => a.output,
+            Command::Lateness(a) => a.output,
         }
     }
 }
@@ -129,6 +130,9 @@ pub enum Command {
     Scheduler(SchedulerArgs),
     /// Recent job runs from the run ledger, one row per task attempt.
     Runs(RunsArgs),
+    /// How late the data really runs: days-late histogram, completeness curve, percentiles,
+    /// rows beyond the budget and the overlap, and the lookback a target completeness needs.
+    Lateness(LatenessArgs),
 }
 
 /// Which bundle, which target, and variable overrides.
@@ -376,6 +380,47 @@ pub struct ReconcileArgs {
     /// How many differing keys to list (all are counted).
     #[arg(long, default_value_t = crate::reconcile::DEFAULT_LIMIT)]
     pub limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct LatenessArgs {
+    /// A pipeline (its source, the bronze table) or a table path/URI.
+    pub table: String,
+    #[command(flatten)]
+    pub from: PipelineVars,
+    /// When each event happened (default: the pipeline's `sequence_by`; required for a table URI).
+    #[arg(long, value_name = "COLUMN")]
+    pub event_time: Option<String>,
+    /// When each row landed in the table.
+    #[arg(long, value_name = "COLUMN", default_value = "_ingested_at")]
+    pub arrival: String,
+    /// The histogram's unit: calendar days late, or elapsed hours/minutes late.
+    #[arg(long, value_enum, default_value_t = crate::lateness::Unit::Days)]
+    pub unit: crate::lateness::Unit,
+    /// The settled window: event times in [now-FROM, now-TO) (default 120d..30d, narrowed with a
+    /// note when the table is younger).
+    #[arg(long, value_name = "FROM..TO", value_parser = crate::lateness::parse_settled)]
+    pub settled: Option<crate::lateness::Settled>,
+    /// Measure as of this time (RFC 3339; default: the table's latest arrival).
+    #[arg(long, value_name = "TIME", value_parser = crate::lateness::parse_now)]
+    pub now: Option<chrono::DateTime<chrono::Utc>>,
+    /// The lateness budget: rows with arrival > event + budget are counted.
+    #[arg(long, value_name = "DURATION", default_value = "3d", value_parser = crate::lateness::parse_duration)]
+    pub budget: std::time::Duration,
+    /// The completeness the recommended lookback must reach (of settled rows).
+    #[arg(long = "target-completeness", visible_alias = "goal", value_name = "PERCENT", default_value = "99.9%", value_parser = crate::lateness::parse_percent)]
+    pub target_completeness: f64,
+    /// The same profile per value of this column, the tail's owners first.
+    #[arg(long, value_name = "COLUMN")]
+    pub by: Option<String>,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+    /// Also draw the completeness curve into this SVG file.
+    #[arg(long, value_name = "FILE.svg")]
+    pub plot: Option<PathBuf>,
+    /// Instead of profiling the table: the run ledger's late rows per day for the pipeline.
+    #[arg(long, conflicts_with_all = ["plot", "by"])]
+    pub runs: bool,
 }
 
 /// `--limit` of `history` and `runs`: a listing of zero rows is never what was meant, so 0 is

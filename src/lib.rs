@@ -17,6 +17,7 @@ pub mod failpoint;
 pub mod generate;
 pub mod jobs;
 pub mod lake;
+pub mod lateness;
 pub mod logging;
 pub mod merge;
 pub mod reconcile;

@@ -1,0 +1,89 @@
+//! `tidemark lateness`: resolves the command line (a pipeline or a table, the lake for
+//! `--runs`) into [`crate::lateness`]'s inputs; the work is there.
+
+use super::{load_pipeline, AppError};
+use crate::cli::{LatenessArgs, OutputFormat, PipelineVars};
+use crate::config::pipeline::{resolve_pipeline_path, Spec};
+use crate::config::{ConfigError, Vars};
+
+/// `tidemark lateness`: a pipeline's source (event time = its `sequence_by`, with its overlap)
+/// or a table URI; the work is in [`crate::lateness`].
+pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
+    use crate::lateness::{self as l, LatenessInputs, LatenessOptions};
+    let inputs = match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
+        Ok(_) => {
+            let p = load_pipeline(&args.table, &args.from)?;
+            // A merge's source is the table with both clocks: its event time is the sequence.
+            match p.spec {
+                Spec::CdcMerge(m) => LatenessInputs {
+                    table_uri: m.source_uri,
+                    role: "source",
+                    pipeline: Some(p.name),
+                    event_time: args.event_time.clone().or(Some(m.sequence_by)),
+                    arrival: args.arrival.clone(),
+                    overlap: Some(m.overlap),
+                },
+            }
+        }
+        Err(_) => LatenessInputs {
+            table_uri: args.table.clone(),
+            role: "table",
+            pipeline: None,
+            event_time: args.event_time.clone(),
+            arrival: args.arrival.clone(),
+            overlap: None,
+        },
+    };
+    if args.runs {
+        let Some(pipeline) = &inputs.pipeline else {
+            return Err(AppError::Usage(format!(
+                "--runs reads the run ledger, which records runs per pipeline: name a pipeline, not the table {}",
+                args.table
+            )));
+        };
+        let trend = l::runs_trend(&lake_of(&args.from)?, pipeline).await?;
+        return Ok(match args.output {
+            OutputFormat::Json => trend.to_json() + "\n",
+            OutputFormat::Text => trend.to_text(),
+        });
+    }
+    let opts = LatenessOptions {
+        settled: args.settled,
+        now: args.now,
+        budget: args.budget,
+        target_pct: args.target_completeness,
+        by: args.by.clone(),
+        unit: args.unit,
+    };
+    let report = l::profile(&inputs, &opts).await?;
+    if let Some(path) = &args.plot {
+        l::write_plot(&report, path)?;
+    }
+    Ok(match args.output {
+        OutputFormat::Json => report.to_json() + "\n",
+        OutputFormat::Text => {
+            let mut text = report.to_text();
+            if let Some(path) = &args.plot {
+                text.push_str(&format!("plot: {}\n", path.display()));
+            }
+            text
+        }
+    })
+}
+
+/// The lake root (where the run ledger lives): `--var lake=`, else the bundle's `lake` for the
+/// selected target.
+fn lake_of(from: &PipelineVars) -> Result<String, AppError> {
+    let cli = Vars::from_args(&from.vars).map_err(ConfigError::BadVarArg)?;
+    if let Some(lake) = cli.get("lake") {
+        return Ok(cli.locate(lake));
+    }
+    if !crate::config::bundle::bundle_file(&from.bundle).is_file() {
+        return Err(AppError::Usage(format!(
+            "--runs needs the lake holding the run ledger (_tidemark/runs): pass --var lake=DIR, or --bundle DIR (no bundle at {})",
+            from.bundle.display()
+        )));
+    }
+    let loaded = crate::config::bundle::Bundle::load(&from.bundle, from.target.as_deref(), &cli)?;
+    Ok(loaded.bundle.lake())
+}
