@@ -428,9 +428,24 @@ pub struct LatenessArgs {
 fn parse_limit(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err("the limit must be at least 1 (it is how many rows to show)".into()),
-        Ok(n) => Ok(n),
+        // Any larger limit shows every row; the query engine takes limits as signed integers.
+        Ok(n) => Ok(n.min(u32::MAX as usize)),
         Err(_) => Err(format!(
             "{text:?} is not a whole number; pass how many rows to show, at least 1"
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_huge_limit_means_every_row_and_zero_is_refused() {
+        assert_eq!(
+            super::parse_limit("18446744073709551615"),
+            Ok(u32::MAX as usize)
+        );
+        assert_eq!(super::parse_limit("20"), Ok(20));
+        assert!(super::parse_limit("0").is_err());
+        assert!(super::parse_limit("-1").is_err());
     }
 }
