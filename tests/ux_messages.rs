@@ -48,6 +48,11 @@ async fn messages_name_the_thing_to_do_next() {
         );
         assert!(!out.stderr.contains("ERROR"), "{args:?}: {}", out.stderr);
         assert!(
+            !out.stderr.contains("table table"),
+            "{args:?}: {}",
+            out.stderr
+        );
+        assert!(
             out.stderr.contains("check the path"),
             "{args:?}: {}",
             out.stderr

@@ -7,7 +7,11 @@ use super::store_fault::{store_fault, StoreFault};
 pub enum LakeError {
     /// The table is not there (or is not a Delta table). `role` is the pipeline key's prefix
     /// (`source`, `target`, `quarantine`) or `table` for a URI given on the command line.
-    #[error("{role} table not found at {uri}: {reason}; {}", not_found_fix(role))]
+    #[error(
+        "{} not found at {uri}: {reason}; {}",
+        table_word(role),
+        not_found_fix(role)
+    )]
     NotFound {
         role: &'static str,
         uri: String,
@@ -49,6 +53,15 @@ pub enum LakeError {
 }
 
 /// What to do about a missing table: fix the pipeline key, or the path on the command line.
+/// "source table", "target table"…, or just "table" when the role is the table itself.
+fn table_word(role: &str) -> String {
+    if role == "table" {
+        "table".to_string()
+    } else {
+        format!("{role} table")
+    }
+}
+
 fn not_found_fix(role: &str) -> String {
     match role {
         "source" | "target" | "quarantine" => {
