@@ -32,6 +32,7 @@ mod plot;
 mod report;
 mod runs;
 mod scan;
+mod text;
 
 use std::time::Duration;
 

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use plotters::coord::combinators::{BindKeyPoints, IntoLogRange};
 use plotters::prelude::*;
 
-use super::report::{pct_text, LatenessReport, Profile};
+use super::report::{LatenessReport, Profile};
+use super::text::pct_text;
 use super::{duration_text, LatenessError};
 
 /// Groups drawn besides the whole table (the legend stays readable).
