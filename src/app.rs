@@ -403,6 +403,18 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
     else {
         return Err(AppError::Usage(format!("job `{DEMO_JOB}` has no task")));
     };
+    // The pipeline file, as the suggested `lateness` command can find it from here.
+    let lateness_target = job
+        .tasks
+        .first()
+        .map(|t| {
+            if bundle_dir == Path::new("bundle") {
+                t.pipeline.path.clone()
+            } else {
+                std::path::absolute(&t.pipeline.path).unwrap_or_else(|_| t.pipeline.path.clone())
+            }
+        })
+        .unwrap_or_default();
     let mut out = String::new();
     let report = if lake::open_if_exists(&bronze_uri).await?.is_some() {
         generate::next_hours(&bronze_uri, 1).await?
@@ -424,7 +436,8 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
     out.push_str(&result.stdout);
     if args.output == OutputFormat::Text && result.failure.is_none() {
         out.push_str(&format!(
-            "\nRun `tidemark demo` again to land the next hour and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger.\n",
+            "\nRun `tidemark demo` again to land the next hour and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger; `tidemark lateness {}{bundle_flag}` shows how late the data runs (add `--plot lateness.svg` for the curve).\n",
+            lateness_target.display()
         ));
     }
     result.stdout = out;

@@ -160,6 +160,7 @@ fn demo_works_from_any_directory() {
     );
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     assert!(dir.path().join("mine/silver/payments/_delta_log").exists());
+    let demo_out = out.stdout.clone();
     // the command it suggests works from here
     let runs = out
         .stdout
@@ -171,6 +172,20 @@ fn demo_works_from_any_directory() {
     let out = exec(tidemark(now).current_dir(dir.path()).args(&args));
     assert_eq!(out.code, 0, "`{runs}`: {}", out.stderr);
     assert!(out.stdout.contains("payments_hourly"), "{}", out.stdout);
+    // and so does the lateness profile it suggests, on the lake it wrote
+    let lateness = demo_out
+        .lines()
+        .find_map(|l| l.split('`').find(|s| s.starts_with("tidemark lateness")))
+        .unwrap_or_else(|| panic!("no lateness hint: {demo_out}"))
+        .to_string();
+    let args: Vec<&str> = lateness.split_whitespace().skip(1).collect();
+    let out = exec(tidemark(now).current_dir(dir.path()).args(&args));
+    assert_eq!(out.code, 0, "`{lateness}`: {}", out.stderr);
+    assert!(
+        out.stdout.contains("mine/bronze/payments_raw"),
+        "{}",
+        out.stdout
+    );
     // an explicit bundle that is not there says how to point at one
     let out = exec(
         tidemark(now)
