@@ -22,31 +22,6 @@ fn tidemark(now: i64) -> Command {
     c
 }
 
-/// A bundle whose job `j` runs the test pipeline on a job cluster with a spill directory.
-fn write_bundle(dir: &Path) -> PathBuf {
-    let pipeline = write_pipeline(dir, "15m", "soft", "");
-    let bundle = dir.join("bundle");
-    std::fs::create_dir_all(bundle.join("resources")).expect("mkdir");
-    std::fs::write(
-        bundle.join("tidemark.yml"),
-        format!(
-            "bundle: {{ name: test }}\ninclude: [resources/*.yml]\nvariables:\n  lake: {{ default: \"{}\" }}\ntargets:\n  local: {{ default: true }}\n",
-            dir.join("lake").display()
-        ),
-    )
-    .expect("write bundle");
-    std::fs::write(
-        bundle.join("resources/jobs.yml"),
-        format!(
-            "resources:\n  jobs:\n    j:\n      job_clusters:\n        - job_cluster_key: c\n          new_cluster: {{ worker_threads: 2, memory_limit: 64MiB, spill_directory: \"{}\" }}\n      tasks:\n        - task_key: t\n          job_cluster_key: c\n          max_retries: 2\n          pipeline_task: {{ pipeline: \"{}\" }}\n",
-            dir.join("spill").display(),
-            pipeline.display()
-        ),
-    )
-    .expect("write jobs");
-    bundle
-}
-
 fn newest_lease(dir: &Path, job: &str) -> Option<Value> {
     let leases = dir.join("lake/_tidemark/leases").join(job);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&leases)
@@ -96,7 +71,14 @@ async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
         &[Change::upsert("a", T0 + HOUR, T0 + HOUR + MIN, 1)],
     )
     .await;
-    let bundle = write_bundle(d);
+    // Job `j` runs the test pipeline on a job cluster with a spill directory.
+    let bundle = write_bundle(
+        d,
+        &format!(
+            "    j:\n      job_clusters:\n        - job_cluster_key: c\n          new_cluster: {{ worker_threads: 2, memory_limit: 64MiB, spill_directory: \"{}\" }}\n      tasks:\n        - task_key: t\n          job_cluster_key: c\n          max_retries: 2\n          pipeline_task: {{ pipeline: \"${{PIPELINE}}\" }}\n",
+            d.join("spill").display()
+        ),
+    );
     let first = output(
         tidemark(NOW)
             .args(["job", "run", "j", "--bundle"])

@@ -448,30 +448,6 @@ async fn superseded_versions_and_redelivered_duplicates_are_counted_apart() {
     );
 }
 
-/// A bundle in `dir/bundle` (lake `dir/lake`) with one job `j` running the test pipeline.
-fn write_bundle(dir: &Path) -> std::path::PathBuf {
-    let pipeline = write_pipeline(dir, "15m", "soft", "");
-    let bundle = dir.join("bundle");
-    std::fs::create_dir_all(bundle.join("resources")).expect("mkdir");
-    std::fs::write(
-        bundle.join("tidemark.yml"),
-        format!(
-            "bundle: {{ name: test }}\ninclude: [resources/*.yml]\nvariables:\n  lake: {{ description: the test lake }}\ntargets:\n  local:\n    default: true\n    variables: {{ lake: \"{}\" }}\n",
-            dir.join("lake").display()
-        ),
-    )
-    .expect("write bundle");
-    std::fs::write(
-        bundle.join("resources/jobs.yml"),
-        format!(
-            "resources:\n  jobs:\n    j:\n      tasks:\n        - task_key: the_only_task_of_this_job\n          pipeline_task: {{ pipeline: \"{}\" }}\n",
-            pipeline.display()
-        ),
-    )
-    .expect("write jobs");
-    bundle
-}
-
 /// RFC 3339, UTC, `Z`, exactly six fraction digits.
 fn is_micros_z(s: &str) -> bool {
     let b = s.as_bytes();
@@ -482,7 +458,10 @@ fn is_micros_z(s: &str) -> bool {
 async fn runs_fits_120_columns_and_times_have_one_format() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
-    let bundle = write_bundle(d);
+    let bundle = write_bundle(
+        d,
+        "    j:\n      tasks:\n        - task_key: the_only_task_of_this_job\n          pipeline_task: { pipeline: \"${PIPELINE}\" }\n",
+    );
     // a failed attempt (no source yet: a long error message), then a successful one
     let out = exec(
         tidemark(NOW)

@@ -331,3 +331,29 @@ impl Default for Pause {
         Self::new()
     }
 }
+
+/// A bundle in `dir/bundle` whose `lake` is `dir/lake`, with the test pipeline (tables under
+/// `dir/lake`) at `dir/pipeline.yml` and `jobs` (YAML under `resources.jobs`, indented 4) in
+/// `resources/jobs.yml`. `${PIPELINE}` in `jobs` is replaced by the pipeline's path.
+pub fn write_bundle(dir: &Path, jobs: &str) -> PathBuf {
+    let pipeline = write_pipeline(dir, "15m", "soft", "");
+    let bundle = dir.join("bundle");
+    std::fs::create_dir_all(bundle.join("resources")).expect("mkdir");
+    std::fs::write(
+        bundle.join("tidemark.yml"),
+        format!(
+            "bundle: {{ name: test }}\ninclude: [resources/*.yml]\nvariables:\n  lake: {{ description: the test lake }}\ntargets:\n  local:\n    default: true\n    variables: {{ lake: \"{}\" }}\n",
+            dir.join("lake").display()
+        ),
+    )
+    .expect("write bundle");
+    std::fs::write(
+        bundle.join("resources/jobs.yml"),
+        format!(
+            "resources:\n  jobs:\n{}",
+            jobs.replace("${PIPELINE}", &pipeline.display().to_string())
+        ),
+    )
+    .expect("write jobs");
+    bundle
+}
