@@ -396,25 +396,16 @@ pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppEr
     };
     let bundle = jobs_commands::load_bundle(&select)?;
     let job = bundle.job(DEMO_JOB).map_err(AppError::Usage)?;
-    let Some(bronze_uri) = job
-        .tasks
-        .first()
-        .map(|t| t.pipeline.source_uri().to_string())
-    else {
+    let Some(task) = job.tasks.first() else {
         return Err(AppError::Usage(format!("job `{DEMO_JOB}` has no task")));
     };
+    let bronze_uri = task.pipeline.source_uri().to_string();
     // The pipeline file, as the suggested `lateness` command can find it from here.
-    let lateness_target = job
-        .tasks
-        .first()
-        .map(|t| {
-            if bundle_dir == Path::new("bundle") {
-                t.pipeline.path.clone()
-            } else {
-                std::path::absolute(&t.pipeline.path).unwrap_or_else(|_| t.pipeline.path.clone())
-            }
-        })
-        .unwrap_or_default();
+    let lateness_target = if bundle_dir == Path::new("bundle") {
+        task.pipeline.path.clone()
+    } else {
+        std::path::absolute(&task.pipeline.path).unwrap_or_else(|_| task.pipeline.path.clone())
+    };
     let mut out = String::new();
     let report = if lake::open_if_exists(&bronze_uri).await?.is_some() {
         generate::next_hours(&bronze_uri, 1).await?

@@ -37,7 +37,7 @@ impl Run<'_> {
         let planned = self.plan_read(&source, &target, roles).await?;
         self.end_phase(Phase::Plan)?;
         let input = self
-            .read(&source, source_provider, &planned.read, roles, seq_type)
+            .read(&source, source_provider, planned.read, roles, seq_type)
             .await?;
         self.end_phase(Phase::Read)?;
         let valid = self.validate(input, roles, seq_type).await?;
@@ -83,7 +83,7 @@ impl Run<'_> {
         let previous = record.version;
         self.c.previous_source_version = previous;
         let target_max = self.watermark(target, roles).await?;
-        let read = horizon::plan(horizon::Inputs {
+        let mut read = horizon::plan(horizon::Inputs {
             p: self.p,
             m: self.m,
             source,
@@ -94,8 +94,8 @@ impl Run<'_> {
             now: self.now,
         })
         .await?;
-        for w in &read.warnings {
-            self.warn(w.clone());
+        for w in std::mem::take(&mut read.warnings) {
+            self.warn(w);
         }
         self.c.watermark_before = read.watermark;
         if read.late_is_approximate {
@@ -116,7 +116,7 @@ impl Run<'_> {
         &mut self,
         source: &DeltaTable,
         source_provider: Arc<dyn datafusion::catalog::TableProvider>,
-        plan: &horizon::ReadPlan,
+        plan: horizon::ReadPlan,
         roles: &ColumnRoles,
         seq_type: &arrow::datatypes::DataType,
     ) -> Result<DataFrame, RunError> {
@@ -140,14 +140,14 @@ impl Run<'_> {
         }
         .and_then(|df| df.with_column(LATE_COLUMN, lit(false)))
         .map_err(q(Phase::Read))?;
-        let landed_provider = match &plan.landed {
+        let landed_provider = match plan.landed {
             horizon::Landed::Nothing => None,
             horizon::Landed::WholeSource => Some(source_provider.clone()),
             horizon::Landed::Files(adds) => Some(
                 source
                     .table_provider()
                     .with_file_selection(
-                        deltalake::delta_datafusion::FileSelection::from_adds(adds.clone())
+                        deltalake::delta_datafusion::FileSelection::from_adds(adds)
                             .with_missing_file_policy(
                                 deltalake::delta_datafusion::MissingSelectedFilePolicy::Ignore,
                             ),
