@@ -11,12 +11,6 @@ use serde::Serialize;
 
 use crate::config::pipeline::Kind;
 
-/// The phases of a run in the order they execute (the text summary lists them so; a phase
-/// not named here comes last).
-pub(crate) const PHASE_ORDER: &[&str] = &[
-    "plan", "read", "validate", "dedup", "compare", "commit", "write",
-];
-
 /// How a run treated the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -224,10 +218,11 @@ impl RunSummary {
             let _ = writeln!(out, "  {k:<width$}  {v}");
         }
         if !self.phases_ms.is_empty() {
+            // In the order a run executes them; a phase not named there comes last.
             let rank = |k: &str| {
-                PHASE_ORDER
+                crate::run::Phase::TIMED
                     .iter()
-                    .position(|p| *p == k)
+                    .position(|p| p.as_str() == k)
                     .unwrap_or(usize::MAX)
             };
             let mut phases: Vec<(&String, &u64)> = self.phases_ms.iter().collect();
