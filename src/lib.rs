@@ -15,6 +15,7 @@ pub mod config;
 pub mod error;
 pub mod failpoint;
 pub mod generate;
+pub mod ingest;
 pub mod jobs;
 pub mod lake;
 pub mod lateness;

@@ -45,8 +45,9 @@ pub struct RunSummary {
     pub dry_run: bool,
     pub source_uri: String,
     pub target_uri: String,
-    /// Source table version this run read (pinned for the whole run).
-    pub source_version: u64,
+    /// Source table version this run read (pinned for the whole run); null for an ingest,
+    /// which reads landing files.
+    pub source_version: Option<u64>,
     /// Target version this run committed; null when nothing was committed.
     pub target_version: Option<u64>,
     pub num_source_rows_read: u64,
@@ -73,6 +74,32 @@ pub struct RunSummary {
 #[serde(untagged)]
 pub enum Counters {
     Merge(MergeCounters),
+    Ingest(IngestCounters),
+}
+
+/// What an `ingest` run counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IngestCounters {
+    /// The run's `_ingested_at` (one per run, milliseconds).
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub ingested_at: Option<DateTime<Utc>>,
+    /// Landing files matching the glob.
+    pub num_files_listed: u64,
+    /// Files this run read and recorded.
+    pub num_files_ingested: u64,
+    /// Files already ingested, unchanged: not read again.
+    pub num_files_skipped: u64,
+    /// Files ingested before that changed since (re-ingested with `on_file_change: reingest`).
+    pub num_files_changed: u64,
+    /// New files left for the next run by `max_files_per_run` / `max_bytes_per_run`.
+    pub num_files_pending: u64,
+    pub num_bytes_read: u64,
+    /// Rows appended to bronze (records read minus those quarantined).
+    pub num_rows_written: u64,
+    /// Rows with fields kept in `_rescued_data`.
+    pub num_rescued: u64,
+    /// Columns this run added to bronze (`on_schema_change: add_new_columns`).
+    pub columns_added: Vec<String>,
 }
 
 /// What a `cdc_merge` run counts.
@@ -116,6 +143,7 @@ impl RunSummary {
     pub fn merge(&self) -> Option<&MergeCounters> {
         match &self.counters {
             Counters::Merge(c) => Some(c),
+            Counters::Ingest(_) => None,
         }
     }
 }
@@ -166,8 +194,11 @@ impl RunSummary {
             (false, Some(v)) => format!("committed target version {v}"),
             (false, None) if already_applied => format!(
                 "source version {} was already applied: no commit",
-                self.source_version
+                self.source_version.unwrap_or_default()
             ),
+            (false, None) if matches!(self.counters, Counters::Ingest(_)) => {
+                "no new landing files: no commit".to_string()
+            }
             (false, None) => "nothing to change: no commit".to_string(),
         };
         let _ = writeln!(
@@ -186,7 +217,7 @@ impl RunSummary {
                     "source version",
                     format!(
                         "{} (previous run read {})",
-                        self.source_version,
+                        self.source_version.unwrap_or_default(),
                         c.previous_source_version
                             .map_or("-".to_string(), |v| v.to_string())
                     ),
@@ -210,6 +241,35 @@ impl RunSummary {
                 ("updated", c.num_updated.to_string()),
                 ("deleted", c.num_deleted.to_string()),
                 ("unchanged", c.num_unchanged.to_string()),
+                ("files added/removed", files),
+            ],
+            Counters::Ingest(c) => vec![
+                ("landing", self.source_uri.clone()),
+                ("ingested at", fmt_time(&c.ingested_at)),
+                (
+                    "landing files",
+                    format!(
+                        "{} listed: {} ingested, {} already ingested, {} left for the next run",
+                        c.num_files_listed,
+                        c.num_files_ingested,
+                        c.num_files_skipped,
+                        c.num_files_pending
+                    ),
+                ),
+                ("changed files re-ingested", c.num_files_changed.to_string()),
+                ("bytes read", c.num_bytes_read.to_string()),
+                ("records read", self.num_source_rows_read.to_string()),
+                ("quarantined", quarantined),
+                ("rows written", c.num_rows_written.to_string()),
+                ("rescued", c.num_rescued.to_string()),
+                (
+                    "columns added",
+                    if c.columns_added.is_empty() {
+                        "-".to_string()
+                    } else {
+                        c.columns_added.join(", ")
+                    },
+                ),
                 ("files added/removed", files),
             ],
         };

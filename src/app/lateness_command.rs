@@ -23,6 +23,16 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
                     arrival: args.arrival.clone(),
                     overlap: Some(m.overlap),
                 },
+                // An ingest writes the table with both clocks: its arrival is `_ingested_at`;
+                // the event time is a column of the records (`--event-time`).
+                Spec::Ingest(i) => LatenessInputs {
+                    table_uri: i.target_uri,
+                    role: "target",
+                    pipeline: Some(p.name),
+                    event_time: args.event_time.clone(),
+                    arrival: args.arrival.clone(),
+                    overlap: None,
+                },
             }
         }
         Err(_) => LatenessInputs {

@@ -129,6 +129,7 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
                         Some((m.target_file_size, m.keys)),
                         m.target_row_group_rows,
                     ),
+                    Spec::Ingest(i) => (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
                 }
             }
             Err(_) => (

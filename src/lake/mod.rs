@@ -18,6 +18,7 @@ mod restore;
 pub mod stats;
 pub mod storage;
 pub mod store_fault;
+pub mod txns;
 
 pub use compact::{compact_clustered, Compacted};
 pub use error::LakeError;

@@ -87,7 +87,7 @@ impl Run<'_> {
             p: self.p,
             m: self.m,
             source,
-            source_version: self.summary.source_version,
+            source_version: self.summary.source_version.unwrap_or_default(),
             source_table_id: self.source_table_id.as_deref().unwrap_or_default(),
             record,
             watermark: target_max,
@@ -274,7 +274,7 @@ impl Run<'_> {
         self.c.num_unchanged = counts.unchanged;
         self.c.watermark_after = before.max(max_sequence).and_then(micros_to_time);
         self.c.already_applied =
-            !counts.changes_anything() && previous == Some(self.summary.source_version as i64);
+            !counts.changes_anything() && previous == self.summary.source_version.map(|v| v as i64);
     }
 
     /// The normal path: only files holding a changed key are rewritten, and in them only the

@@ -114,7 +114,7 @@ impl<'a> Run<'a> {
             dry_run: opts.dry_run,
             source_uri: m.source_uri.clone(),
             target_uri: m.target_uri.clone(),
-            source_version: 0,
+            source_version: None,
             target_version: None,
             num_source_rows_read: 0,
             num_quarantined: 0,
@@ -178,7 +178,7 @@ impl<'a> Run<'a> {
         .instrument(info_span!("plan"))
         .await?;
         let source_version = source.version().unwrap_or(0);
-        self.summary.source_version = source_version;
+        self.summary.source_version = Some(source_version);
         let table_id = lake::record::table_id(&source)
             .map_err(RunError::delta(Phase::Plan, &self.m.source_uri))?;
         self.source_table_id = Some(table_id);
@@ -284,7 +284,7 @@ impl<'a> Run<'a> {
             "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| crate::report::rfc3339(&t)),
         });
         let record = lake::SourceRecord {
-            version: Some(s.source_version as i64),
+            version: s.source_version.map(|v| v as i64),
             table: self.source_fingerprint(),
             deferred_floor: self.deferred_floor,
         };

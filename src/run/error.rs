@@ -11,6 +11,8 @@ pub enum RunError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Lake(#[from] LakeError),
+    #[error(transparent)]
+    Ingest(#[from] crate::ingest::IngestError),
     /// A query over the source or the target failed.
     #[error("{phase}: query failed: {source}{}", memory_hint(source))]
     Query {
@@ -300,6 +302,7 @@ impl Classify for RunError {
         match self {
             RunError::Config(e) => e.class(),
             RunError::Lake(e) => e.class(),
+            RunError::Ingest(e) => e.class(),
             RunError::Query { source, .. } | RunError::SourceRead { source, .. } => {
                 classify_datafusion(source)
             }

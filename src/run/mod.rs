@@ -61,6 +61,11 @@ pub async fn run(
                     .instrument(span.clone())
                     .await
             }
+            Spec::Ingest(i) => {
+                crate::ingest::run_once(pipeline, i, opts, clock.now(), engine, run_id.clone())
+                    .instrument(span.clone())
+                    .await
+            }
         };
         match attempt {
             Err(e) if e.is_commit_conflict() && replans < MAX_REPLANS => {

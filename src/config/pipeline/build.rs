@@ -20,7 +20,7 @@ pub(super) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
+    pub(super) fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
         ConfigError::Invalid {
             path: self.path.to_path_buf(),
             line: line_of_key(self.text, key),
@@ -28,7 +28,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn substitute(&self, key: &str, value: &str, vars: &Vars) -> Result<String, ConfigError> {
+    pub(super) fn substitute(&self, key: &str, value: &str, vars: &Vars) -> Result<String, ConfigError> {
         let out = vars
             .substitute(value)
             .map_err(|u| ConfigError::Unresolved {
@@ -107,6 +107,7 @@ impl Ctx<'_> {
             RawPipeline::CdcMerge(raw) => {
                 (raw.name.clone(), Spec::CdcMerge(self.cdc_merge(raw, vars)?))
             }
+            RawPipeline::Ingest(raw) => (raw.name.clone(), Spec::Ingest(self.ingest(raw, vars)?)),
         };
         if name.is_empty()
             || !name
@@ -141,6 +142,7 @@ impl Ctx<'_> {
         };
         match Kind::from_name(kind.trim()) {
             Some(Kind::CdcMerge) => Ok(RawPipeline::CdcMerge(self.parse_as()?)),
+            Some(Kind::Ingest) => Ok(RawPipeline::Ingest(self.parse_as()?)),
             None => {
                 let hint = nearest(kind.trim(), Kind::ALL.iter().map(|k| k.as_str()))
                     .map(|n| format!(" (did you mean `{n}`?)"))
@@ -156,7 +158,7 @@ impl Ctx<'_> {
         }
     }
 
-    fn parse_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConfigError> {
+    pub(super) fn parse_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, ConfigError> {
         serde_yaml::from_str(self.text).map_err(|e| {
             let message = e.to_string();
             // serde locates a repeated key at the start of its mapping: point at the repeat.

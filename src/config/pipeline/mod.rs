@@ -5,6 +5,7 @@
 //! kind.
 
 mod build;
+pub mod ingest;
 mod raw;
 
 use std::path::{Path, PathBuf};
@@ -13,6 +14,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub use build::{parse_bytes, parse_size};
+pub use ingest::Ingest;
 pub use raw::Kind;
 
 use super::location::line_of_key;
@@ -149,6 +151,7 @@ impl CdcMerge {
 #[derive(Debug, Clone)]
 pub enum Spec {
     CdcMerge(CdcMerge),
+    Ingest(Ingest),
 }
 
 /// A validated pipeline: the header every kind shares and what this kind does.
@@ -238,6 +241,7 @@ impl Pipeline {
     pub fn kind(&self) -> Kind {
         match &self.spec {
             Spec::CdcMerge(_) => Kind::CdcMerge,
+            Spec::Ingest(_) => Kind::Ingest,
         }
     }
 
@@ -245,13 +249,15 @@ impl Pipeline {
     pub fn target_uri(&self) -> &str {
         match &self.spec {
             Spec::CdcMerge(m) => &m.target_uri,
+            Spec::Ingest(i) => &i.target_uri,
         }
     }
 
-    /// The table this pipeline reads.
+    /// What this pipeline reads: a table, or a landing location for `ingest`.
     pub fn source_uri(&self) -> &str {
         match &self.spec {
             Spec::CdcMerge(m) => &m.source_uri,
+            Spec::Ingest(i) => &i.landing_uri,
         }
     }
 
@@ -260,7 +266,6 @@ impl Pipeline {
     pub fn cdc_merge(&self, command: &str) -> Result<&CdcMerge, ConfigError> {
         match &self.spec {
             Spec::CdcMerge(m) => Ok(m),
-            #[allow(unreachable_patterns)] // the kinds still to come
             _ => Err(self.error_at(
                 "kind",
                 format!(

@@ -15,16 +15,19 @@ use super::{DeleteMode, SchemaChange, SourceRecreate};
 pub enum Kind {
     /// Change records (bronze) merged into one row per key (silver).
     CdcMerge,
+    /// Landing files appended to a bronze table with their arrival time.
+    Ingest,
 }
 
 impl Kind {
     /// Every kind, in the order messages list them.
-    pub const ALL: &'static [Kind] = &[Kind::CdcMerge];
+    pub const ALL: &'static [Kind] = &[Kind::CdcMerge, Kind::Ingest];
 
     /// The name written in `kind:`.
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::CdcMerge => "cdc_merge",
+            Kind::Ingest => "ingest",
         }
     }
 
@@ -59,6 +62,7 @@ pub(super) struct RawTag {
 #[derive(Debug)]
 pub(super) enum RawPipeline {
     CdcMerge(RawCdcMerge),
+    Ingest(super::ingest::RawIngest),
 }
 
 #[derive(Debug, Deserialize)]

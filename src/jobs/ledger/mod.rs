@@ -157,7 +157,7 @@ impl LedgerRow {
         let n = |v: u64| Some(i64::try_from(v).unwrap_or(i64::MAX));
         self.pipeline_run_id = Some(s.run_id.clone());
         self.mode = Some(s.mode.to_string());
-        self.source_version = n(s.source_version);
+        self.source_version = s.source_version.and_then(n);
         self.target_version = s.target_version.and_then(n);
         self.num_source_rows_read = n(s.num_source_rows_read);
         self.num_quarantined = n(s.num_quarantined);
@@ -175,6 +175,8 @@ impl LedgerRow {
                 self.num_superseded = n(c.num_superseded);
                 self.num_duplicates = n(c.num_duplicates);
             }
+            // Rows appended are the ingest's inserts.
+            Counters::Ingest(c) => self.num_inserted = n(c.num_rows_written),
         }
         self
     }

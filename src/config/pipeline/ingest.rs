@@ -1,0 +1,348 @@
+//! The `ingest` kind's file: landing files (a local folder or an object-store prefix, with a
+//! glob) appended to a bronze table with their arrival time. The raw struct, the validated
+//! [`Ingest`], and the checks between them.
+
+use serde::Deserialize;
+
+use super::build::{overlapping, parse_size, Ctx};
+use super::raw::RawQuarantine;
+use super::{Quarantine, SchemaChange};
+use crate::config::{ConfigError, Vars};
+
+/// Column tidemark adds to every ingested row: when the run that committed it ran (one value
+/// per run, the commit's time). Lateness is measured from it.
+pub const INGESTED_AT: &str = "_ingested_at";
+/// Column tidemark adds to every ingested row: the landing file it came from (its full URI).
+pub const SOURCE_FILE: &str = "_source_file";
+/// Column holding, as JSON text, the fields of a record that did not fit the schema (unknown
+/// fields, values of the wrong type) when `rescue: true`.
+pub const RESCUED: &str = "_rescued_data";
+
+/// Default longest record (a JSON line, a CSV row) accepted; a longer one is quarantined
+/// (truncated in the quarantine table) instead of being parsed.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 16 << 20;
+
+/// The format of the landing files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// One JSON object per line (`.jsonl`, `.ndjson`).
+    Json,
+    /// Comma- (or `csv.delimiter`-) separated values.
+    Csv,
+    /// Parquet files.
+    Parquet,
+}
+
+/// What a run does with a landing file recorded as ingested whose size or modification time
+/// (ETag on object stores) changed since.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FileChange {
+    /// Stop (exit 65) naming the file: its rows are in bronze as they were, and a changed file
+    /// usually means a producer rewrote what it had delivered.
+    #[default]
+    Fail,
+    /// Ingest the file again as it is now (its earlier rows stay in bronze: bronze is a log,
+    /// and the merge keeps the newest version per key).
+    Reingest,
+}
+
+/// A column type in `schema:`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ColumnType {
+    String,
+    Long,
+    Int,
+    Double,
+    Boolean,
+    /// Microseconds, UTC. Text is RFC 3339 (`2024-01-05T10:00:00Z`, any offset) or
+    /// `YYYY-MM-DD HH:MM:SS[.fff]` read as UTC; a JSON number is epoch microseconds.
+    Timestamp,
+    Date,
+}
+
+impl ColumnType {
+    /// The type named in a pipeline file (`string`, `long`/`bigint`, ...).
+    pub fn from_name(name: &str) -> Option<ColumnType> {
+        Some(match name.to_ascii_lowercase().as_str() {
+            "string" | "str" | "text" => ColumnType::String,
+            "long" | "bigint" | "int64" => ColumnType::Long,
+            "int" | "integer" | "int32" => ColumnType::Int,
+            "double" | "float" | "float64" => ColumnType::Double,
+            "boolean" | "bool" => ColumnType::Boolean,
+            "timestamp" => ColumnType::Timestamp,
+            "date" => ColumnType::Date,
+            _ => return None,
+        })
+    }
+
+    const NAMES: &'static str = "string, long, int, double, boolean, timestamp, date";
+}
+
+/// One declared column: `name: type` or `name: type not null` (a record without it is
+/// quarantined).
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeclaredColumn {
+    pub name: String,
+    pub ty: ColumnType,
+    pub required: bool,
+}
+
+/// How CSV files are read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CsvOptions {
+    /// The first row names the columns (default true). Without a header the columns are the
+    /// declared schema's, in order.
+    pub header: bool,
+    pub delimiter: u8,
+    pub quote: u8,
+}
+
+impl Default for CsvOptions {
+    fn default() -> Self {
+        CsvOptions {
+            header: true,
+            delimiter: b',',
+            quote: b'"',
+        }
+    }
+}
+
+/// A validated `ingest` pipeline.
+#[derive(Debug, Clone)]
+pub struct Ingest {
+    /// Folder or prefix holding the landing files (`/data/landing`, `s3://bucket/landing`).
+    pub landing_uri: String,
+    /// Which files under it are this pipeline's, relative to it (`events/*.jsonl`, `**/*.csv`).
+    pub glob: String,
+    pub format: Format,
+    pub csv: CsvOptions,
+    pub target_uri: String,
+    /// Declared columns, in order; empty when inferred from the first files.
+    pub schema: Vec<DeclaredColumn>,
+    pub rescue: bool,
+    pub on_schema_change: SchemaChange,
+    pub on_file_change: FileChange,
+    pub max_files_per_run: Option<u64>,
+    pub max_bytes_per_run: Option<u64>,
+    pub max_record_bytes: u64,
+    pub quarantine: Quarantine,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIngest {
+    pub(super) name: String,
+    #[serde(rename = "kind")]
+    pub(super) _kind: serde::de::IgnoredAny,
+    pub(super) landing: RawLanding,
+    pub(super) format: Format,
+    pub(super) csv: Option<RawCsv>,
+    pub(super) target: RawIngestTarget,
+    pub(super) schema: Option<serde_yaml::Mapping>,
+    #[serde(default)]
+    pub(super) rescue: bool,
+    #[serde(default)]
+    pub(super) on_schema_change: SchemaChange,
+    #[serde(default)]
+    pub(super) on_file_change: FileChange,
+    pub(super) max_files_per_run: Option<u64>,
+    pub(super) max_bytes_per_run: Option<String>,
+    pub(super) max_record_bytes: Option<String>,
+    pub(super) quarantine: RawQuarantine,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawLanding {
+    pub(super) uri: String,
+    #[serde(default = "all_files")]
+    pub(super) glob: String,
+}
+
+fn all_files() -> String {
+    "**/*".to_string()
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawCsv {
+    pub(super) header: Option<bool>,
+    pub(super) delimiter: Option<String>,
+    pub(super) quote: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawIngestTarget {
+    pub(super) uri: String,
+}
+
+impl Ctx<'_> {
+    /// Checks an `ingest` file: formats, schema, limits and locations.
+    pub(super) fn ingest(&self, raw: RawIngest, vars: &Vars) -> Result<Ingest, ConfigError> {
+        let csv = match (raw.format, raw.csv) {
+            (Format::Csv, Some(c)) => CsvOptions {
+                header: c.header.unwrap_or(true),
+                delimiter: self.one_byte("delimiter", c.delimiter, b',')?,
+                quote: self.one_byte("quote", c.quote, b'"')?,
+            },
+            (Format::Csv, None) => CsvOptions::default(),
+            (_, Some(_)) => {
+                return Err(self.invalid(
+                    "csv",
+                    format!(
+                        "`csv:` options apply to `format: csv`; this pipeline reads `{}` files",
+                        format_name(raw.format)
+                    ),
+                ))
+            }
+            (_, None) => CsvOptions::default(),
+        };
+        let schema = match raw.schema {
+            Some(m) => self.declared(m)?,
+            None => Vec::new(),
+        };
+        if raw.format == Format::Csv && !csv.header && schema.is_empty() {
+            return Err(self.invalid(
+                "header",
+                "`csv.header: false` needs a declared `schema:` (the columns, in file order)",
+            ));
+        }
+        if glob::Pattern::new(&raw.landing.glob).is_err() {
+            return Err(self.invalid(
+                "glob",
+                format!(
+                    "`landing.glob: {}` is not a glob pattern; write it like `*.jsonl` or `events/**/*.json`",
+                    raw.landing.glob
+                ),
+            ));
+        }
+        if raw.max_files_per_run == Some(0) {
+            return Err(self.invalid(
+                "max_files_per_run",
+                "`max_files_per_run: 0` would ingest nothing; give 1 or more, or leave it out",
+            ));
+        }
+        let size = |key: &str, v: &Option<String>| -> Result<Option<u64>, ConfigError> {
+            match v {
+                None => Ok(None),
+                Some(v) => match parse_size(v) {
+                    Some(n) if n > 0 => Ok(Some(n)),
+                    _ => Err(self.invalid(
+                        key,
+                        format!("`{key}: {v}` is not a size; write it like 512MiB or 1GB"),
+                    )),
+                },
+            }
+        };
+        let max_bytes_per_run = size("max_bytes_per_run", &raw.max_bytes_per_run)?;
+        let max_record_bytes = size("max_record_bytes", &raw.max_record_bytes)?
+            .unwrap_or(DEFAULT_MAX_RECORD_BYTES);
+        if let Some(f) = raw.quarantine.max_fraction {
+            if !(0.0..=1.0).contains(&f) {
+                return Err(self.invalid(
+                    "max_fraction",
+                    format!("`quarantine.max_fraction: {f}` must be between 0 and 1"),
+                ));
+            }
+        }
+        let landing_uri = self.substitute("landing.uri", &raw.landing.uri, vars)?;
+        let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
+        let quarantine_uri = self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?;
+        for (key, uri, other_key, other) in [
+            ("target", &target_uri, "landing", &landing_uri),
+            ("quarantine", &quarantine_uri, "landing", &landing_uri),
+            ("quarantine", &quarantine_uri, "target", &target_uri),
+        ] {
+            if overlapping(uri, other) {
+                return Err(self.invalid(
+                    key,
+                    format!("`{key}.uri` ({uri}) is the same location as `{other_key}.uri` ({other}), or inside it; give each its own location"),
+                ));
+            }
+        }
+        Ok(Ingest {
+            landing_uri,
+            glob: raw.landing.glob,
+            format: raw.format,
+            csv,
+            target_uri,
+            schema,
+            rescue: raw.rescue,
+            on_schema_change: raw.on_schema_change,
+            on_file_change: raw.on_file_change,
+            max_files_per_run: raw.max_files_per_run,
+            max_bytes_per_run,
+            max_record_bytes,
+            quarantine: Quarantine {
+                uri: quarantine_uri,
+                max_rows: raw.quarantine.max_rows,
+                max_fraction: raw.quarantine.max_fraction,
+            },
+        })
+    }
+
+    fn one_byte(&self, key: &str, v: Option<String>, default: u8) -> Result<u8, ConfigError> {
+        match v {
+            None => Ok(default),
+            Some(s) if s.len() == 1 && s.is_ascii() => Ok(s.as_bytes()[0]),
+            Some(s) if s == "\\t" || s == "\t" => Ok(b'\t'),
+            Some(s) => Err(self.invalid(
+                key,
+                format!("`csv.{key}: {s:?}` must be one ASCII character (or \"\\t\" for a tab)"),
+            )),
+        }
+    }
+
+    /// `schema:` as written: `column: type` or `column: type not null`, in file order.
+    fn declared(&self, m: serde_yaml::Mapping) -> Result<Vec<DeclaredColumn>, ConfigError> {
+        let mut out: Vec<DeclaredColumn> = Vec::new();
+        for (k, v) in m {
+            let (Some(name), Some(spec)) = (k.as_str(), v.as_str()) else {
+                return Err(self.invalid(
+                    "schema",
+                    "`schema:` maps column names to types, like `amount_cents: long` or `payment_id: string not null`",
+                ));
+            };
+            let lower = spec.trim().to_ascii_lowercase();
+            let (ty_name, required) = match lower.strip_suffix("not null") {
+                Some(t) => (t.trim().to_string(), true),
+                None => (lower.clone(), false),
+            };
+            let Some(ty) = ColumnType::from_name(&ty_name) else {
+                return Err(self.invalid(
+                    name,
+                    format!(
+                        "`{name}: {spec}` is not a column type; the types are {} (add `not null` to require the field)",
+                        ColumnType::NAMES
+                    ),
+                ));
+            };
+            if name.is_empty() || name.starts_with("_tidemark") {
+                return Err(self.invalid("schema", format!("`{name}` is not a usable column name")));
+            }
+            if [INGESTED_AT, SOURCE_FILE, RESCUED].contains(&name) {
+                return Err(self.invalid(
+                    name,
+                    format!("`{name}` is a column tidemark adds to every ingested row; leave it out of `schema:`"),
+                ));
+            }
+            out.push(DeclaredColumn {
+                name: name.to_string(),
+                ty,
+                required,
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn format_name(f: Format) -> &'static str {
+    match f {
+        Format::Json => "json",
+        Format::Csv => "csv",
+        Format::Parquet => "parquet",
+    }
+}

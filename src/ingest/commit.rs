@@ -1,0 +1,336 @@
+//! Bronze's side of an ingest: its schema, the checks before writing, and the one commit that
+//! appends the rows together with the ingest record of their files.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::error::ArrowError;
+use chrono::{DateTime, Utc};
+use datafusion::logical_expr::{col, lit};
+use datafusion::prelude::SessionContext;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+
+use super::landing::{Landing, LandingFile};
+use super::rows::Parsed;
+use super::schema::{arrow_type, Col};
+use super::{file_app_prefix, IngestError, Recorded};
+use crate::config::pipeline::ingest::{Ingest, INGESTED_AT, RESCUED, SOURCE_FILE};
+use crate::lake::{self, COMMIT_INFO_KEY};
+use crate::run::validate::REASON_COLUMN;
+use crate::run::{Phase, RunError};
+
+/// Refuses a bronze table whose `txn` actions expire (the record of old files would vanish).
+pub fn check_retention(table: &DeltaTable, uri: &str) -> Result<(), RunError> {
+    let snapshot = table
+        .snapshot()
+        .map_err(RunError::delta(Phase::Plan, uri))?;
+    if snapshot
+        .metadata()
+        .configuration()
+        .contains_key("delta.setTransactionRetentionDuration")
+    {
+        return Err(IngestError::RecordExpires {
+            uri: uri.to_string(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+/// Bronze's columns, in storage types.
+pub fn table_schema(table: &DeltaTable, uri: &str) -> Result<Arc<Schema>, RunError> {
+    let snapshot = table
+        .snapshot()
+        .map_err(RunError::delta(Phase::Read, uri))?;
+    Ok(Arc::new(lake::storage::storage_schema(
+        &snapshot.snapshot().arrow_schema(),
+    )))
+}
+
+/// Before a full reload: every file whose rows bronze holds under this landing location must
+/// still be there, or the reload (which replaces those rows) would drop them.
+pub async fn check_reload_keeps(
+    ctx: &SessionContext,
+    table: &DeltaTable,
+    spec: &Ingest,
+    landing: &Landing,
+    listed: &[LandingFile],
+) -> Result<(), RunError> {
+    let uri = &spec.target_uri;
+    let q = RunError::query(Phase::Plan);
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(RunError::delta(Phase::Plan, uri))?;
+    let provider = table.table_provider().await.map_err(q)?;
+    if provider.schema().field_with_name(SOURCE_FILE).is_err() {
+        return Ok(());
+    }
+    let prefix = format!("{}/", landing.root_uri);
+    let batches = ctx
+        .read_table(provider)
+        .and_then(|df| df.filter(starts_with(&prefix)))
+        .and_then(|df| df.select(vec![col(SOURCE_FILE)]))
+        .and_then(|df| df.distinct())
+        .map_err(RunError::query(Phase::Plan))?
+        .collect()
+        .await
+        .map_err(RunError::scan(Phase::Plan, uri))?;
+    let present: HashSet<&str> = listed.iter().map(|f| f.uri.as_str()).collect();
+    let mut gone = Vec::new();
+    for b in &batches {
+        let c = arrow::compute::cast(b.column(0), &DataType::Utf8)
+            .map_err(RunError::arrow(Phase::Plan))?;
+        if let Some(s) = c.as_any().downcast_ref::<StringArray>() {
+            gone.extend(
+                s.iter()
+                    .flatten()
+                    .filter(|f| !present.contains(f))
+                    .map(str::to_string),
+            );
+        }
+    }
+    gone.sort();
+    if let Some(first) = gone.first() {
+        return Err(IngestError::ReloadWouldDrop {
+            uri: uri.clone(),
+            landing: landing.root_uri.clone(),
+            count: gone.len(),
+            first: first.clone(),
+        }
+        .into());
+    }
+    Ok(())
+}
+
+fn starts_with(prefix: &str) -> datafusion::logical_expr::Expr {
+    datafusion::functions::expr_fn::starts_with(col(SOURCE_FILE), lit(prefix.to_string()))
+}
+
+/// The rejected records of every file, as rows for the quarantine table.
+pub fn rejects_batch(parsed: &[(LandingFile, Parsed)]) -> Result<Option<RecordBatch>, ArrowError> {
+    let n: usize = parsed.iter().map(|(_, p)| p.rejects.len()).sum();
+    if n == 0 {
+        return Ok(None);
+    }
+    let (mut files, mut lines, mut records, mut reasons) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for (f, p) in parsed {
+        for r in &p.rejects {
+            files.push(f.uri.as_str());
+            lines.push(r.line.map(|l| l as i64));
+            records.push(r.record.as_str());
+            reasons.push(r.reason.as_str());
+        }
+    }
+    let schema = Schema::new(vec![
+        Field::new(SOURCE_FILE, DataType::Utf8, false),
+        Field::new("_line", DataType::Int64, true),
+        Field::new("_record", DataType::Utf8, false),
+        Field::new(REASON_COLUMN, DataType::Utf8, false),
+    ]);
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(StringArray::from(files)),
+        Arc::new(Int64Array::from(lines)),
+        Arc::new(StringArray::from(records)),
+        Arc::new(StringArray::from(reasons)),
+    ];
+    RecordBatch::try_new(Arc::new(schema), columns).map(Some)
+}
+
+/// Everything the commit needs.
+pub struct Write<'a> {
+    pub ctx: &'a SessionContext,
+    pub target: Option<DeltaTable>,
+    pub spec: &'a Ingest,
+    pub pipeline: &'a str,
+    pub landing: &'a Landing,
+    pub cols: &'a [Col],
+    pub parsed: Vec<(LandingFile, Parsed)>,
+    pub record: &'a HashMap<String, Recorded>,
+    pub now: DateTime<Utc>,
+    /// A full reload: replace this landing location's rows instead of appending.
+    pub whole: bool,
+    pub facts: serde_json::Value,
+}
+
+/// What the commit did.
+pub struct Written {
+    pub version: u64,
+    pub files_added: u64,
+    pub files_removed: u64,
+}
+
+fn ts_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+/// The schema bronze has after this commit: its columns in order (or the parsed ones for a new
+/// table), then the columns this run adds.
+fn output_schema(bronze: Option<&Schema>, cols: &[Col], rescue: bool) -> Arc<Schema> {
+    let mut fields: Vec<Field> = match bronze {
+        Some(s) => s.fields().iter().map(|f| f.as_ref().clone()).collect(),
+        None => Vec::new(),
+    };
+    let has = |fields: &[Field], n: &str| fields.iter().any(|f| f.name() == n);
+    for c in cols {
+        if !has(&fields, &c.name) {
+            fields.push(Field::new(&c.name, arrow_type(c.ty), true));
+        }
+    }
+    if rescue && !has(&fields, RESCUED) {
+        fields.push(Field::new(RESCUED, DataType::Utf8, true));
+    }
+    for (name, ty) in [(INGESTED_AT, ts_type()), (SOURCE_FILE, DataType::Utf8)] {
+        if !has(&fields, name) {
+            fields.push(Field::new(name, ty, true));
+        }
+    }
+    Arc::new(Schema::new(fields))
+}
+
+/// One file's rows in the output schema, with its `_ingested_at` and `_source_file`.
+fn file_batch(
+    schema: &Arc<Schema>,
+    rows: &RecordBatch,
+    ingested_us: i64,
+    source: &str,
+) -> Result<RecordBatch, ArrowError> {
+    let n = rows.num_rows();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| -> Result<ArrayRef, ArrowError> {
+            let array: ArrayRef = match f.name().as_str() {
+                INGESTED_AT => Arc::new(
+                    TimestampMicrosecondArray::from(vec![ingested_us; n]).with_timezone("UTC"),
+                ),
+                SOURCE_FILE => Arc::new(StringArray::from(vec![source; n])),
+                name => match rows.column_by_name(name) {
+                    Some(c) => c.clone(),
+                    None => arrow::array::new_null_array(f.data_type(), n),
+                },
+            };
+            if array.data_type() == f.data_type() {
+                Ok(array)
+            } else {
+                arrow::compute::cast(&array, f.data_type())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema.clone(), columns)
+}
+
+/// Appends (or, for a full reload, replaces) the rows and records the files, in one commit.
+pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
+    let uri = &w.spec.target_uri;
+    let bronze = match &w.target {
+        Some(t) => Some(table_schema(t, uri)?),
+        None => None,
+    };
+    let schema = output_schema(bronze.as_deref(), w.cols, w.spec.rescue);
+    let grows = bronze
+        .as_ref()
+        .is_some_and(|b| b.fields().len() != schema.fields().len());
+    let now_ms = w.now.timestamp_millis();
+    let prefix = file_app_prefix(w.pipeline);
+    let mut batches = Vec::with_capacity(w.parsed.len());
+    let mut txns = Vec::with_capacity(w.parsed.len());
+    for (f, p) in &w.parsed {
+        // A full reload keeps the time each file first arrived; everything else arrives now.
+        let ingested_ms = match (w.whole, w.record.get(&f.rel)) {
+            (true, Some(r)) => r.ingested_ms.unwrap_or(now_ms),
+            _ => now_ms,
+        };
+        txns.push(Transaction::new_with_last_update(
+            format!("{prefix}{}", f.rel),
+            f.fingerprint,
+            Some(ingested_ms),
+        ));
+        if p.batch.num_rows() > 0 {
+            batches.push(
+                file_batch(&schema, &p.batch, ingested_ms * 1000, &f.uri)
+                    .map_err(RunError::arrow(Phase::Commit))?,
+            );
+        }
+    }
+    if batches.is_empty() {
+        // Files without rows are recorded too (so they are not read again): an empty batch
+        // still makes the commit.
+        batches.push(RecordBatch::new_empty(schema.clone()));
+    }
+    let props = CommitProperties::default()
+        .with_metadata([(COMMIT_INFO_KEY.to_string(), w.facts)])
+        .with_application_transactions(txns);
+    let phase = if w.whole { Phase::Write } else { Phase::Commit };
+    let new_dirs = match &w.target {
+        Some(_) => lake::NewDirs::default(),
+        None => lake::NewDirs::before_create(uri),
+    };
+    let table = match w.target {
+        Some(t) => t,
+        None => {
+            let created = lake::create_url(uri).map_err(RunError::from).and_then(|url| {
+                lake::builder(url)
+                    .and_then(|b| b.build())
+                    .map_err(RunError::delta(phase, uri))
+            });
+            match created {
+                Ok(t) => t,
+                Err(e) => {
+                    new_dirs.remove_empty();
+                    return Err(e);
+                }
+            }
+        }
+    };
+    let fresh = table.version().is_none();
+    let mut builder = table
+        .write(batches)
+        .with_commit_properties(props)
+        .with_session_state(Arc::new(w.ctx.state()));
+    builder = match (w.whole && !fresh, grows) {
+        (true, _) if bronze.as_ref().is_some_and(|b| b.field_with_name(SOURCE_FILE).is_ok()) => builder
+            .with_save_mode(SaveMode::Overwrite)
+            .with_replace_where(starts_with(&format!("{}/", w.landing.root_uri)))
+            .with_schema_mode(SchemaMode::Merge),
+        (_, true) => builder
+            .with_save_mode(SaveMode::Append)
+            .with_schema_mode(SchemaMode::Merge),
+        _ => builder.with_save_mode(SaveMode::Append),
+    };
+    if fresh {
+        builder = builder.with_table_name(w.pipeline);
+    }
+    let table = match builder.await {
+        Ok(t) => t,
+        Err(e) => {
+            new_dirs.remove_empty();
+            return Err(RunError::write(phase, uri)(e));
+        }
+    };
+    let version = table.version().unwrap_or(0).max(0) as u64;
+    let (files_added, files_removed) = match lake::read_commits(&table, 1).await {
+        Ok(entries) => entries
+            .first()
+            .map(|e| (e.files_added, e.files_removed))
+            .unwrap_or((0, 0)),
+        Err(_) => (0, 0),
+    };
+    Ok(Written {
+        version,
+        files_added,
+        files_removed,
+    })
+}

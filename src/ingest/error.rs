@@ -1,0 +1,82 @@
+//! What can stop an ingest run, beyond what every kind shares ([`crate::run::RunError`]).
+
+use crate::error::{Classify, ErrorClass};
+
+/// Why an ingest run stopped. Nothing was committed to bronze when a run returns one.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    /// The landing location does not exist (a local folder).
+    #[error("the landing folder {uri} does not exist: create it (producers deliver files into it) or fix `landing.uri` in {pipeline}; nothing was written")]
+    LandingMissing { uri: String, pipeline: String },
+    /// The landing location is not a URI tidemark can list.
+    #[error("`landing.uri: {uri}` cannot be used: {reason}. Give a local folder or an s3:// prefix")]
+    LandingUri { uri: String, reason: String },
+    /// Listing or reading the landing location failed.
+    #[error("cannot {action} {uri}: {source}. {}", store_advice(source))]
+    Landing {
+        action: &'static str,
+        uri: String,
+        #[source]
+        source: Box<object_store::Error>,
+    },
+    /// A landing file changed while this run read it (a producer is still writing it).
+    #[error("the landing file {uri} changed while it was read (listed at {listed} bytes, read {read}): a producer is still writing it. Rerun; producers should write under a temporary name (starting with `.` or `_`, which ingest skips) and rename the file when it is complete")]
+    ChangedWhileRead { uri: String, listed: u64, read: u64 },
+    /// Files recorded as ingested changed since (`on_file_change: fail`).
+    #[error("{count} landing file(s) changed after they were ingested (first: {first}, ingested at {ingested_at}): their size or modification time differs from the ingest record. Their rows are in bronze as they were delivered; nothing was written. If the producer re-delivered them on purpose, set `on_file_change: reingest` in {pipeline} (the new contents are appended; the merge keeps the newest version per key); otherwise move the rewritten files out of the landing location")]
+    FileChanged {
+        count: usize,
+        first: String,
+        ingested_at: String,
+        pipeline: String,
+    },
+    /// Bronze keeps `txn` actions only for a while: files would be ingested twice.
+    #[error("{uri} sets `delta.setTransactionRetentionDuration`, so the ingest record of old files would expire and they would be ingested again; remove the property from the table (ALTER TABLE … UNSET TBLPROPERTIES) before ingesting into it")]
+    RecordExpires { uri: String },
+    /// The files' columns changed in a way `on_schema_change` does not allow.
+    #[error("schema change in the landing files of {pipeline}: {message}")]
+    Schema { pipeline: String, message: String },
+    /// A full reload would drop rows whose landing files are gone.
+    #[error("a full reload of {uri} would drop the rows of {count} file(s) ingested from {landing} that are no longer there (first: {first}); nothing was written. Restore those files to the landing location first, or rebuild the table another way")]
+    ReloadWouldDrop {
+        uri: String,
+        landing: String,
+        count: usize,
+        first: String,
+    },
+}
+
+fn store_advice(e: &object_store::Error) -> &'static str {
+    match e {
+        object_store::Error::NotFound { .. } => {
+            "It was removed while the run listed it: rerun (nothing was written)"
+        }
+        object_store::Error::PermissionDenied { .. } | object_store::Error::Unauthenticated { .. } => {
+            "Access was refused: make the landing files readable for the user running tidemark (or fix the store's credentials), then rerun; nothing was written"
+        }
+        _ => "Rerun once the storage is reachable; nothing was written",
+    }
+}
+
+impl Classify for IngestError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            IngestError::LandingMissing { .. } => ErrorClass::Unavailable,
+            IngestError::LandingUri { .. } | IngestError::RecordExpires { .. } => {
+                ErrorClass::Config
+            }
+            IngestError::Landing { source, .. } => match source.as_ref() {
+                object_store::Error::NotFound { .. } => ErrorClass::Retryable,
+                object_store::Error::PermissionDenied { .. }
+                | object_store::Error::Unauthenticated { .. } => ErrorClass::Unavailable,
+                e => crate::lake::store_fault(e)
+                    .map(|f| f.class)
+                    .unwrap_or(ErrorClass::Io),
+            },
+            IngestError::ChangedWhileRead { .. } => ErrorClass::Retryable,
+            IngestError::FileChanged { .. }
+            | IngestError::Schema { .. }
+            | IngestError::ReloadWouldDrop { .. } => ErrorClass::BadData,
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! JSON lines: one object per line; blank lines are not records.
+
+use serde_json::{Map, Value};
+
+use super::rows::{Parsed, Reject, Rows};
+use super::schema::{from_json, infer_json, type_name, Cell, Col, widen};
+use super::Shape;
+
+/// Parses a JSON-lines file into rows and rejects.
+pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::ArrowError> {
+    let mut rows = Rows::new(shape.cols, shape.rescue);
+    for (i, line) in body.split(|b| *b == b'\n').enumerate() {
+        let line_no = Some(i as u64 + 1);
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        if line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if line.len() as u64 > shape.max_record_bytes {
+            rows.reject(Reject::new(
+                line_no,
+                line,
+                format!(
+                    "the line is {} bytes, over `max_record_bytes` ({})",
+                    line.len(),
+                    shape.max_record_bytes
+                ),
+            ));
+            continue;
+        }
+        if let Err(e) = std::str::from_utf8(line) {
+            rows.reject(Reject::new(
+                line_no,
+                line,
+                format!("not valid UTF-8 (at byte {})", e.valid_up_to()),
+            ));
+            continue;
+        }
+        let object: Map<String, Value> = match serde_json::from_slice::<Value>(line) {
+            Ok(Value::Object(m)) => m,
+            Ok(other) => {
+                rows.reject(Reject::new(
+                    line_no,
+                    line,
+                    format!("not a JSON object (a {})", kind(&other)),
+                ));
+                continue;
+            }
+            Err(e) => {
+                rows.reject(Reject::new(line_no, line, format!("malformed JSON: {e}")));
+                continue;
+            }
+        };
+        record(&mut rows, object, line_no, line, shape);
+    }
+    rows.finish()
+}
+
+fn record(rows: &mut Rows<'_>, mut object: Map<String, Value>, line_no: Option<u64>, line: &[u8], shape: &Shape<'_>) {
+    let mut cells = Vec::with_capacity(shape.cols.len());
+    let mut rescued = Map::new();
+    for col in shape.cols {
+        let Some(v) = object.remove(&col.name) else {
+            cells.push(Cell::Null);
+            continue;
+        };
+        match from_json(&v, col.ty) {
+            Some(c) => cells.push(c),
+            None if shape.rescue => {
+                rescued.insert(col.name.clone(), v);
+                cells.push(Cell::Null);
+            }
+            None => {
+                rows.reject(Reject::new(line_no, line, wrong_type(col, &v)));
+                return;
+            }
+        }
+    }
+    for (k, v) in object {
+        if shape.rescue {
+            rescued.insert(k, v);
+        } else if let Some(ty) = infer_json(&v) {
+            let e = rows.unknown.entry(k).or_insert(ty);
+            *e = widen(*e, ty);
+        } else {
+            rows.unknown.entry(k).or_insert(crate::config::pipeline::ingest::ColumnType::String);
+        }
+    }
+    if let Some(name) = rows.missing_required(&cells) {
+        let why = if rescued.contains_key(name) {
+            format!("required field `{name}` has a value of the wrong type (rescued: {})", rescued.get(name).map(Value::to_string).unwrap_or_default())
+        } else {
+            format!("required field `{name}` is missing or null")
+        };
+        rows.reject(Reject::new(line_no, line, why));
+        return;
+    }
+    let rescued = (!rescued.is_empty()).then(|| Value::Object(rescued).to_string());
+    rows.push(cells, rescued);
+}
+
+fn wrong_type(col: &Col, v: &Value) -> String {
+    let mut shown = v.to_string();
+    if shown.len() > 80 {
+        shown.truncate(shown.floor_char_boundary(80));
+        shown.push('…');
+    }
+    format!("`{}`: {shown} is not a {}", col.name, type_name(col.ty))
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// The columns of JSON-lines records, in first-seen order, with the types their values
+/// suggest (for a pipeline without a declared schema and a bronze table to take one from).
+pub fn infer(body: &[u8], limit: usize, out: &mut Vec<(String, Option<crate::config::pipeline::ingest::ColumnType>)>) {
+    for line in body.split(|b| *b == b'\n').take(limit) {
+        let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(line) else {
+            continue;
+        };
+        for (k, v) in m {
+            let ty = infer_json(&v);
+            match out.iter_mut().find(|(n, _)| *n == k) {
+                Some((_, t)) => {
+                    *t = match (*t, ty) {
+                        (Some(a), Some(b)) => Some(widen(a, b)),
+                        (a, b) => a.or(b),
+                    }
+                }
+                None => out.push((k, ty)),
+            }
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! The landing location: a local folder or an object-store prefix, listed with a glob.
+//!
+//! Files and folders whose name starts with `.` or `_` are skipped (temporary files a producer
+//! is still writing, markers like `_SUCCESS`, a generator's state), as Auto Loader does.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::TryStreamExt;
+use object_store::path::Path as StorePath;
+use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
+
+use super::IngestError;
+
+/// One landing file as listed.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LandingFile {
+    /// Path relative to the landing root (`events/2024-01-05T10.jsonl`): the file's identity in
+    /// the ingest record.
+    pub rel: String,
+    /// Full URI, as stored in `_source_file`.
+    pub uri: String,
+    pub size: u64,
+    pub modified: DateTime<Utc>,
+    /// What the ingest record keeps to tell a changed file: a hash of the size and the
+    /// modification time (local) or the ETag (object stores).
+    pub fingerprint: i64,
+    location: StorePath,
+}
+
+/// A landing location, ready to list and read.
+pub struct Landing {
+    store: Arc<dyn ObjectStore>,
+    prefix: Option<StorePath>,
+    /// The root as written in `_source_file` values, without a trailing `/`.
+    pub root_uri: String,
+}
+
+impl Landing {
+    /// The landing location at `uri` (a local path, `file://`, or `s3://bucket/prefix`).
+    pub fn open(uri: &str, pipeline: &str) -> Result<Landing, IngestError> {
+        let bad = |reason: String| IngestError::LandingUri {
+            uri: uri.to_string(),
+            reason,
+        };
+        match uri.split_once("://") {
+            None | Some(("file", _)) => {
+                let path = uri.strip_prefix("file://").unwrap_or(uri);
+                let abs = std::path::absolute(path).map_err(|e| bad(e.to_string()))?;
+                if !abs.is_dir() {
+                    return Err(IngestError::LandingMissing {
+                        uri: abs.display().to_string(),
+                        pipeline: pipeline.to_string(),
+                    });
+                }
+                let store = object_store::local::LocalFileSystem::new_with_prefix(&abs)
+                    .map_err(|e| bad(e.to_string()))?;
+                let root = format!("file://{}", abs.display());
+                Ok(Landing {
+                    store: Arc::new(store),
+                    prefix: None,
+                    root_uri: root.trim_end_matches('/').to_string(),
+                })
+            }
+            Some(("s3" | "s3a", _)) => {
+                let url = url::Url::parse(uri).map_err(|e| bad(e.to_string()))?;
+                let store = object_store::aws::AmazonS3Builder::from_env()
+                    .with_url(uri)
+                    .build()
+                    .map_err(|e| bad(e.to_string()))?;
+                let prefix = url.path().trim_matches('/').to_string();
+                Ok(Landing {
+                    store: Arc::new(store),
+                    prefix: (!prefix.is_empty()).then(|| StorePath::from(prefix)),
+                    root_uri: uri.trim_end_matches('/').to_string(),
+                })
+            }
+            Some((scheme, _)) => Err(bad(format!("the scheme `{scheme}` is not supported"))),
+        }
+    }
+
+    fn is_local(&self) -> bool {
+        self.root_uri.starts_with("file://")
+    }
+
+    /// Every file under the root matching `glob`, oldest first (modification time, then path).
+    pub async fn list(&self, glob: &glob::Pattern) -> Result<Vec<LandingFile>, IngestError> {
+        let metas: Vec<ObjectMeta> = self
+            .store
+            .list(self.prefix.as_ref())
+            .try_collect()
+            .await
+            .map_err(|e| IngestError::Landing {
+                action: "list",
+                uri: self.root_uri.clone(),
+                source: Box::new(e),
+            })?;
+        let opts = glob::MatchOptions {
+            case_sensitive: true,
+            require_literal_separator: true,
+            require_literal_leading_dot: false,
+        };
+        let mut out: Vec<LandingFile> = metas
+            .into_iter()
+            .filter_map(|m| {
+                let rel = self.relative(&m.location)?;
+                let hidden = rel
+                    .split('/')
+                    .any(|part| part.starts_with('.') || part.starts_with('_'));
+                (!hidden && glob.matches_with(&rel, opts)).then(|| self.file(m, rel))
+            })
+            .collect();
+        out.sort_by(|a, b| a.modified.cmp(&b.modified).then_with(|| a.rel.cmp(&b.rel)));
+        Ok(out)
+    }
+
+    fn relative(&self, location: &StorePath) -> Option<String> {
+        let full = location.as_ref();
+        match &self.prefix {
+            None => Some(full.to_string()),
+            Some(p) => full
+                .strip_prefix(p.as_ref())
+                .and_then(|r| r.strip_prefix('/'))
+                .map(str::to_string),
+        }
+    }
+
+    fn file(&self, m: ObjectMeta, rel: String) -> LandingFile {
+        let identity = if self.is_local() {
+            m.last_modified
+                .timestamp_nanos_opt()
+                .unwrap_or_default()
+                .to_string()
+        } else {
+            m.e_tag
+                .clone()
+                .unwrap_or_else(|| m.last_modified.timestamp_millis().to_string())
+        };
+        LandingFile {
+            uri: format!("{}/{}", self.root_uri, rel),
+            fingerprint: fingerprint(m.size, &identity),
+            size: m.size,
+            modified: m.last_modified,
+            location: m.location,
+            rel,
+        }
+    }
+
+    /// The whole file; an error when it is no longer the size it was listed at.
+    pub async fn read(&self, f: &LandingFile) -> Result<Bytes, IngestError> {
+        let err = |e| IngestError::Landing {
+            action: "read",
+            uri: f.uri.clone(),
+            source: Box::new(e),
+        };
+        let bytes = self
+            .store
+            .get(&f.location)
+            .await
+            .map_err(err)?
+            .bytes()
+            .await
+            .map_err(err)?;
+        if bytes.len() as u64 != f.size {
+            return Err(IngestError::ChangedWhileRead {
+                uri: f.uri.clone(),
+                listed: f.size,
+                read: bytes.len() as u64,
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+/// FNV-1a of the size and the identity text, folded to a non-negative i64 (`-1` is reserved).
+fn fingerprint(size: u64, identity: &str) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in size
+        .to_le_bytes()
+        .iter()
+        .chain(identity.as_bytes().iter())
+    {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    (h >> 1) as i64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn lists_matching_visible_files_oldest_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        std::fs::create_dir_all(root.join("events/2024")).unwrap();
+        std::fs::create_dir_all(root.join("_state")).unwrap();
+        std::fs::write(root.join("events/2024/a.jsonl"), "{}\n").unwrap();
+        std::fs::write(root.join("events/b.jsonl"), "{}\n").unwrap();
+        std::fs::write(root.join("events/.b.jsonl.tmp"), "{}\n").unwrap();
+        std::fs::write(root.join("events/_SUCCESS"), "").unwrap();
+        std::fs::write(root.join("_state/x.jsonl"), "{}\n").unwrap();
+        std::fs::write(root.join("other.csv"), "a\n").unwrap();
+        let landing = Landing::open(root.to_str().unwrap(), "p").unwrap();
+        let all = landing
+            .list(&glob::Pattern::new("**/*.jsonl").unwrap())
+            .await
+            .unwrap();
+        let mut rels: Vec<&str> = all.iter().map(|f| f.rel.as_str()).collect();
+        rels.sort();
+        assert_eq!(rels, vec!["events/2024/a.jsonl", "events/b.jsonl"]);
+        let top = landing
+            .list(&glob::Pattern::new("events/*.jsonl").unwrap())
+            .await
+            .unwrap();
+        assert_eq!(top.len(), 1, "a single * stays in its folder");
+        assert!(top[0].uri.starts_with("file:///") && top[0].uri.ends_with("/events/b.jsonl"));
+        let again = landing.read(&top[0]).await.unwrap();
+        assert_eq!(&again[..], b"{}\n");
+        let err = Landing::open(root.join("nope").to_str().unwrap(), "p")
+            .err()
+            .unwrap();
+        assert!(matches!(err, IngestError::LandingMissing { .. }), "{err}");
+    }
+
+    #[test]
+    fn fingerprints_change_with_size_or_identity() {
+        let a = fingerprint(10, "1");
+        assert!(a >= 0);
+        assert_ne!(a, fingerprint(11, "1"));
+        assert_ne!(a, fingerprint(10, "2"));
+        assert_eq!(a, fingerprint(10, "1"));
+    }
+}

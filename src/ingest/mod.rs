@@ -1,0 +1,476 @@
+//! The `ingest` kind: landing files appended to a bronze table with their arrival time.
+//!
+//! plan → read → validate → commit. The plan lists the landing location and reads the ingest
+//! record from bronze's log (one `txn` per file ingested: app id `tidemark/<pipeline>/file:<path>`,
+//! version = a fingerprint of the file's size and modification time or ETag, `lastUpdated` = its
+//! `_ingested_at`), and picks the files not recorded yet, oldest first, within the run's limits.
+//! The read parses them (JSON lines, CSV, Parquet) into the schema; records that do not fit go
+//! to the quarantine table with their file, line and reason. The commit appends the rows, each
+//! with `_ingested_at` (the run's time, one per run) and `_source_file`, together with the
+//! files' `txn` actions: rows and record land in one commit or not at all, so a file is
+//! ingested exactly once across crashes and reruns. A full reload replaces the rows of this
+//! landing location in one commit, each file keeping the `_ingested_at` it was first given.
+
+mod commit;
+mod csv;
+mod error;
+mod json;
+pub mod landing;
+mod parquet;
+mod plan;
+mod rows;
+pub mod schema;
+
+use std::collections::{BTreeMap, HashMap};
+
+use chrono::{DateTime, TimeZone, Utc};
+use datafusion::prelude::SessionContext;
+use futures::{StreamExt, TryStreamExt};
+use tracing::{info, info_span, warn, Instrument};
+
+pub use error::IngestError;
+
+use crate::config::pipeline::ingest::{ColumnType, CsvOptions, FileChange, Format, Ingest};
+use crate::config::pipeline::{Kind, SchemaChange};
+use crate::config::Pipeline;
+use crate::lake;
+use crate::report::{Counters, IngestCounters, RunMode, RunSummary};
+use crate::run::phase::{self, Phase, Timer};
+use crate::run::{quarantine, Engine, RunError, RunOptions};
+use landing::{Landing, LandingFile};
+use rows::Parsed;
+use schema::Col;
+
+/// Records read to infer a schema (from the first files of the first run).
+const INFER_RECORDS: usize = 1000;
+
+/// How a file is parsed: the columns, and the pipeline's parsing options.
+pub struct Shape<'a> {
+    pub cols: &'a [Col],
+    pub rescue: bool,
+    pub max_record_bytes: u64,
+    pub csv: CsvOptions,
+}
+
+/// One attempt of an `ingest` run (the caller plans again after a lost commit race). On success
+/// bronze has at most one new commit; on error nothing was committed to it.
+pub(crate) async fn run_once(
+    p: &Pipeline,
+    spec: &Ingest,
+    opts: &RunOptions,
+    now: DateTime<Utc>,
+    engine: &Engine,
+    run_id: String,
+) -> Result<RunSummary, RunError> {
+    // One `_ingested_at` per run, in milliseconds: the precision the ingest record keeps it in.
+    let now = Utc
+        .timestamp_millis_opt(now.timestamp_millis())
+        .single()
+        .unwrap_or(now);
+    let summary = RunSummary {
+        run_id,
+        pipeline: p.name.clone(),
+        kind: Kind::Ingest,
+        mode: RunMode::Incremental,
+        dry_run: opts.dry_run,
+        source_uri: spec.landing_uri.clone(),
+        target_uri: spec.target_uri.clone(),
+        source_version: None,
+        target_version: None,
+        num_source_rows_read: 0,
+        num_quarantined: 0,
+        num_quarantined_new: 0,
+        num_files_added: 0,
+        num_files_removed: 0,
+        num_replans: 0,
+        duration_ms: 0,
+        phases_ms: BTreeMap::new(),
+        warnings: Vec::new(),
+        counters: Counters::Ingest(IngestCounters::default()),
+    };
+    let mut run = Run {
+        p,
+        spec,
+        opts,
+        now,
+        ctx: engine.context(),
+        timer: Timer::default(),
+        summary,
+        c: IngestCounters::default(),
+    };
+    let span = info_span!("ingest");
+    run.execute().instrument(span).await?;
+    Ok(run.finish())
+}
+
+struct Run<'a> {
+    p: &'a Pipeline,
+    spec: &'a Ingest,
+    opts: &'a RunOptions,
+    now: DateTime<Utc>,
+    ctx: SessionContext,
+    timer: Timer,
+    summary: RunSummary,
+    c: IngestCounters,
+}
+
+/// The ingest record's app-id prefix of a pipeline's files.
+pub fn file_app_prefix(pipeline: &str) -> String {
+    format!("tidemark/{pipeline}/file:")
+}
+
+/// What bronze recorded about one landing file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Recorded {
+    pub fingerprint: i64,
+    /// Its `_ingested_at`, in milliseconds.
+    pub ingested_ms: Option<i64>,
+}
+
+impl Run<'_> {
+    fn path(&self) -> phase::Path {
+        match self.summary.mode {
+            RunMode::Incremental => phase::Path::Incremental,
+            RunMode::Bootstrap | RunMode::FullReload => phase::Path::FullReload,
+        }
+    }
+
+    fn end_phase(&mut self, phase: Phase) -> Result<(), RunError> {
+        self.timer.end(phase, self.path())
+    }
+
+    fn warn(&mut self, message: String) {
+        warn!("{message}");
+        self.summary.warnings.push(message);
+    }
+
+    async fn execute(&mut self) -> Result<(), RunError> {
+        let spec = self.spec;
+        // plan
+        let target = lake::open_if_exists(&spec.target_uri).await?;
+        let mut record = HashMap::new();
+        if let Some(t) = &target {
+            commit::check_retention(t, &spec.target_uri)?;
+            let prefix = file_app_prefix(&self.p.name);
+            for (app, txn) in lake::txns::with_prefix(t, &prefix)
+                .await
+                .map_err(RunError::delta(Phase::Plan, &spec.target_uri))?
+            {
+                let rel = app[prefix.len()..].to_string();
+                record.insert(
+                    rel,
+                    Recorded {
+                        fingerprint: txn.version,
+                        ingested_ms: txn.last_updated,
+                    },
+                );
+            }
+        }
+        let landing = Landing::open(&spec.landing_uri, &self.p.path.display().to_string())?;
+        let glob = glob::Pattern::new(&spec.glob).map_err(|e| RunError::Internal {
+            phase: Phase::Plan,
+            message: format!("the glob was checked when the pipeline loaded: {e}"),
+        })?;
+        let listed = landing.list(&glob).await?;
+        self.summary.mode = match (&target, self.opts.full_reload) {
+            (None, _) => RunMode::Bootstrap,
+            (Some(_), true) => RunMode::FullReload,
+            (Some(_), false) => RunMode::Incremental,
+        };
+        let whole = self.summary.mode == RunMode::FullReload;
+        let plan = plan::choose(listed, &record, spec, whole);
+        self.c.num_files_listed = plan.listed;
+        self.c.num_files_skipped = plan.skipped;
+        self.c.num_files_pending = plan.pending;
+        self.c.num_files_changed = plan.changed.len() as u64;
+        if !whole && !plan.changed.is_empty() && spec.on_file_change == FileChange::Fail {
+            let first = &plan.changed[0];
+            let at = record
+                .get(&first.rel)
+                .and_then(|r| r.ingested_ms)
+                .and_then(crate::report::rfc3339_ms)
+                .unwrap_or_else(|| "an unknown time".to_string());
+            return Err(IngestError::FileChanged {
+                count: plan.changed.len(),
+                first: first.uri.clone(),
+                ingested_at: at,
+                pipeline: self.p.path.display().to_string(),
+            }
+            .into());
+        }
+        if plan.pending > 0 {
+            self.warn(format!(
+                "{} landing file(s) left for the next run (max_files_per_run / max_bytes_per_run)",
+                plan.pending
+            ));
+        }
+        if whole {
+            if let Some(t) = &target {
+                commit::check_reload_keeps(&self.ctx, t, spec, &landing, &plan.files).await?;
+            }
+        }
+        self.end_phase(Phase::Plan)?;
+        if plan.files.is_empty() && !whole {
+            info!(listed = plan.listed, skipped = plan.skipped, "no new landing files");
+            return Ok(());
+        }
+
+        // read
+        let bronze_schema = match &target {
+            Some(t) => Some(commit::table_schema(t, &spec.target_uri)?),
+            None => None,
+        };
+        let mut cols = self.columns(bronze_schema.as_deref(), &landing, &plan.files).await?;
+        let mut parsed = self.read(&landing, &plan.files, &cols).await?;
+        let unknown: BTreeMap<String, (ColumnType, String)> = parsed
+            .iter()
+            .flat_map(|(f, p)| p.unknown.iter().map(move |(k, t)| (k.clone(), (*t, f.uri.clone()))))
+            .collect();
+        if !unknown.is_empty() {
+            let names: Vec<String> = unknown.keys().map(|k| format!("`{k}`")).collect();
+            if spec.on_schema_change != SchemaChange::AddNewColumns {
+                let first_file = unknown.values().next().map(|(_, f)| f.clone()).unwrap_or_default();
+                return Err(IngestError::Schema {
+                    pipeline: self.p.path.display().to_string(),
+                    message: format!(
+                        "the records carry field(s) bronze does not have: {} (first seen in {first_file}); nothing was written. Add them with `on_schema_change: add_new_columns`, keep them as JSON text with `rescue: true` (in `_rescued_data`), or fix the producer",
+                        names.join(", ")
+                    ),
+                }
+                .into());
+            }
+            for (name, (ty, _)) in &unknown {
+                cols.push(Col {
+                    name: name.clone(),
+                    ty: *ty,
+                    required: false,
+                });
+                self.c.columns_added.push(name.clone());
+            }
+            // The first pass could not keep the new fields' values: parse again with them.
+            parsed = self.read(&landing, &plan.files, &cols).await?;
+        }
+        self.summary.num_source_rows_read = parsed.iter().map(|(_, p)| p.records).sum();
+        self.c.num_bytes_read = plan.files.iter().map(|f| f.size).sum();
+        self.c.num_rescued = parsed.iter().map(|(_, p)| p.rescued).sum();
+        self.end_phase(Phase::Read)?;
+
+        // validate
+        let rejected = commit::rejects_batch(&parsed).map_err(RunError::arrow(Phase::Validate))?;
+        let (outcome, warning) = quarantine::stage(
+            &self.ctx,
+            &spec.quarantine,
+            rejected.into_iter().collect(),
+            &self.summary.run_id,
+            self.now,
+            self.opts.dry_run,
+            self.summary.num_source_rows_read,
+        )
+        .await?;
+        self.summary.num_quarantined = outcome.rejected;
+        self.summary.num_quarantined_new = outcome.new;
+        if let Some(w) = warning {
+            self.warn(w);
+        }
+        self.end_phase(Phase::Validate)?;
+
+        // commit
+        self.c.num_files_ingested = plan.files.len() as u64;
+        self.c.num_rows_written = parsed.iter().map(|(_, p)| p.batch.num_rows() as u64).sum();
+        if self.opts.dry_run {
+            return Ok(());
+        }
+        let write_phase = if whole { Phase::Write } else { Phase::Commit };
+        crate::failpoint::hit(&self.path().before(write_phase))?;
+        let facts = self.facts();
+        let written = commit::write(commit::Write {
+            ctx: &self.ctx,
+            target,
+            spec,
+            pipeline: &self.p.name,
+            landing: &landing,
+            cols: &cols,
+            parsed,
+            record: &record,
+            now: self.now,
+            whole,
+            facts,
+        })
+        .await?;
+        self.summary.target_version = Some(written.version);
+        self.c.ingested_at = Some(self.now);
+        self.summary.num_files_added = written.files_added;
+        self.summary.num_files_removed = written.files_removed;
+        self.end_phase(write_phase)?;
+        Ok(())
+    }
+
+    /// The columns records are parsed into: bronze's (plus declared ones it lacks, when
+    /// allowed), else the declared schema, else inferred from the first files.
+    async fn columns(
+        &mut self,
+        bronze: Option<&arrow::datatypes::Schema>,
+        landing: &Landing,
+        files: &[LandingFile],
+    ) -> Result<Vec<Col>, RunError> {
+        let spec = self.spec;
+        let schema_err = |message: String| IngestError::Schema {
+            pipeline: self.p.path.display().to_string(),
+            message,
+        };
+        if let Some(bronze) = bronze {
+            let mut cols = Vec::new();
+            for f in bronze.fields() {
+                if schema::is_bookkeeping(f.name()) {
+                    continue;
+                }
+                let Some(ty) = schema::from_arrow(f.data_type()) else {
+                    return Err(schema_err(format!("bronze column `{}` has type {}, which ingest cannot parse records into (it parses string, long, int, double, boolean, timestamp and date)", f.name(), f.data_type())).into());
+                };
+                let declared = spec.schema.iter().find(|d| d.name == *f.name());
+                if let Some(d) = declared {
+                    if d.ty != ty {
+                        return Err(schema_err(format!("`schema:` declares `{}` as {}, but bronze has it as {}; declare the type bronze has (a column's type cannot change in place)", d.name, schema::type_name(d.ty), schema::type_name(ty))).into());
+                    }
+                }
+                cols.push(Col {
+                    name: f.name().clone(),
+                    ty,
+                    required: declared.is_some_and(|d| d.required),
+                });
+            }
+            let missing: Vec<&crate::config::pipeline::ingest::DeclaredColumn> = spec
+                .schema
+                .iter()
+                .filter(|d| bronze.field_with_name(&d.name).is_err())
+                .collect();
+            if !missing.is_empty() {
+                let names: Vec<String> = missing.iter().map(|d| format!("`{}`", d.name)).collect();
+                if spec.on_schema_change != SchemaChange::AddNewColumns {
+                    return Err(schema_err(format!("`schema:` declares {} that bronze does not have; add them with `on_schema_change: add_new_columns`, or remove them from `schema:`", names.join(", "))).into());
+                }
+                for d in missing {
+                    cols.push(Col::from(d));
+                    self.c.columns_added.push(d.name.clone());
+                }
+            }
+            return Ok(cols);
+        }
+        if !spec.schema.is_empty() {
+            return Ok(spec.schema.iter().map(Col::from).collect());
+        }
+        let mut found: Vec<(String, Option<ColumnType>)> = Vec::new();
+        let shape = self.shape(&[]);
+        for f in files.iter().take(5) {
+            let body = landing.read(f).await?;
+            match spec.format {
+                Format::Json => json::infer(&body, INFER_RECORDS, &mut found),
+                Format::Csv => csv::infer(&body, &shape, INFER_RECORDS, &mut found),
+                Format::Parquet => parquet::infer(body, &mut found),
+            }
+        }
+        let cols: Vec<Col> = found
+            .into_iter()
+            .filter(|(n, _)| !n.is_empty() && !schema::is_bookkeeping(n))
+            .map(|(name, ty)| Col {
+                name,
+                ty: ty.unwrap_or(ColumnType::String),
+                required: false,
+            })
+            .collect();
+        if cols.is_empty() {
+            return Err(schema_err("no columns could be inferred from the first landing files (empty, or no record parses); declare them with `schema:`".to_string()).into());
+        }
+        info!(columns = cols.len(), "schema inferred from the first landing files");
+        Ok(cols)
+    }
+
+    fn shape<'c>(&self, cols: &'c [Col]) -> Shape<'c> {
+        Shape {
+            cols,
+            rescue: self.spec.rescue,
+            max_record_bytes: self.spec.max_record_bytes,
+            csv: self.spec.csv,
+        }
+    }
+
+    /// Reads and parses `files`, a few at a time (parsing runs off the async threads).
+    async fn read(
+        &self,
+        landing: &Landing,
+        files: &[LandingFile],
+        cols: &[Col],
+    ) -> Result<Vec<(LandingFile, Parsed)>, RunError> {
+        let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let cols = std::sync::Arc::new(cols.to_vec());
+        let format = self.spec.format;
+        let (rescue, max_record_bytes, csv_opts) =
+            (self.spec.rescue, self.spec.max_record_bytes, self.spec.csv);
+        futures::stream::iter(files.iter().cloned())
+            .map(|f| {
+                let cols = cols.clone();
+                async move {
+                    let body = landing.read(&f).await?;
+                    let parsed = tokio::task::spawn_blocking(move || {
+                        let shape = Shape {
+                            cols: &cols,
+                            rescue,
+                            max_record_bytes,
+                            csv: csv_opts,
+                        };
+                        match format {
+                            Format::Json => json::parse(&body, &shape),
+                            Format::Csv => csv::parse(&body, &shape),
+                            Format::Parquet => parquet::parse(body, &shape),
+                        }
+                    })
+                    .await
+                    .map_err(|e| RunError::Internal {
+                        phase: Phase::Read,
+                        message: format!("parsing a landing file stopped: {e}"),
+                    })?
+                    .map_err(RunError::arrow(Phase::Read))?;
+                    Ok::<_, RunError>((f, parsed))
+                }
+            })
+            .buffered(workers)
+            .try_collect()
+            .await
+    }
+
+    fn facts(&self) -> serde_json::Value {
+        let (s, c) = (&self.summary, &self.c);
+        serde_json::json!({
+            "run_id": s.run_id,
+            "pipeline": s.pipeline,
+            "kind": "ingest",
+            "mode": s.mode,
+            "landing": self.spec.landing_uri,
+            "ingested_at": crate::report::rfc3339(&self.now),
+            "num_files_ingested": c.num_files_ingested,
+            "num_files_skipped": c.num_files_skipped,
+            "num_files_pending": c.num_files_pending,
+            "num_bytes_read": c.num_bytes_read,
+            "num_source_rows_read": s.num_source_rows_read,
+            "num_quarantined": s.num_quarantined,
+            "num_rows_written": c.num_rows_written,
+            "num_rescued": c.num_rescued,
+            "columns_added": c.columns_added,
+        })
+    }
+
+    fn finish(&mut self) -> RunSummary {
+        self.summary.duration_ms = self.timer.elapsed_ms();
+        self.summary.phases_ms = std::mem::take(&mut self.timer).into_ms();
+        info!(
+            mode = %self.summary.mode,
+            target_version = ?self.summary.target_version,
+            files = self.c.num_files_ingested,
+            rows = self.c.num_rows_written,
+            "ingest finished"
+        );
+        let mut summary = self.summary.clone();
+        summary.counters = Counters::Ingest(std::mem::take(&mut self.c));
+        summary
+    }
+}

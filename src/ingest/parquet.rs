@@ -1,0 +1,148 @@
+//! Parquet landing files: columns cast to the schema; a value that does not cast is rescued or
+//! rejects its row; a file that is not Parquet is one rejected record.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, StringBuilder};
+use arrow::compute::{cast, filter_record_batch};
+use arrow::datatypes::DataType;
+use arrow::util::display::{ArrayFormatter, FormatOptions};
+use bytes::Bytes;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use serde_json::{Map, Value};
+
+use super::rows::{Parsed, Reject};
+use super::schema::{arrow_type, data_schema, from_arrow, type_name};
+use super::Shape;
+use crate::config::pipeline::ingest::ColumnType;
+
+/// Parses a Parquet file into rows and rejects.
+pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::ArrowError> {
+    let schema = data_schema(shape.cols, shape.rescue);
+    let mut out = Parsed {
+        batch: RecordBatch::new_empty(schema.clone()),
+        rejects: Vec::new(),
+        records: 0,
+        rescued: 0,
+        unknown: BTreeMap::new(),
+    };
+    let reader = match ParquetRecordBatchReaderBuilder::try_new(body).and_then(|b| b.build()) {
+        Ok(r) => r,
+        Err(e) => {
+            out.records = 1;
+            out.rejects.push(Reject::new(None, b"", format!("not a readable Parquet file: {e}")));
+            return Ok(out);
+        }
+    };
+    let mut batches = Vec::new();
+    let mut row_base = 0u64;
+    for batch in reader {
+        let batch = match batch {
+            Ok(b) => b,
+            Err(e) => {
+                out.records += 1;
+                out.rejects.push(Reject::new(Some(row_base + 1), b"", format!("unreadable Parquet data from this row on: {e}")));
+                break;
+            }
+        };
+        let n = batch.num_rows();
+        let opts = FormatOptions::default();
+        let mut columns: Vec<ArrayRef> = Vec::new();
+        let mut keep = vec![true; n];
+        let mut reasons: Vec<Option<String>> = vec![None; n];
+        let mut rescued: Vec<Map<String, Value>> = vec![Map::new(); n];
+        for col in shape.cols {
+            let target = arrow_type(col.ty);
+            let Some(src) = batch.column_by_name(&col.name) else {
+                columns.push(arrow::array::new_null_array(&target, n));
+                continue;
+            };
+            // A type that does not cast at all (a nested column into a number) fits no row.
+            let casted = cast(src, &target).unwrap_or_else(|_| arrow::array::new_null_array(&target, n));
+            let shown = ArrayFormatter::try_new(src.as_ref(), &opts)?;
+            for i in 0..n {
+                if src.is_valid(i) && casted.is_null(i) {
+                    if shape.rescue {
+                        rescued[i].insert(col.name.clone(), Value::String(shown.value(i).to_string()));
+                    } else if reasons[i].is_none() {
+                        keep[i] = false;
+                        reasons[i] = Some(format!("`{}`: {} is not a {}", col.name, shown.value(i), type_name(col.ty)));
+                    }
+                }
+                if col.required && casted.is_null(i) && reasons[i].is_none() {
+                    keep[i] = false;
+                    reasons[i] = Some(format!("required field `{}` is missing or null", col.name));
+                }
+            }
+            columns.push(casted);
+        }
+        for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+            if shape.cols.iter().any(|c| c.name == *field.name()) {
+                continue;
+            }
+            if shape.rescue {
+                let shown = ArrayFormatter::try_new(array.as_ref(), &opts)?;
+                for (i, r) in rescued.iter_mut().enumerate() {
+                    if array.is_valid(i) {
+                        r.insert(field.name().clone(), Value::String(shown.value(i).to_string()));
+                    }
+                }
+            } else {
+                let ty = from_arrow(field.data_type()).unwrap_or(ColumnType::String);
+                out.unknown.entry(field.name().clone()).or_insert(ty);
+            }
+        }
+        if shape.rescue {
+            let mut b = StringBuilder::new();
+            for r in &rescued {
+                if r.is_empty() {
+                    b.append_null();
+                } else {
+                    b.append_value(Value::Object(r.clone()).to_string());
+                }
+            }
+            out.rescued += rescued.iter().zip(&keep).filter(|(r, k)| **k && !r.is_empty()).count() as u64;
+            columns.push(Arc::new(b.finish()));
+        }
+        for (i, reason) in reasons.into_iter().enumerate() {
+            if let Some(reason) = reason {
+                out.rejects.push(Reject::new(Some(row_base + i as u64 + 1), row_text(&batch, i).as_bytes(), reason));
+            }
+        }
+        let full = RecordBatch::try_new(schema.clone(), columns)?;
+        batches.push(filter_record_batch(&full, &BooleanArray::from(keep))?);
+        out.records += n as u64;
+        row_base += n as u64;
+    }
+    out.batch = arrow::compute::concat_batches(&schema, &batches)?;
+    Ok(out)
+}
+
+/// A row of the file as JSON text, for the quarantine table.
+fn row_text(batch: &RecordBatch, i: usize) -> String {
+    let opts = FormatOptions::default();
+    let mut m = Map::new();
+    for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+        if array.is_null(i) {
+            m.insert(field.name().clone(), Value::Null);
+        } else if let Ok(f) = ArrayFormatter::try_new(array.as_ref(), &opts) {
+            m.insert(field.name().clone(), Value::String(f.value(i).to_string()));
+        }
+    }
+    Value::Object(m).to_string()
+}
+
+/// The file's columns with their types (for a pipeline inferring its schema).
+pub fn infer(body: Bytes, out: &mut Vec<(String, Option<ColumnType>)>) {
+    let Ok(b) = ParquetRecordBatchReaderBuilder::try_new(body) else { return };
+    for f in b.schema().fields() {
+        if !out.iter().any(|(n, _)| n == f.name()) {
+            let ty = match f.data_type() {
+                DataType::Null => None,
+                dt => Some(from_arrow(dt).unwrap_or(ColumnType::String)),
+            };
+            out.push((f.name().clone(), ty));
+        }
+    }
+}
