@@ -1,20 +1,20 @@
 //! One function per command. Each returns what goes to stdout; errors carry their class.
 //! The bundle and job commands live in [`jobs_commands`].
 
+mod demo;
 mod jobs_commands;
 mod lateness_command;
 mod table_commands;
 
 pub use table_commands::{history, maintain, restore};
 
-use std::path::Path;
 use std::sync::Arc;
 
 use chrono::SecondsFormat;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
-    BundleCommand, Command, DemoArgs, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs,
+    BundleCommand, Command, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs,
     OutputFormat, PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
 };
 use crate::clock::Clock;
@@ -119,7 +119,7 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
         Command::History(args) => history(args).await?.into(),
         Command::Restore(args) => restore(args).await?.into(),
         Command::Generate(args) => generate_command(args).await?.into(),
-        Command::Demo(args) => demo(args, clock).await?,
+        Command::Demo(args) => demo::demo(args, clock).await?,
         Command::Maintain(args) => maintain(args).await?.into(),
         Command::Reconcile(args) => reconcile_command(args, clock.as_ref()).await?.into(),
         Command::Bundle(b) => match b.command {
@@ -283,7 +283,7 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
 
 /// `--var` arguments as they can be pasted into a shell: ` --var lake=/x` (values quoted when
 /// they hold anything but plain path characters).
-fn shell_var_args(vars: &[String]) -> String {
+pub(crate) fn shell_var_args(vars: &[String]) -> String {
     let plain = |s: &str| {
         s.chars()
             .all(|c| c.is_ascii_alphanumeric() || "_-./=:@,+".contains(c))
@@ -299,7 +299,7 @@ fn shell_var_args(vars: &[String]) -> String {
         .collect()
 }
 
-fn render_generate(report: &GenerateReport, output: OutputFormat) -> String {
+pub(crate) fn render_generate(report: &GenerateReport, output: OutputFormat) -> String {
     match output {
         OutputFormat::Json => serde_json::to_string(report).unwrap_or_default() + "\n",
         OutputFormat::Text => format!(
@@ -315,13 +315,46 @@ fn render_generate(report: &GenerateReport, output: OutputFormat) -> String {
     }
 }
 
+pub(crate) fn render_landing(report: &generate::LandingReport, output: OutputFormat) -> String {
+    match output {
+        OutputFormat::Json => serde_json::to_string(report).unwrap_or_default() + "\n",
+        OutputFormat::Text => format!(
+            "landing {}: {} files, {} records ({} in partner files, a day or more late), arrivals up to {}\n",
+            report.landing,
+            report.files,
+            report.rows,
+            report.partner_rows,
+            report.frontier.to_rfc3339_opts(SecondsFormat::Secs, true)
+        ),
+    }
+}
+
 /// `tidemark generate`.
 pub async fn generate_command(args: GenerateArgs) -> Result<String, AppError> {
+    if let Some(dir) = &args.landing {
+        let report = if args.next_hour {
+            generate::landing_next(dir, args.hours)?
+        } else {
+            generate::landing_full(
+                dir,
+                &GenerateOptions {
+                    out: String::new(),
+                    payments: args.payments,
+                    days: args.days,
+                    seed: args.seed,
+                    start: args.start,
+                    mode: GenerateMode::Full,
+                },
+            )?
+        };
+        return Ok(render_landing(&report, args.output));
+    }
+    let out = args.out.clone().unwrap_or_default();
     let report = if args.next_hour {
-        generate::next_hours(&args.out, args.hours).await?
+        generate::next_hours(&out, args.hours).await?
     } else {
         generate::generate(&GenerateOptions {
-            out: args.out.clone(),
+            out,
             payments: args.payments,
             days: args.days,
             seed: args.seed,
@@ -333,104 +366,3 @@ pub async fn generate_command(args: GenerateArgs) -> Result<String, AppError> {
     Ok(render_generate(&report, args.output))
 }
 
-/// Sample size of the demo: large enough to show late rows and deletes, small enough for a
-/// debug build to generate in seconds.
-const DEMO_PAYMENTS: u64 = 20_000;
-const DEMO_DAYS: u32 = 30;
-
-/// The job the demo runs.
-const DEMO_JOB: &str = "payments_hourly";
-
-/// `tidemark demo`: generate sample data when absent, else append the next hour; then run the
-/// bundle's `payments_hourly` job on its default (`local`) target, exactly as `tidemark job run`
-/// would.
-/// The demo's bundle: `--bundle`, else `./bundle`, else the `bundle/` of the checkout this
-/// binary was built from (so `tidemark demo` works from any directory after `cargo install
-/// --path .`), else the one above the binary (`target/debug/tidemark` in a checkout).
-fn demo_bundle(given: Option<&Path>) -> Result<std::path::PathBuf, AppError> {
-    if let Some(b) = given {
-        return Ok(b.to_path_buf());
-    }
-    let mut candidates = vec![
-        std::path::PathBuf::from("bundle"),
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("bundle"),
-    ];
-    if let Ok(exe) = std::env::current_exe() {
-        candidates.extend(exe.ancestors().skip(1).map(|d| d.join("bundle")));
-    }
-    candidates
-        .into_iter()
-        .find(|b| b.join("tidemark.yml").is_file())
-        .ok_or_else(|| {
-            AppError::Usage(format!(
-                "no bundle found for the demo: looked for ./bundle/tidemark.yml and the checkout this binary was built from ({}). Run `tidemark demo` in the tidemark checkout, or pass `--bundle <checkout>/bundle`",
-                env!("CARGO_MANIFEST_DIR")
-            ))
-        })
-}
-
-pub async fn demo(args: DemoArgs, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
-    let mut var_args = Vec::new();
-    if let Some(lake) = &args.lake {
-        let abs = std::path::absolute(lake)
-            .map_err(|e| AppError::Usage(format!("--lake {}: {e}", lake.display())))?;
-        var_args.push(format!("lake={}", abs.display()));
-    }
-    let bundle_dir = demo_bundle(args.bundle.as_deref())?;
-    // The commands the demo suggests must work from where it was run, on the lake it wrote.
-    let mut bundle_flag = if bundle_dir == Path::new("bundle") {
-        String::new()
-    } else {
-        format!(
-            " --bundle {}",
-            std::path::absolute(&bundle_dir)
-                .unwrap_or_else(|_| bundle_dir.clone())
-                .display()
-        )
-    };
-    bundle_flag.push_str(&shell_var_args(&var_args));
-    let select = crate::cli::BundleSelect {
-        bundle: bundle_dir.clone(),
-        target: None,
-        vars: var_args,
-    };
-    let bundle = jobs_commands::load_bundle(&select)?;
-    let job = bundle.job(DEMO_JOB).map_err(AppError::Usage)?;
-    let Some(task) = job.tasks.first() else {
-        return Err(AppError::Usage(format!("job `{DEMO_JOB}` has no task")));
-    };
-    let bronze_uri = task.pipeline.source_uri().to_string();
-    // The pipeline file, as the suggested `lateness` command can find it from here.
-    let lateness_target = if bundle_dir == Path::new("bundle") {
-        task.pipeline.path.clone()
-    } else {
-        std::path::absolute(&task.pipeline.path).unwrap_or_else(|_| task.pipeline.path.clone())
-    };
-    let mut out = String::new();
-    let report = if lake::open_if_exists(&bronze_uri).await?.is_some() {
-        generate::next_hours(&bronze_uri, 1).await?
-    } else {
-        generate::generate(&GenerateOptions {
-            out: bronze_uri.clone(),
-            payments: DEMO_PAYMENTS,
-            days: DEMO_DAYS,
-            seed: 42,
-            start: chrono::NaiveDate::from_ymd_opt(2024, 1, 1).unwrap_or_default(),
-            mode: GenerateMode::Full,
-        })
-        .await?
-    };
-    if args.output == OutputFormat::Text {
-        out.push_str(&render_generate(&report, args.output));
-    }
-    let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
-    out.push_str(&result.stdout);
-    if args.output == OutputFormat::Text && result.failure.is_none() {
-        out.push_str(&format!(
-            "\nRun `tidemark demo` again to land the next hour and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger; `tidemark lateness {}{bundle_flag}` shows how late the data runs (add `--plot lateness.svg` for the curve).\n",
-            lateness_target.display()
-        ));
-    }
-    result.stdout = out;
-    Ok(result)
-}

@@ -307,10 +307,15 @@ pub struct RestoreArgs {
 }
 
 #[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("dest").required(true).args(["out", "landing"])))]
 pub struct GenerateArgs {
-    /// Bronze table path or URI.
+    /// Bronze table path or URI: write the rows straight into a Delta table.
     #[arg(long)]
-    pub out: String,
+    pub out: Option<String>,
+    /// A local folder: deliver the rows as landing files instead (JSON lines for the event
+    /// stream, CSV for the partner's day-late file), for a `kind: ingest` pipeline to read.
+    #[arg(long, conflicts_with = "out")]
+    pub landing: Option<std::path::PathBuf>,
     /// Payments created over --days (the rate continues for --next-hour).
     #[arg(long, default_value_t = 20_000)]
     pub payments: u64,
@@ -321,7 +326,7 @@ pub struct GenerateArgs {
     /// UTC date of day 0 (YYYY-MM-DD).
     #[arg(long, default_value = "2024-01-01")]
     pub start: chrono::NaiveDate,
-    /// Append the next hour(s) of arrivals to an existing generated table.
+    /// Append the next hour(s) of arrivals to an existing generated table (or landing folder).
     #[arg(long)]
     pub next_hour: bool,
     /// With --next-hour: how many hours to append.

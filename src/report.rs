@@ -243,35 +243,43 @@ impl RunSummary {
                 ("unchanged", c.num_unchanged.to_string()),
                 ("files added/removed", files),
             ],
-            Counters::Ingest(c) => vec![
-                ("landing", self.source_uri.clone()),
-                ("ingested at", fmt_time(&c.ingested_at)),
-                (
-                    "landing files",
-                    format!(
-                        "{} listed: {} ingested, {} already ingested, {} left for the next run",
-                        c.num_files_listed,
-                        c.num_files_ingested,
-                        c.num_files_skipped,
-                        c.num_files_pending
+            Counters::Ingest(c) => {
+                let mut rows = vec![
+                    ("landing", self.source_uri.clone()),
+                    (
+                        "landing files",
+                        format!(
+                            "{} listed: {} ingested, {} already ingested, {} left for the next run",
+                            c.num_files_listed,
+                            c.num_files_ingested,
+                            c.num_files_skipped,
+                            c.num_files_pending
+                        ),
                     ),
-                ),
-                ("changed files re-ingested", c.num_files_changed.to_string()),
-                ("bytes read", c.num_bytes_read.to_string()),
-                ("records read", self.num_source_rows_read.to_string()),
-                ("quarantined", quarantined),
-                ("rows written", c.num_rows_written.to_string()),
-                ("rescued", c.num_rescued.to_string()),
-                (
-                    "columns added",
-                    if c.columns_added.is_empty() {
-                        "-".to_string()
-                    } else {
-                        c.columns_added.join(", ")
-                    },
-                ),
-                ("files added/removed", files),
-            ],
+                ];
+                if c.num_files_ingested > 0 || self.target_version.is_some() {
+                    rows.extend([
+                        ("ingested at", fmt_time(&c.ingested_at)),
+                        ("bytes read", c.num_bytes_read.to_string()),
+                        ("records read", self.num_source_rows_read.to_string()),
+                        ("quarantined", quarantined),
+                        ("rows written", c.num_rows_written.to_string()),
+                    ]);
+                }
+                if c.num_files_changed > 0 {
+                    rows.push(("changed files", c.num_files_changed.to_string()));
+                }
+                if c.num_rescued > 0 {
+                    rows.push(("rescued", c.num_rescued.to_string()));
+                }
+                if !c.columns_added.is_empty() {
+                    rows.push(("columns added", c.columns_added.join(", ")));
+                }
+                if self.target_version.is_some() {
+                    rows.push(("files added/removed", files));
+                }
+                rows
+            }
         };
         let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
         for (k, v) in rows {

@@ -36,7 +36,9 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Exp1, StandardNormal};
 use serde::{Deserialize, Serialize};
 
+mod landing;
 mod world;
+pub use landing::{landing_from, landing_full, landing_next, LandingReport};
 use world::*;
 
 const SEC: i64 = 1_000_000;

@@ -1,0 +1,144 @@
+//! `tidemark demo`: the whole chain on local folders, one simulated hour per call.
+//!
+//! The first call backfills the history straight into bronze (30 days of payments, with the
+//! arrival times of the generated world, as a migration from an older system would); every call
+//! then delivers the next hour as landing files (the event stream as JSON lines, the partner's
+//! day-late file as CSV) and runs the bundle's hourly job: ingest both into bronze, merge bronze
+//! into silver. The job runs on the simulated clock of that hour (its end plus five minutes),
+//! so `_ingested_at` and the ledger tell the same story as the data.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use chrono::Duration;
+
+use super::{jobs_commands, render_generate, render_landing, shell_var_args, AppError, Output};
+use crate::cli::{DemoArgs, OutputFormat};
+use crate::clock::{Clock, FixedClock};
+use crate::config::pipeline::Spec;
+use crate::generate::{self, GenerateMode, GenerateOptions};
+use crate::lake;
+
+/// Sample size of the demo: large enough to show late rows and deletes, small enough for a
+/// debug build to generate in seconds.
+const DEMO_PAYMENTS: u64 = 20_000;
+const DEMO_DAYS: u32 = 30;
+
+/// The job the demo runs.
+const DEMO_JOB: &str = "payments_hourly";
+
+/// The demo's bundle: `--bundle`, else `./bundle`, else the `bundle/` of the checkout this
+/// binary was built from (so `tidemark demo` works from any directory after `cargo install
+/// --path .`), else the one above the binary (`target/debug/tidemark` in a checkout).
+fn demo_bundle(given: Option<&Path>) -> Result<std::path::PathBuf, AppError> {
+    if let Some(b) = given {
+        return Ok(b.to_path_buf());
+    }
+    let mut candidates = vec![
+        std::path::PathBuf::from("bundle"),
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("bundle"),
+    ];
+    if let Ok(exe) = std::env::current_exe() {
+        candidates.extend(exe.ancestors().skip(1).map(|d| d.join("bundle")));
+    }
+    candidates
+        .into_iter()
+        .find(|b| b.join("tidemark.yml").is_file())
+        .ok_or_else(|| {
+            AppError::Usage(format!(
+                "no bundle found for the demo: looked for ./bundle/tidemark.yml and the checkout this binary was built from ({}). Run `tidemark demo` in the tidemark checkout, or pass `--bundle <checkout>/bundle`",
+                env!("CARGO_MANIFEST_DIR")
+            ))
+        })
+}
+
+/// `tidemark demo`: backfill bronze when absent; land the next hour as files; run the bundle's
+/// `payments_hourly` job (ingest → merge) on its default (`local`) target, as `tidemark job run`
+/// would, on the clock of the hour landed.
+pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppError> {
+    let mut var_args = Vec::new();
+    if let Some(lake) = &args.lake {
+        let abs = std::path::absolute(lake)
+            .map_err(|e| AppError::Usage(format!("--lake {}: {e}", lake.display())))?;
+        var_args.push(format!("lake={}", abs.display()));
+    }
+    let bundle_dir = demo_bundle(args.bundle.as_deref())?;
+    // The commands the demo suggests must work from where it was run, on the lake it wrote.
+    let mut bundle_flag = if bundle_dir == Path::new("bundle") {
+        String::new()
+    } else {
+        format!(
+            " --bundle {}",
+            std::path::absolute(&bundle_dir)
+                .unwrap_or_else(|_| bundle_dir.clone())
+                .display()
+        )
+    };
+    bundle_flag.push_str(&shell_var_args(&var_args));
+    let select = crate::cli::BundleSelect {
+        bundle: bundle_dir.clone(),
+        target: None,
+        vars: var_args,
+    };
+    let bundle = jobs_commands::load_bundle(&select)?;
+    let job = bundle.job(DEMO_JOB).map_err(AppError::Usage)?;
+    let merge = job
+        .tasks
+        .iter()
+        .find(|t| matches!(t.pipeline.spec, Spec::CdcMerge(_)))
+        .ok_or_else(|| AppError::Usage(format!("job `{DEMO_JOB}` has no cdc_merge task")))?;
+    let landing = job
+        .tasks
+        .iter()
+        .find_map(|t| match &t.pipeline.spec {
+            Spec::Ingest(i) => Some(i.landing_uri.clone()),
+            _ => None,
+        })
+        .ok_or_else(|| AppError::Usage(format!("job `{DEMO_JOB}` has no ingest task")))?;
+    let landing = landing.strip_prefix("file://").unwrap_or(&landing).to_string();
+    if landing.contains("://") {
+        return Err(AppError::Usage(format!(
+            "the demo writes landing files into a local folder; the ingest task reads {landing}"
+        )));
+    }
+    let bronze_uri = merge.pipeline.source_uri().to_string();
+    // The pipeline file, as the suggested `lateness` command can find it from here.
+    let lateness_target = if bundle_dir == Path::new("bundle") {
+        merge.pipeline.path.clone()
+    } else {
+        std::path::absolute(&merge.pipeline.path).unwrap_or_else(|_| merge.pipeline.path.clone())
+    };
+    let text = args.output == OutputFormat::Text;
+    let mut out = String::new();
+    if lake::open_if_exists(&bronze_uri).await?.is_none() {
+        let report = generate::generate(&GenerateOptions {
+            out: bronze_uri.clone(),
+            payments: DEMO_PAYMENTS,
+            days: DEMO_DAYS,
+            seed: 42,
+            start: chrono::NaiveDate::from_ymd_opt(2024, 1, 1).unwrap_or_default(),
+            mode: GenerateMode::Full,
+        })
+        .await?;
+        if text {
+            out.push_str("backfill: ");
+            out.push_str(&render_generate(&report, args.output));
+        }
+    }
+    let landed = generate::landing_from(Path::new(&landing), &bronze_uri, 1).await?;
+    if text {
+        out.push_str(&render_landing(&landed, args.output));
+    }
+    // The hour just landed is "now" for the job: files arrive, the job runs five minutes later.
+    let clock: Arc<dyn Clock> = Arc::new(FixedClock(landed.frontier + Duration::minutes(5)));
+    let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
+    out.push_str(&result.stdout);
+    if text && result.failure.is_none() {
+        out.push_str(&format!(
+            "\nRun `tidemark demo` again to land the next hour, ingest it and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger; `tidemark lateness {}{bundle_flag}` shows how late the data runs (add `--plot lateness.svg` for the curve).\n",
+            lateness_target.display()
+        ));
+    }
+    result.stdout = out;
+    Ok(result)
+}
