@@ -632,6 +632,14 @@ fn every_fault_converges_after_a_rerun() {
             board["bad_inputs_rejected_cleanly"] = bad["bad_inputs_rejected_cleanly"].clone();
         }
     }
+    // Ingest faults (tests/ingest.rs), when that suite already ran.
+    if let Ok(text) = std::fs::read_to_string(report_dir().join("ingest_faults.json")) {
+        if let Ok(Value::Object(ingest)) = serde_json::from_str::<Value>(&text) {
+            for (k, v) in ingest {
+                board[k] = v;
+            }
+        }
+    }
     // Foreign changes (tests/foreign.rs), when that suite already ran.
     if let Ok(text) = std::fs::read_to_string(report_dir().join("foreign.json")) {
         if let Ok(Value::Object(foreign)) = serde_json::from_str::<Value>(&text) {
