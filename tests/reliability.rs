@@ -482,6 +482,19 @@ enum Step {
     },
     /// A regular file at this path under the lake (to block a directory).
     MakeFile(String),
+    /// A landing file at `lake/landing/<path>`: `text`, then the bytes of `hex`, then `repeat`
+    /// repeated `times` times, then `tail`.
+    Land {
+        path: String,
+        #[serde(default)]
+        text: String,
+        hex: Option<String>,
+        repeat: Option<String>,
+        #[serde(default)]
+        times: usize,
+        #[serde(default)]
+        tail: String,
+    },
 }
 
 #[derive(Debug, Deserialize)]
@@ -739,6 +752,28 @@ async fn apply_step(ctx: &Ctx, step: &Step) -> Result<(), String> {
             damage,
             version,
         } => corrupt(&ctx.table(*table), *damage, *version),
+        Step::Land {
+            path,
+            text,
+            hex,
+            repeat,
+            times,
+            tail,
+        } => {
+            let p = ctx.lake.join("landing").join(path);
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+            }
+            let mut bytes = text.as_bytes().to_vec();
+            if let Some(h) = hex {
+                bytes.extend(hex_bytes(h)?);
+            }
+            if let Some(r) = repeat {
+                bytes.extend(r.repeat(*times).into_bytes());
+            }
+            bytes.extend(tail.as_bytes());
+            std::fs::write(&p, bytes).map_err(|e| e.to_string())
+        }
         Step::MakeFile(rel) => {
             let p = ctx.lake.join(rel);
             if let Some(parent) = p.parent() {
