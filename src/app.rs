@@ -14,8 +14,8 @@ use chrono::SecondsFormat;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
-    BundleCommand, Command, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs,
-    OutputFormat, PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
+    BundleCommand, Command, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs, OutputFormat,
+    PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
@@ -365,4 +365,3 @@ pub async fn generate_command(args: GenerateArgs) -> Result<String, AppError> {
     };
     Ok(render_generate(&report, args.output))
 }
-

@@ -56,8 +56,11 @@ fn bronze_rows(batches: &[RecordBatch]) -> Vec<Row> {
     let mut out = Vec::new();
     for b in batches {
         let s = |n: &str| {
-            arrow::compute::cast(b.column_by_name(n).expect(n), &arrow::datatypes::DataType::Utf8)
-                .expect("cast")
+            arrow::compute::cast(
+                b.column_by_name(n).expect(n),
+                &arrow::datatypes::DataType::Utf8,
+            )
+            .expect("cast")
         };
         let (ids, files) = (s("id"), s("_source_file"));
         let (ids, files) = (ids.as_string::<i32>(), files.as_string::<i32>());
@@ -92,7 +95,11 @@ fn oracle(dir: &Path) -> Vec<(String, Option<i64>, String)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir.join("landing")).expect("landing") {
         let p = e.expect("entry").path();
-        let name = p.file_name().and_then(|n| n.to_str()).expect("name").to_string();
+        let name = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .expect("name")
+            .to_string();
         for line in std::fs::read_to_string(&p).expect("read").lines() {
             let v: serde_json::Value = serde_json::from_str(line).expect("json");
             out.push((
@@ -107,7 +114,10 @@ fn oracle(dir: &Path) -> Vec<(String, Option<i64>, String)> {
 }
 
 fn without_time(rows: &[Row]) -> Vec<(String, Option<i64>, String)> {
-    let mut v: Vec<_> = rows.iter().map(|(a, b, c, _)| (a.clone(), *b, c.clone())).collect();
+    let mut v: Vec<_> = rows
+        .iter()
+        .map(|(a, b, c, _)| (a.clone(), *b, c.clone()))
+        .collect();
     v.sort();
     v
 }
@@ -143,21 +153,41 @@ async fn each_file_is_ingested_once_across_reruns_and_new_arrivals() {
     land(d, "c.jsonl", &[("p1", 101)]);
     let third = run(d, T0 + 2 * HOUR, &[]);
     assert_eq!(third.code, 0, "{}", third.stderr);
-    assert!(third.stdout.contains("3 listed: 1 ingested, 2 already ingested"), "{}", third.stdout);
+    assert!(
+        third
+            .stdout
+            .contains("3 listed: 1 ingested, 2 already ingested"),
+        "{}",
+        third.stdout
+    );
     let rows = bronze(d).await;
     assert_eq!(without_time(&rows), oracle(d));
     let at: BTreeMap<String, i64> = rows.iter().map(|r| (r.2.clone(), r.3)).collect();
     assert_eq!(at["a.jsonl"], T0);
     assert_eq!(at["c.jsonl"], T0 + 2 * HOUR);
     // After a checkpoint (and compaction) the record is read from the checkpoint's txn column.
-    let m = exec(tidemark_at(T0 + 3 * HOUR).arg("maintain").arg(d.join("ingest.yml")));
+    let m = exec(
+        tidemark_at(T0 + 3 * HOUR)
+            .arg("maintain")
+            .arg(d.join("ingest.yml")),
+    );
     assert_eq!(m.code, 0, "{}", m.stderr);
     assert!(std::fs::read_dir(d.join("lake/bronze/_delta_log"))
         .expect("log")
-        .any(|e| e.expect("e").file_name().to_string_lossy().contains(".checkpoint")));
+        .any(|e| e
+            .expect("e")
+            .file_name()
+            .to_string_lossy()
+            .contains(".checkpoint")));
     land(d, "d.jsonl", &[("p5", 5)]);
     let s = json(&run(d, T0 + 4 * HOUR, &["--output", "json"]));
-    assert_eq!((s["num_files_skipped"].as_u64(), s["num_files_ingested"].as_u64()), (Some(3), Some(1)));
+    assert_eq!(
+        (
+            s["num_files_skipped"].as_u64(),
+            s["num_files_ingested"].as_u64()
+        ),
+        (Some(3), Some(1))
+    );
     assert_eq!(without_time(&bronze(d).await), oracle(d));
 }
 
@@ -171,14 +201,26 @@ async fn a_changed_file_is_an_error_naming_it_or_is_reingested_when_asked() {
     land(d, "a.jsonl", &[("p1", 100), ("p1", 150)]);
     let out = run(d, T0 + HOUR, &[]);
     assert_eq!(out.code, 65, "{}", out.stderr);
-    assert!(out.stderr.contains("a.jsonl") && out.stderr.contains("on_file_change: reingest"), "{}", out.stderr);
-    assert_eq!(bronze(d).await.len(), 1, "nothing written by the refused run");
+    assert!(
+        out.stderr.contains("a.jsonl") && out.stderr.contains("on_file_change: reingest"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        bronze(d).await.len(),
+        1,
+        "nothing written by the refused run"
+    );
     pipeline(d, "on_file_change: reingest\n");
     let out = run(d, T0 + 2 * HOUR, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(json(&out)["num_files_changed"], 1);
     let rows = bronze(d).await;
-    assert_eq!(rows.len(), 3, "the earlier rows stay, the new contents are appended: {rows:?}");
+    assert_eq!(
+        rows.len(),
+        3,
+        "the earlier rows stay, the new contents are appended: {rows:?}"
+    );
     // Re-recorded: the next run skips it.
     let out = run(d, T0 + 3 * HOUR, &["--output", "json"]);
     assert_eq!(json(&out)["num_files_skipped"], 1);
@@ -194,34 +236,80 @@ async fn bad_records_are_quarantined_once_with_file_line_and_reason() {
     let out = run(d, T0, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let s = json(&out);
-    assert_eq!(s["num_source_rows_read"], 5, "the blank line is not a record");
+    assert_eq!(
+        s["num_source_rows_read"], 5,
+        "the blank line is not a record"
+    );
     assert_eq!(s["num_quarantined"], 4);
     assert_eq!(s["num_rows_written"], 1);
     let q = read_all(&d.join("lake/quarantine")).await;
     let mut got = Vec::new();
     for b in &q {
-        let line = b.column_by_name("_line").expect("_line").as_primitive::<Int64Type>().clone();
-        let reason = arrow::compute::cast(b.column_by_name("_quarantine_reason").expect("r"), &arrow::datatypes::DataType::Utf8).expect("cast");
-        let file = arrow::compute::cast(b.column_by_name("_source_file").expect("f"), &arrow::datatypes::DataType::Utf8).expect("cast");
+        let line = b
+            .column_by_name("_line")
+            .expect("_line")
+            .as_primitive::<Int64Type>()
+            .clone();
+        let reason = arrow::compute::cast(
+            b.column_by_name("_quarantine_reason").expect("r"),
+            &arrow::datatypes::DataType::Utf8,
+        )
+        .expect("cast");
+        let file = arrow::compute::cast(
+            b.column_by_name("_source_file").expect("f"),
+            &arrow::datatypes::DataType::Utf8,
+        )
+        .expect("cast");
         for i in 0..b.num_rows() {
-            assert!(file.as_string::<i32>().value(i).ends_with("/landing/a.jsonl"));
-            got.push((line.value(i), reason.as_string::<i32>().value(i).to_string()));
+            assert!(file
+                .as_string::<i32>()
+                .value(i)
+                .ends_with("/landing/a.jsonl"));
+            got.push((
+                line.value(i),
+                reason.as_string::<i32>().value(i).to_string(),
+            ));
         }
     }
     got.sort();
     assert_eq!(got.len(), 4, "{got:?}");
     assert_eq!(got[0], (2, "`amount`: \"ten\" is not a long".to_string()));
-    assert!(got[1].0 == 3 && got[1].1.starts_with("malformed JSON"), "{got:?}");
-    assert_eq!(got[2], (5, "required field `id` is missing or null".to_string()));
+    assert!(
+        got[1].0 == 3 && got[1].1.starts_with("malformed JSON"),
+        "{got:?}"
+    );
+    assert_eq!(
+        got[2],
+        (5, "required field `id` is missing or null".to_string())
+    );
     assert_eq!(got[3], (6, "not a JSON object (a array)".to_string()));
     // The limits apply to the run's records.
-    std::fs::write(landing(d).join("b.jsonl"), "oops\n{\"id\":\"p9\",\"amount\":9}\n").expect("land");
+    std::fs::write(
+        landing(d).join("b.jsonl"),
+        "oops\n{\"id\":\"p9\",\"amount\":9}\n",
+    )
+    .expect("land");
     let text = std::fs::read_to_string(d.join("ingest.yml")).expect("read");
-    std::fs::write(d.join("ingest.yml"), text.replace("/lake/quarantine\" }", "/lake/quarantine\", max_fraction: 0.1 }")).expect("write");
+    std::fs::write(
+        d.join("ingest.yml"),
+        text.replace(
+            "/lake/quarantine\" }",
+            "/lake/quarantine\", max_fraction: 0.1 }",
+        ),
+    )
+    .expect("write");
     let out = run(d, T0 + HOUR, &[]);
     assert_eq!(out.code, 65, "{}", out.stderr);
-    assert!(out.stderr.contains("1 of 2 rows read failed validation"), "{}", out.stderr);
-    assert_eq!(bronze(d).await.len(), 1, "a run over the limit writes nothing to bronze");
+    assert!(
+        out.stderr.contains("1 of 2 rows read failed validation"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        bronze(d).await.len(),
+        1,
+        "a run over the limit writes nothing to bronze"
+    );
 }
 
 #[tokio::test]
@@ -241,15 +329,26 @@ async fn a_full_reload_rebuilds_from_the_landing_files_and_keeps_each_ingested_a
     let after = bronze(d).await;
     assert_eq!(without_time(&after), oracle(d));
     for row in &before {
-        assert!(after.contains(row), "{row:?} kept with its _ingested_at: {after:?}");
+        assert!(
+            after.contains(row),
+            "{row:?} kept with its _ingested_at: {after:?}"
+        );
     }
     let c = after.iter().find(|r| r.2 == "c.jsonl").expect("c");
-    assert_eq!(c.3, T0 + 5 * HOUR, "a file never ingested before arrives now");
+    assert_eq!(
+        c.3,
+        T0 + 5 * HOUR,
+        "a file never ingested before arrives now"
+    );
     // A landing file whose rows bronze holds is gone: the reload would drop them.
     std::fs::remove_file(d.join("landing/a.jsonl")).expect("rm");
     let out = run(d, T0 + 6 * HOUR, &["--full-reload"]);
     assert_eq!(out.code, 65, "{}", out.stderr);
-    assert!(out.stderr.contains("a.jsonl") && out.stderr.contains("no longer there"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("a.jsonl") && out.stderr.contains("no longer there"),
+        "{}",
+        out.stderr
+    );
     assert_eq!(bronze(d).await, after);
 }
 
@@ -260,18 +359,37 @@ async fn limits_take_the_oldest_files_first_and_leave_the_rest_for_later() {
     pipeline(d, "max_files_per_run: 2\n");
     for (i, name) in ["a.jsonl", "b.jsonl", "c.jsonl"].iter().enumerate() {
         land(d, name, &[("p", i as i64)]);
-        let f = std::fs::File::options().write(true).open(d.join("landing").join(name)).expect("open");
-        let t = std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000 + i as u64 * 60);
+        let f = std::fs::File::options()
+            .write(true)
+            .open(d.join("landing").join(name))
+            .expect("open");
+        let t =
+            std::time::UNIX_EPOCH + std::time::Duration::from_secs(1_700_000_000 + i as u64 * 60);
         f.set_modified(t).expect("mtime");
     }
     let out = run(d, T0, &["--output", "json"]);
     let s = json(&out);
-    assert_eq!((s["num_files_ingested"].as_u64(), s["num_files_pending"].as_u64()), (Some(2), Some(1)));
-    assert!(s["warnings"][0].as_str().unwrap_or("").contains("left for the next run"));
+    assert_eq!(
+        (
+            s["num_files_ingested"].as_u64(),
+            s["num_files_pending"].as_u64()
+        ),
+        (Some(2), Some(1))
+    );
+    assert!(s["warnings"][0]
+        .as_str()
+        .unwrap_or("")
+        .contains("left for the next run"));
     let files: Vec<String> = bronze(d).await.into_iter().map(|r| r.2).collect();
     assert_eq!(files, vec!["a.jsonl", "b.jsonl"]);
     let s = json(&run(d, T0 + HOUR, &["--output", "json"]));
-    assert_eq!((s["num_files_ingested"].as_u64(), s["num_files_pending"].as_u64()), (Some(1), Some(0)));
+    assert_eq!(
+        (
+            s["num_files_ingested"].as_u64(),
+            s["num_files_pending"].as_u64()
+        ),
+        (Some(1), Some(0))
+    );
     assert_eq!(without_time(&bronze(d).await), oracle(d));
 }
 
@@ -282,10 +400,18 @@ async fn new_fields_fail_or_become_columns_or_are_rescued() {
     pipeline(d, "");
     land(d, "a.jsonl", &[("p1", 1)]);
     assert_eq!(run(d, T0, &[]).code, 0);
-    std::fs::write(landing(d).join("b.jsonl"), "{\"id\":\"p2\",\"amount\":2,\"channel\":\"app\"}\n").expect("land");
+    std::fs::write(
+        landing(d).join("b.jsonl"),
+        "{\"id\":\"p2\",\"amount\":2,\"channel\":\"app\"}\n",
+    )
+    .expect("land");
     let out = run(d, T0 + HOUR, &[]);
     assert_eq!(out.code, 65, "{}", out.stderr);
-    assert!(out.stderr.contains("`channel`") && out.stderr.contains("add_new_columns"), "{}", out.stderr);
+    assert!(
+        out.stderr.contains("`channel`") && out.stderr.contains("add_new_columns"),
+        "{}",
+        out.stderr
+    );
     pipeline(d, "rescue: true\n");
     let out = run(d, T0 + 2 * HOUR, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -294,12 +420,24 @@ async fn new_fields_fail_or_become_columns_or_are_rescued() {
     let rescued: Vec<String> = batches
         .iter()
         .flat_map(|b| {
-            let c = arrow::compute::cast(b.column_by_name("_rescued_data").expect("col"), &arrow::datatypes::DataType::Utf8).expect("cast");
-            c.as_string::<i32>().iter().flatten().map(str::to_string).collect::<Vec<_>>()
+            let c = arrow::compute::cast(
+                b.column_by_name("_rescued_data").expect("col"),
+                &arrow::datatypes::DataType::Utf8,
+            )
+            .expect("cast");
+            c.as_string::<i32>()
+                .iter()
+                .flatten()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
         })
         .collect();
     assert_eq!(rescued, vec!["{\"channel\":\"app\"}"]);
-    std::fs::write(landing(d).join("c.jsonl"), "{\"id\":\"p3\",\"amount\":3,\"region\":\"eu\"}\n").expect("land");
+    std::fs::write(
+        landing(d).join("c.jsonl"),
+        "{\"id\":\"p3\",\"amount\":3,\"region\":\"eu\"}\n",
+    )
+    .expect("land");
     pipeline(d, "on_schema_change: add_new_columns\n");
     let out = run(d, T0 + 3 * HOUR, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -325,18 +463,36 @@ async fn csv_and_parquet_landing_files() {
     let out = run(d, T0, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let s = json(&out);
-    assert_eq!((s["num_rows_written"].as_u64(), s["num_quarantined"].as_u64()), (Some(2), Some(1)));
+    assert_eq!(
+        (
+            s["num_rows_written"].as_u64(),
+            s["num_quarantined"].as_u64()
+        ),
+        (Some(2), Some(1))
+    );
     let batches = read_all(&d.join("lake/bronze")).await;
     let notes: Vec<String> = batches
         .iter()
         .flat_map(|b| {
-            let c = arrow::compute::cast(b.column_by_name("note").expect("note"), &arrow::datatypes::DataType::Utf8).expect("cast");
-            c.as_string::<i32>().iter().flatten().map(str::to_string).collect::<Vec<_>>()
+            let c = arrow::compute::cast(
+                b.column_by_name("note").expect("note"),
+                &arrow::datatypes::DataType::Utf8,
+            )
+            .expect("cast");
+            c.as_string::<i32>()
+                .iter()
+                .flatten()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
         })
         .collect();
     assert_eq!(notes, vec!["semi;colon", "said \"hi\""]);
     assert_eq!(
-        batches[0].schema().field_with_name("amount").expect("amount").data_type(),
+        batches[0]
+            .schema()
+            .field_with_name("amount")
+            .expect("amount")
+            .data_type(),
         &arrow::datatypes::DataType::Int64,
         "inferred from the first file"
     );
@@ -350,8 +506,19 @@ async fn csv_and_parquet_landing_files() {
     );
     std::fs::write(pd.join("ingest.yml"), text).expect("pipeline");
     let batch = RecordBatch::try_from_iter(vec![
-        ("id", std::sync::Arc::new(arrow::array::StringArray::from(vec![Some("a"), None, Some("c")])) as arrow::array::ArrayRef),
-        ("amount", std::sync::Arc::new(arrow::array::StringArray::from(vec!["1", "2", "three"])) as arrow::array::ArrayRef),
+        (
+            "id",
+            std::sync::Arc::new(arrow::array::StringArray::from(vec![
+                Some("a"),
+                None,
+                Some("c"),
+            ])) as arrow::array::ArrayRef,
+        ),
+        (
+            "amount",
+            std::sync::Arc::new(arrow::array::StringArray::from(vec!["1", "2", "three"]))
+                as arrow::array::ArrayRef,
+        ),
     ])
     .expect("batch");
     let file = std::fs::File::create(landing(pd).join("a.parquet")).expect("create");
@@ -362,7 +529,14 @@ async fn csv_and_parquet_landing_files() {
     let out = run(pd, T0, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     let s = json(&out);
-    assert_eq!((s["num_rows_written"].as_u64(), s["num_quarantined"].as_u64()), (Some(1), Some(3)), "{s}");
+    assert_eq!(
+        (
+            s["num_rows_written"].as_u64(),
+            s["num_quarantined"].as_u64()
+        ),
+        (Some(1), Some(3)),
+        "{s}"
+    );
 }
 
 #[tokio::test]
@@ -374,12 +548,24 @@ async fn a_missing_landing_folder_and_a_bad_pipeline_are_clear_errors() {
     assert_eq!(out.code, 66, "{}", out.stderr);
     assert!(out.stderr.contains("does not exist"), "{}", out.stderr);
     let text = std::fs::read_to_string(d.join("ingest.yml")).expect("read");
-    std::fs::write(d.join("ingest.yml"), text.replace("amount: long", "amount: money")).expect("write");
+    std::fs::write(
+        d.join("ingest.yml"),
+        text.replace("amount: long", "amount: money"),
+    )
+    .expect("write");
     landing(d);
     let out = run(d, T0, &[]);
     assert_eq!(out.code, 78, "{}", out.stderr);
-    assert!(out.stderr.contains("ingest.yml:8:") && out.stderr.contains("not a column type"), "{}", out.stderr);
-    std::fs::write(d.join("ingest.yml"), text.replace("format: json", "format: jsonl")).expect("write");
+    assert!(
+        out.stderr.contains("ingest.yml:8:") && out.stderr.contains("not a column type"),
+        "{}",
+        out.stderr
+    );
+    std::fs::write(
+        d.join("ingest.yml"),
+        text.replace("format: json", "format: jsonl"),
+    )
+    .expect("write");
     let out = run(d, T0, &[]);
     assert_eq!(out.code, 78, "{}", out.stderr);
 }
@@ -436,7 +622,10 @@ async fn exactly_once_through_kills_at_every_phase() {
                 }
                 let rerun = run(d, T0 + 2 * HOUR, args);
                 if rerun.code != 0 {
-                    panic!("{point}={action}: rerun exited {}: {}", rerun.code, rerun.stderr);
+                    panic!(
+                        "{point}={action}: rerun exited {}: {}",
+                        rerun.code, rerun.stderr
+                    );
                 }
                 let (got, want) = (without_time(&bronze(d).await), oracle(d));
                 if got == want {
@@ -462,7 +651,11 @@ async fn exactly_once_through_kills_at_every_phase() {
     std::fs::write(dir.join("ingest_faults.json"), figures.to_string()).expect("write");
     println!("ingest faults: {figures}");
     assert!(injected >= 30, "too few faults fired: {figures}");
-    assert_eq!((survived, lost, duplicated, exit70), (injected, 0, 0, 0), "{figures}");
+    assert_eq!(
+        (survived, lost, duplicated, exit70),
+        (injected, 0, 0, 0),
+        "{figures}"
+    );
 }
 
 /// Two ingests of the same landing files at the same time: each file's rows land once (the
@@ -482,14 +675,20 @@ async fn two_ingests_at_once_write_each_file_once() {
             .arg("run")
             .arg(d.join("ingest.yml"))
             .env("RUST_LOG", "warn")
-            .env("TIDEMARK_FAILPOINTS", "incremental.before_commit=sleep(300)")
+            .env(
+                "TIDEMARK_FAILPOINTS",
+                "incremental.before_commit=sleep(300)",
+            )
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .expect("spawn")
     };
     let (a, b) = (spawn(), spawn());
-    let (a, b) = (a.wait_with_output().expect("a"), b.wait_with_output().expect("b"));
+    let (a, b) = (
+        a.wait_with_output().expect("a"),
+        b.wait_with_output().expect("b"),
+    );
     assert!(a.status.success(), "{}", String::from_utf8_lossy(&a.stderr));
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
     assert_eq!(without_time(&bronze(d).await), oracle(d));

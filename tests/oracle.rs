@@ -108,7 +108,9 @@ async fn check_scenario(
     let path = write_pipeline(dir.path(), "10m", "soft", "");
     let mut pipeline = Pipeline::load(&path, &Vars::new()).expect("pipeline");
     // Tiny row groups make every rewrite mix copied and re-encoded row groups.
-    let tidemark::config::pipeline::Spec::CdcMerge(merge) = &mut pipeline.spec;
+    let tidemark::config::pipeline::Spec::CdcMerge(merge) = &mut pipeline.spec else {
+        panic!("write_pipeline writes a cdc_merge pipeline");
+    };
     merge.target_row_group_rows = row_group_rows;
     let mut landed: Vec<Change> = Vec::new();
     let mut last_watermark: Option<i64> = None;

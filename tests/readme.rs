@@ -205,3 +205,53 @@ async fn every_field_of_the_run_summary_table_is_in_the_json_summary() {
         );
     }
 }
+
+#[test]
+fn the_ingest_reference_loads_and_runs_and_names_real_summary_fields() {
+    let text = readme();
+    let (_, yaml) = blocks(&text)
+        .into_iter()
+        .find(|(info, body)| info == "yaml" && body.contains("kind: ingest"))
+        .expect("the ingest reference block");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lake = dir.path().join("lake");
+    let path = dir.path().join("payments_events.yml");
+    std::fs::write(&path, &yaml).expect("write");
+    let events = lake.join("landing/payments/events");
+    std::fs::create_dir_all(&events).expect("landing");
+    std::fs::write(
+        events.join("2025-01-06T10.jsonl"),
+        "{\"payment_id\":\"p1\",\"amount_cents\":5,\"updated_at\":\"2025-01-06T10:00:00Z\"}\n",
+    )
+    .expect("land");
+    let out = exec(tidemark_at(T0).arg("run").arg(&path).args([
+        "--var",
+        &format!("lake={}", lake.display()),
+        "--output",
+        "json",
+    ]));
+    assert_eq!(
+        out.code, 0,
+        "the README's ingest reference does not run: {}",
+        out.stderr
+    );
+    let summary: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert_eq!(summary["num_rows_written"], 1);
+    let start = text
+        .find("- Summary (`--output json`)")
+        .expect("the ingest summary bullet");
+    let bullet = &text[start..start + text[start..].find("\n- ").unwrap_or(400)];
+    let mut named = 0;
+    for (i, part) in bullet.split('`').enumerate() {
+        if i % 2 == 1
+            && (part.starts_with("num_") || part == "ingested_at" || part == "columns_added")
+        {
+            assert!(
+                summary.get(part).is_some(),
+                "the README names `{part}`, not in the summary: {summary}"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 9, "only {named} summary fields named");
+}

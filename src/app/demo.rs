@@ -95,7 +95,10 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
             _ => None,
         })
         .ok_or_else(|| AppError::Usage(format!("job `{DEMO_JOB}` has no ingest task")))?;
-    let landing = landing.strip_prefix("file://").unwrap_or(&landing).to_string();
+    let landing = landing
+        .strip_prefix("file://")
+        .unwrap_or(&landing)
+        .to_string();
     if landing.contains("://") {
         return Err(AppError::Usage(format!(
             "the demo writes landing files into a local folder; the ingest task reads {landing}"

@@ -107,8 +107,12 @@ pub fn landing_next(dir: &Path, hours: u32) -> Result<LandingReport, GenerateErr
             dir.display()
         ))
     })?;
-    let state: State = serde_json::from_str(&text)
-        .map_err(|e| invalid(format!("{} is unusable ({e}); regenerate the folder", path.display())))?;
+    let state: State = serde_json::from_str(&text).map_err(|e| {
+        invalid(format!(
+            "{} is unusable ({e}); regenerate the folder",
+            path.display()
+        ))
+    })?;
     state.world.check().map_err(invalid)?;
     let hi = advance(state.frontier_us, hours.into(), HOUR)?;
     write_window(dir, state.world, Some(state.frontier_us), hi)
@@ -175,7 +179,13 @@ fn write_window(
         std::fs::write(&tmp, text).map_err(|e| io(&tmp, e))?;
         std::fs::rename(&tmp, path).map_err(|e| io(path, e))?;
     }
-    save(dir, &State { world, frontier_us: hi })?;
+    save(
+        dir,
+        &State {
+            world,
+            frontier_us: hi,
+        },
+    )?;
     Ok(LandingReport {
         landing: dir.display().to_string(),
         files: files.len() as u64,

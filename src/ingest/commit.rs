@@ -281,11 +281,13 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
     let table = match w.target {
         Some(t) => t,
         None => {
-            let created = lake::create_url(uri).map_err(RunError::from).and_then(|url| {
-                lake::builder(url)
-                    .and_then(|b| b.build())
-                    .map_err(RunError::delta(phase, uri))
-            });
+            let created = lake::create_url(uri)
+                .map_err(RunError::from)
+                .and_then(|url| {
+                    lake::builder(url)
+                        .and_then(|b| b.build())
+                        .map_err(RunError::delta(phase, uri))
+                });
             match created {
                 Ok(t) => t,
                 Err(e) => {
@@ -301,10 +303,16 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         .with_commit_properties(props)
         .with_session_state(Arc::new(w.ctx.state()));
     builder = match (w.whole && !fresh, grows) {
-        (true, _) if bronze.as_ref().is_some_and(|b| b.field_with_name(SOURCE_FILE).is_ok()) => builder
-            .with_save_mode(SaveMode::Overwrite)
-            .with_replace_where(starts_with(&format!("{}/", w.landing.root_uri)))
-            .with_schema_mode(SchemaMode::Merge),
+        (true, _)
+            if bronze
+                .as_ref()
+                .is_some_and(|b| b.field_with_name(SOURCE_FILE).is_ok()) =>
+        {
+            builder
+                .with_save_mode(SaveMode::Overwrite)
+                .with_replace_where(starts_with(&format!("{}/", w.landing.root_uri)))
+                .with_schema_mode(SchemaMode::Merge)
+        }
         (_, true) => builder
             .with_save_mode(SaveMode::Append)
             .with_schema_mode(SchemaMode::Merge),
@@ -320,7 +328,7 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
             return Err(RunError::write(phase, uri)(e));
         }
     };
-    let version = table.version().unwrap_or(0).max(0) as u64;
+    let version = table.version().unwrap_or(0);
     let (files_added, files_removed) = match lake::read_commits(&table, 1).await {
         Ok(entries) => entries
             .first()

@@ -33,7 +33,10 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
     let mut rdr = reader(body, shape);
     let header: Vec<String> = if shape.csv.header {
         match rdr.byte_headers() {
-            Ok(h) => h.iter().map(|f| String::from_utf8_lossy(f).trim().to_string()).collect(),
+            Ok(h) => h
+                .iter()
+                .map(|f| String::from_utf8_lossy(f).trim().to_string())
+                .collect(),
             Err(e) => {
                 rows.reject(Reject::new(Some(1), b"", format!("unreadable header: {e}")));
                 return rows.finish();
@@ -57,7 +60,11 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
             Ok(false) => break,
             Ok(true) => {}
             Err(e) => {
-                rows.reject(Reject::new(Some(line_no), b"", format!("malformed CSV: {e}")));
+                rows.reject(Reject::new(
+                    Some(line_no),
+                    b"",
+                    format!("malformed CSV: {e}"),
+                ));
                 break;
             }
         }
@@ -67,11 +74,27 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
             continue; // a blank line
         }
         if text.len() as u64 > shape.max_record_bytes {
-            rows.reject(Reject::new(line_no, &text, format!("the row is {} bytes, over `max_record_bytes` ({})", text.len(), shape.max_record_bytes)));
+            rows.reject(Reject::new(
+                line_no,
+                &text,
+                format!(
+                    "the row is {} bytes, over `max_record_bytes` ({})",
+                    text.len(),
+                    shape.max_record_bytes
+                ),
+            ));
             continue;
         }
         if rec.len() != header.len() {
-            rows.reject(Reject::new(line_no, &text, format!("the row has {} fields, the header {}", rec.len(), header.len())));
+            rows.reject(Reject::new(
+                line_no,
+                &text,
+                format!(
+                    "the row has {} fields, the header {}",
+                    rec.len(),
+                    header.len()
+                ),
+            ));
             continue;
         }
         let mut cells = vec![Cell::Null; shape.cols.len()];
@@ -89,7 +112,10 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                         rescued.insert(name.clone(), Value::String(s.to_string()));
                     }
                     None => {
-                        bad = Some(format!("`{name}`: {s:?} is not a {}", type_name(shape.cols[*i].ty)));
+                        bad = Some(format!(
+                            "`{name}`: {s:?} is not a {}",
+                            type_name(shape.cols[*i].ty)
+                        ));
                         break;
                     }
                 },
@@ -110,7 +136,11 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
             continue;
         }
         if let Some(name) = rows.missing_required(&cells) {
-            rows.reject(Reject::new(line_no, &text, format!("required field `{name}` is missing or empty")));
+            rows.reject(Reject::new(
+                line_no,
+                &text,
+                format!("required field `{name}` is missing or empty"),
+            ));
             continue;
         }
         let rescued = (!rescued.is_empty()).then(|| Value::Object(rescued).to_string());
@@ -120,10 +150,20 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
 }
 
 /// The header's columns with the types the first `limit` rows suggest.
-pub fn infer(body: &[u8], shape: &Shape<'_>, limit: usize, out: &mut Vec<(String, Option<ColumnType>)>) {
+pub fn infer(
+    body: &[u8],
+    shape: &Shape<'_>,
+    limit: usize,
+    out: &mut Vec<(String, Option<ColumnType>)>,
+) {
     let mut rdr = reader(body, shape);
-    let Ok(header) = rdr.byte_headers().cloned() else { return };
-    let names: Vec<String> = header.iter().map(|f| String::from_utf8_lossy(f).trim().to_string()).collect();
+    let Ok(header) = rdr.byte_headers().cloned() else {
+        return;
+    };
+    let names: Vec<String> = header
+        .iter()
+        .map(|f| String::from_utf8_lossy(f).trim().to_string())
+        .collect();
     for n in &names {
         if !out.iter().any(|(m, _)| m == n) {
             out.push((n.clone(), None));

@@ -9,7 +9,9 @@ pub enum IngestError {
     #[error("the landing folder {uri} does not exist: create it (producers deliver files into it) or fix `landing.uri` in {pipeline}; nothing was written")]
     LandingMissing { uri: String, pipeline: String },
     /// The landing location is not a URI tidemark can list.
-    #[error("`landing.uri: {uri}` cannot be used: {reason}. Give a local folder or an s3:// prefix")]
+    #[error(
+        "`landing.uri: {uri}` cannot be used: {reason}. Give a local folder or an s3:// prefix"
+    )]
     LandingUri { uri: String, reason: String },
     /// Listing or reading the landing location failed.
     #[error("cannot {action} {uri}: {source}. {}", store_advice(source))]

@@ -3,7 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::rows::{Parsed, Reject, Rows};
-use super::schema::{from_json, infer_json, type_name, Cell, Col, widen};
+use super::schema::{from_json, infer_json, type_name, widen, Cell, Col};
 use super::Shape;
 
 /// Parses a JSON-lines file into rows and rejects.
@@ -55,7 +55,13 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
     rows.finish()
 }
 
-fn record(rows: &mut Rows<'_>, mut object: Map<String, Value>, line_no: Option<u64>, line: &[u8], shape: &Shape<'_>) {
+fn record(
+    rows: &mut Rows<'_>,
+    mut object: Map<String, Value>,
+    line_no: Option<u64>,
+    line: &[u8],
+    shape: &Shape<'_>,
+) {
     let mut cells = Vec::with_capacity(shape.cols.len());
     let mut rescued = Map::new();
     for col in shape.cols {
@@ -82,12 +88,17 @@ fn record(rows: &mut Rows<'_>, mut object: Map<String, Value>, line_no: Option<u
             let e = rows.unknown.entry(k).or_insert(ty);
             *e = widen(*e, ty);
         } else {
-            rows.unknown.entry(k).or_insert(crate::config::pipeline::ingest::ColumnType::String);
+            rows.unknown
+                .entry(k)
+                .or_insert(crate::config::pipeline::ingest::ColumnType::String);
         }
     }
     if let Some(name) = rows.missing_required(&cells) {
         let why = if rescued.contains_key(name) {
-            format!("required field `{name}` has a value of the wrong type (rescued: {})", rescued.get(name).map(Value::to_string).unwrap_or_default())
+            format!(
+                "required field `{name}` has a value of the wrong type (rescued: {})",
+                rescued.get(name).map(Value::to_string).unwrap_or_default()
+            )
         } else {
             format!("required field `{name}` is missing or null")
         };
@@ -120,7 +131,11 @@ fn kind(v: &Value) -> &'static str {
 
 /// The columns of JSON-lines records, in first-seen order, with the types their values
 /// suggest (for a pipeline without a declared schema and a bronze table to take one from).
-pub fn infer(body: &[u8], limit: usize, out: &mut Vec<(String, Option<crate::config::pipeline::ingest::ColumnType>)>) {
+pub fn infer(
+    body: &[u8],
+    limit: usize,
+    out: &mut Vec<(String, Option<crate::config::pipeline::ingest::ColumnType>)>,
+) {
     for line in body.split(|b| *b == b'\n').take(limit) {
         let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(line) else {
             continue;

@@ -176,11 +176,7 @@ impl Landing {
 /// FNV-1a of the size and the identity text, folded to a non-negative i64 (`-1` is reserved).
 fn fingerprint(size: u64, identity: &str) -> i64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in size
-        .to_le_bytes()
-        .iter()
-        .chain(identity.as_bytes().iter())
-    {
+    for b in size.to_le_bytes().iter().chain(identity.as_bytes().iter()) {
         h ^= u64::from(*b);
         h = h.wrapping_mul(0x0000_0100_0000_01b3);
     }

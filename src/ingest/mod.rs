@@ -211,7 +211,11 @@ impl Run<'_> {
         }
         self.end_phase(Phase::Plan)?;
         if plan.files.is_empty() && !whole {
-            info!(listed = plan.listed, skipped = plan.skipped, "no new landing files");
+            info!(
+                listed = plan.listed,
+                skipped = plan.skipped,
+                "no new landing files"
+            );
             return Ok(());
         }
 
@@ -220,16 +224,26 @@ impl Run<'_> {
             Some(t) => Some(commit::table_schema(t, &spec.target_uri)?),
             None => None,
         };
-        let mut cols = self.columns(bronze_schema.as_deref(), &landing, &plan.files).await?;
+        let mut cols = self
+            .columns(bronze_schema.as_deref(), &landing, &plan.files)
+            .await?;
         let mut parsed = self.read(&landing, &plan.files, &cols).await?;
         let unknown: BTreeMap<String, (ColumnType, String)> = parsed
             .iter()
-            .flat_map(|(f, p)| p.unknown.iter().map(move |(k, t)| (k.clone(), (*t, f.uri.clone()))))
+            .flat_map(|(f, p)| {
+                p.unknown
+                    .iter()
+                    .map(move |(k, t)| (k.clone(), (*t, f.uri.clone())))
+            })
             .collect();
         if !unknown.is_empty() {
             let names: Vec<String> = unknown.keys().map(|k| format!("`{k}`")).collect();
             if spec.on_schema_change != SchemaChange::AddNewColumns {
-                let first_file = unknown.values().next().map(|(_, f)| f.clone()).unwrap_or_default();
+                let first_file = unknown
+                    .values()
+                    .next()
+                    .map(|(_, f)| f.clone())
+                    .unwrap_or_default();
                 return Err(IngestError::Schema {
                     pipeline: self.p.path.display().to_string(),
                     message: format!(
@@ -381,7 +395,10 @@ impl Run<'_> {
         if cols.is_empty() {
             return Err(schema_err("no columns could be inferred from the first landing files (empty, or no record parses); declare them with `schema:`".to_string()).into());
         }
-        info!(columns = cols.len(), "schema inferred from the first landing files");
+        info!(
+            columns = cols.len(),
+            "schema inferred from the first landing files"
+        );
         Ok(cols)
     }
 

@@ -31,7 +31,11 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
         Ok(r) => r,
         Err(e) => {
             out.records = 1;
-            out.rejects.push(Reject::new(None, b"", format!("not a readable Parquet file: {e}")));
+            out.rejects.push(Reject::new(
+                None,
+                b"",
+                format!("not a readable Parquet file: {e}"),
+            ));
             return Ok(out);
         }
     };
@@ -42,7 +46,11 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
             Ok(b) => b,
             Err(e) => {
                 out.records += 1;
-                out.rejects.push(Reject::new(Some(row_base + 1), b"", format!("unreadable Parquet data from this row on: {e}")));
+                out.rejects.push(Reject::new(
+                    Some(row_base + 1),
+                    b"",
+                    format!("unreadable Parquet data from this row on: {e}"),
+                ));
                 break;
             }
         };
@@ -59,15 +67,22 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                 continue;
             };
             // A type that does not cast at all (a nested column into a number) fits no row.
-            let casted = cast(src, &target).unwrap_or_else(|_| arrow::array::new_null_array(&target, n));
+            let casted =
+                cast(src, &target).unwrap_or_else(|_| arrow::array::new_null_array(&target, n));
             let shown = ArrayFormatter::try_new(src.as_ref(), &opts)?;
             for i in 0..n {
                 if src.is_valid(i) && casted.is_null(i) {
                     if shape.rescue {
-                        rescued[i].insert(col.name.clone(), Value::String(shown.value(i).to_string()));
+                        rescued[i]
+                            .insert(col.name.clone(), Value::String(shown.value(i).to_string()));
                     } else if reasons[i].is_none() {
                         keep[i] = false;
-                        reasons[i] = Some(format!("`{}`: {} is not a {}", col.name, shown.value(i), type_name(col.ty)));
+                        reasons[i] = Some(format!(
+                            "`{}`: {} is not a {}",
+                            col.name,
+                            shown.value(i),
+                            type_name(col.ty)
+                        ));
                     }
                 }
                 if col.required && casted.is_null(i) && reasons[i].is_none() {
@@ -85,7 +100,10 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                 let shown = ArrayFormatter::try_new(array.as_ref(), &opts)?;
                 for (i, r) in rescued.iter_mut().enumerate() {
                     if array.is_valid(i) {
-                        r.insert(field.name().clone(), Value::String(shown.value(i).to_string()));
+                        r.insert(
+                            field.name().clone(),
+                            Value::String(shown.value(i).to_string()),
+                        );
                     }
                 }
             } else {
@@ -102,12 +120,20 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                     b.append_value(Value::Object(r.clone()).to_string());
                 }
             }
-            out.rescued += rescued.iter().zip(&keep).filter(|(r, k)| **k && !r.is_empty()).count() as u64;
+            out.rescued += rescued
+                .iter()
+                .zip(&keep)
+                .filter(|(r, k)| **k && !r.is_empty())
+                .count() as u64;
             columns.push(Arc::new(b.finish()));
         }
         for (i, reason) in reasons.into_iter().enumerate() {
             if let Some(reason) = reason {
-                out.rejects.push(Reject::new(Some(row_base + i as u64 + 1), row_text(&batch, i).as_bytes(), reason));
+                out.rejects.push(Reject::new(
+                    Some(row_base + i as u64 + 1),
+                    row_text(&batch, i).as_bytes(),
+                    reason,
+                ));
             }
         }
         let full = RecordBatch::try_new(schema.clone(), columns)?;
@@ -135,7 +161,9 @@ fn row_text(batch: &RecordBatch, i: usize) -> String {
 
 /// The file's columns with their types (for a pipeline inferring its schema).
 pub fn infer(body: Bytes, out: &mut Vec<(String, Option<ColumnType>)>) {
-    let Ok(b) = ParquetRecordBatchReaderBuilder::try_new(body) else { return };
+    let Ok(b) = ParquetRecordBatchReaderBuilder::try_new(body) else {
+        return;
+    };
     for f in b.schema().fields() {
         if !out.iter().any(|(n, _)| n == f.name()) {
             let ty = match f.data_type() {

@@ -35,7 +35,11 @@ pub fn choose(
     if whole {
         plan.changed = listed
             .iter()
-            .filter(|f| record.get(&f.rel).is_some_and(|r| r.fingerprint != f.fingerprint))
+            .filter(|f| {
+                record
+                    .get(&f.rel)
+                    .is_some_and(|r| r.fingerprint != f.fingerprint)
+            })
             .cloned()
             .collect();
         plan.files = listed;

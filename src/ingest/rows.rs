@@ -176,7 +176,8 @@ impl<'c> Rows<'c> {
 
     pub fn finish(self) -> Result<Parsed, ArrowError> {
         let schema = data_schema(self.cols, self.rescue);
-        let mut columns: Vec<ArrayRef> = self.builders.into_iter().map(ColBuilder::finish).collect();
+        let mut columns: Vec<ArrayRef> =
+            self.builders.into_iter().map(ColBuilder::finish).collect();
         if self.rescue {
             let mut r = self.rescued_col;
             columns.push(Arc::new(r.finish()));

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use chrono::{NaiveDate, NaiveDateTime};
 
-use crate::config::pipeline::ingest::{ColumnType, DeclaredColumn, INGESTED_AT, RESCUED, SOURCE_FILE};
+use crate::config::pipeline::ingest::{
+    ColumnType, DeclaredColumn, INGESTED_AT, RESCUED, SOURCE_FILE,
+};
 
 /// One column records are parsed into.
 #[derive(Debug, Clone, PartialEq)]
@@ -224,27 +226,51 @@ mod tests {
         assert_eq!(from_json(&json!("5"), ColumnType::Long), Some(Cell::I64(5)));
         assert_eq!(from_json(&json!("five"), ColumnType::Long), None);
         assert_eq!(from_json(&json!(1.5), ColumnType::Long), None);
-        assert_eq!(from_json(&json!(true), ColumnType::String), Some(Cell::Str("true".into())));
-        assert_eq!(from_json(&json!({"a":1}), ColumnType::String), Some(Cell::Str("{\"a\":1}".into())));
+        assert_eq!(
+            from_json(&json!(true), ColumnType::String),
+            Some(Cell::Str("true".into()))
+        );
+        assert_eq!(
+            from_json(&json!({"a":1}), ColumnType::String),
+            Some(Cell::Str("{\"a\":1}".into()))
+        );
         assert_eq!(from_json(&json!(3_000_000_000i64), ColumnType::Int), None);
         assert_eq!(
             from_json(&json!("2024-01-05T10:00:00+01:00"), ColumnType::Timestamp),
             Some(Cell::Ts(1_704_445_200_000_000))
         );
-        assert_eq!(from_text("2024-01-05 09:00:00", ColumnType::Timestamp), Some(Cell::Ts(1_704_445_200_000_000)));
+        assert_eq!(
+            from_text("2024-01-05 09:00:00", ColumnType::Timestamp),
+            Some(Cell::Ts(1_704_445_200_000_000))
+        );
         assert_eq!(from_text("", ColumnType::Long), Some(Cell::Null));
-        assert_eq!(from_text("", ColumnType::String), Some(Cell::Str(String::new())));
-        assert_eq!(from_text("1970-01-02", ColumnType::Date), Some(Cell::Date(1)));
+        assert_eq!(
+            from_text("", ColumnType::String),
+            Some(Cell::Str(String::new()))
+        );
+        assert_eq!(
+            from_text("1970-01-02", ColumnType::Date),
+            Some(Cell::Date(1))
+        );
         assert_eq!(from_text("yes", ColumnType::Boolean), None);
     }
 
     #[test]
     fn inference_picks_the_narrowest_type_and_widens() {
         assert_eq!(infer_json(&json!(1)), Some(ColumnType::Long));
-        assert_eq!(infer_json(&json!("2024-01-05T10:00:00Z")), Some(ColumnType::Timestamp));
+        assert_eq!(
+            infer_json(&json!("2024-01-05T10:00:00Z")),
+            Some(ColumnType::Timestamp)
+        );
         assert_eq!(infer_json(&json!("2024-01-05")), Some(ColumnType::String));
         assert_eq!(infer_text("1.5"), Some(ColumnType::Double));
-        assert_eq!(widen(ColumnType::Long, ColumnType::Double), ColumnType::Double);
-        assert_eq!(widen(ColumnType::Long, ColumnType::Boolean), ColumnType::String);
+        assert_eq!(
+            widen(ColumnType::Long, ColumnType::Double),
+            ColumnType::Double
+        );
+        assert_eq!(
+            widen(ColumnType::Long, ColumnType::Boolean),
+            ColumnType::String
+        );
     }
 }

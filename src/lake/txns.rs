@@ -36,7 +36,12 @@ pub async fn with_prefix(
     let log = Path::from("_delta_log");
     let names: Vec<(String, u64)> = store
         .list(Some(&log))
-        .map_ok(|m| (m.location.filename().unwrap_or_default().to_string(), m.size))
+        .map_ok(|m| {
+            (
+                m.location.filename().unwrap_or_default().to_string(),
+                m.size,
+            )
+        })
         .try_collect()
         .await
         .map_err(|e| DeltaTableError::GenericError { source: e.into() })?;
@@ -47,9 +52,8 @@ pub async fn with_prefix(
             for (name, size) in parts {
                 let path = log.clone().join(name.as_str());
                 if name.ends_with(".json") {
-                    let generic = |e: object_store::Error| DeltaTableError::GenericError {
-                        source: e.into(),
-                    };
+                    let generic =
+                        |e: object_store::Error| DeltaTableError::GenericError { source: e.into() };
                     let bytes = store
                         .get(&path)
                         .await
@@ -88,7 +92,9 @@ pub async fn with_prefix(
 
 /// The newest complete checkpoint at or below `version`: its version and its files.
 fn newest_checkpoint(names: &[(String, u64)], version: i64) -> Option<(i64, Vec<(String, u64)>)> {
-    let mut by_version: HashMap<i64, (Option<u32>, Vec<(String, u64)>)> = HashMap::new();
+    // version -> (parts it announces, files found)
+    type Parts = (Option<u32>, Vec<(String, u64)>);
+    let mut by_version: HashMap<i64, Parts> = HashMap::new();
     for (name, size) in names {
         let Some((v, rest)) = name.split_once(".checkpoint") else {
             continue;

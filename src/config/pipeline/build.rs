@@ -28,7 +28,12 @@ impl Ctx<'_> {
         }
     }
 
-    pub(super) fn substitute(&self, key: &str, value: &str, vars: &Vars) -> Result<String, ConfigError> {
+    pub(super) fn substitute(
+        &self,
+        key: &str,
+        value: &str,
+        vars: &Vars,
+    ) -> Result<String, ConfigError> {
         let out = vars
             .substitute(value)
             .map_err(|u| ConfigError::Unresolved {

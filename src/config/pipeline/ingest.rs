@@ -238,8 +238,8 @@ impl Ctx<'_> {
             }
         };
         let max_bytes_per_run = size("max_bytes_per_run", &raw.max_bytes_per_run)?;
-        let max_record_bytes = size("max_record_bytes", &raw.max_record_bytes)?
-            .unwrap_or(DEFAULT_MAX_RECORD_BYTES);
+        let max_record_bytes =
+            size("max_record_bytes", &raw.max_record_bytes)?.unwrap_or(DEFAULT_MAX_RECORD_BYTES);
         if let Some(f) = raw.quarantine.max_fraction {
             if !(0.0..=1.0).contains(&f) {
                 return Err(self.invalid(
@@ -344,5 +344,97 @@ fn format_name(f: Format) -> &'static str {
         Format::Json => "json",
         Format::Csv => "csv",
         Format::Parquet => "parquet",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::pipeline::{Kind, Pipeline, Spec};
+
+    const GOOD: &str = r#"
+name: events
+kind: ingest
+landing: { uri: "${var.lake}/landing", glob: "events/*.jsonl" }
+format: json
+target: { uri: "${var.lake}/bronze" }
+schema:
+  id: string not null
+  amount: long
+  at: Timestamp
+quarantine: { uri: "${var.lake}/quarantine" }
+"#;
+
+    fn parse(text: &str) -> Result<Pipeline, ConfigError> {
+        let vars = Vars::from_args(&["lake=/tmp/lake"]).expect("vars");
+        Pipeline::parse(Path::new("p.yml"), text, &vars)
+    }
+
+    fn ingest(p: &Pipeline) -> &Ingest {
+        match &p.spec {
+            Spec::Ingest(i) => i,
+            _ => panic!("not an ingest"),
+        }
+    }
+
+    #[test]
+    fn parses_an_ingest_with_defaults_and_the_schema_in_order() {
+        let p = parse(GOOD).expect("parses");
+        assert_eq!(p.kind(), Kind::Ingest);
+        assert_eq!(p.target_uri(), "/tmp/lake/bronze");
+        assert_eq!(p.source_uri(), "/tmp/lake/landing");
+        let i = ingest(&p);
+        let names: Vec<(&str, ColumnType, bool)> = i
+            .schema
+            .iter()
+            .map(|c| (c.name.as_str(), c.ty, c.required))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                ("id", ColumnType::String, true),
+                ("amount", ColumnType::Long, false),
+                ("at", ColumnType::Timestamp, false)
+            ]
+        );
+        assert_eq!((i.on_file_change, i.rescue), (FileChange::Fail, false));
+        assert_eq!(i.max_record_bytes, DEFAULT_MAX_RECORD_BYTES);
+        assert!(p
+            .cdc_merge("reconcile")
+            .unwrap_err()
+            .to_string()
+            .contains("`events` is ingest"));
+    }
+
+    #[test]
+    fn mistakes_are_located_and_explained() {
+        let err = |text: String| parse(&text).unwrap_err().to_string();
+        let e = err(GOOD.replace("amount: long", "amount: money"));
+        assert!(
+            e.starts_with("p.yml:9:") && e.contains("not a column type"),
+            "{e}"
+        );
+        let e = err(GOOD.replace("format: json", "format: json\ncsv: { delimiter: \";\" }"));
+        assert!(e.contains("apply to `format: csv`"), "{e}");
+        let e = err(GOOD.replace("format: json", "format: csv\ncsv: { delimiter: \";;\" }"));
+        assert!(e.contains("one ASCII character"), "{e}");
+        let e = err(GOOD.replace("  at: Timestamp", "  _ingested_at: timestamp"));
+        assert!(e.contains("tidemark adds"), "{e}");
+        let e = err(format!("{GOOD}max_bytes_per_run: lots\n"));
+        assert!(e.contains("not a size"), "{e}");
+        let e = err(format!("{GOOD}max_files_per_run: 0\n"));
+        assert!(e.contains("would ingest nothing"), "{e}");
+        let e = err(GOOD.replace("/bronze\"", "/landing/bronze\""));
+        assert!(e.contains("same location as `landing.uri`"), "{e}");
+        let e = err(GOOD.replace("glob: \"events/*.jsonl\"", "glob: \"[\""));
+        assert!(e.contains("not a glob pattern"), "{e}");
+        let e = err(GOOD.replace("landing: {", "landin: {"));
+        assert!(e.contains("did you mean `landing`"), "{e}");
+        let no_schema = GOOD.split("schema:").next().unwrap_or("").to_string()
+            + "quarantine: { uri: \"${var.lake}/q\" }\n";
+        let e = err(no_schema.replace("format: json", "format: csv\ncsv: { header: false }"));
+        assert!(e.contains("needs a declared `schema:`"), "{e}");
     }
 }
