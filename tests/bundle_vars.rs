@@ -140,7 +140,8 @@ fn relative_locations_resolve_against_the_bundle_root() {
     ]));
     assert_eq!(runs.code, 0, "{}", runs.stderr);
     let rows: serde_json::Value = serde_json::from_str(runs.stdout.trim()).expect("json");
-    assert_eq!(rows.as_array().map(Vec::len), Some(2), "{rows}");
+    // Two runs (the demo's and the job's) of three tasks: ingest_events, ingest_partner, merge.
+    assert_eq!(rows.as_array().map(Vec::len), Some(6), "{rows}");
     // A single-pipeline command takes the same lake from the bundle.
     let run = exec(tidemark(&elsewhere).args([
         "run",

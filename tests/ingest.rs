@@ -693,3 +693,35 @@ async fn two_ingests_at_once_write_each_file_once() {
     assert!(b.status.success(), "{}", String::from_utf8_lossy(&b.stderr));
     assert_eq!(without_time(&bronze(d).await), oracle(d));
 }
+
+/// Two pipelines over one landing folder (different globs, formats) into one bronze: a full
+/// reload of one replaces only its own files' rows.
+#[tokio::test]
+async fn a_full_reload_leaves_another_pipelines_rows_alone() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    pipeline(d, "");
+    let csv = format!(
+        "name: partner\nkind: ingest\nlanding: {{ uri: \"{d}/landing\", glob: \"*.csv\" }}\nformat: csv\ntarget: {{ uri: \"{d}/lake/bronze\" }}\nschema: {{ id: string not null, amount: long, updated_at: timestamp }}\nquarantine: {{ uri: \"{d}/lake/quarantine\" }}\n",
+        d = d.display()
+    );
+    std::fs::write(d.join("partner.yml"), csv).expect("pipeline");
+    land(d, "a.jsonl", &[("p1", 1)]);
+    std::fs::write(
+        landing(d).join("b.csv"),
+        "id,amount,updated_at\np2,2,2025-01-06T09:00:00Z\n",
+    )
+    .expect("land");
+    assert_eq!(run(d, T0, &[]).code, 0);
+    let partner = exec(tidemark_at(T0).arg("run").arg(d.join("partner.yml")));
+    assert_eq!(partner.code, 0, "{}", partner.stderr);
+    let before = bronze(d).await;
+    assert_eq!(before.len(), 2);
+    let out = run(d, T0 + HOUR, &["--full-reload"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        bronze(d).await,
+        before,
+        "the partner's row stays; the event's is rewritten as it was"
+    );
+}

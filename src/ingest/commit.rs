@@ -55,23 +55,27 @@ pub fn table_schema(table: &DeltaTable, uri: &str) -> Result<Arc<Schema>, RunErr
     )))
 }
 
-/// Before a full reload: every file whose rows bronze holds under this landing location must
-/// still be there, or the reload (which replaces those rows) would drop them.
-pub async fn check_reload_keeps(
+/// The rows a full reload replaces: those of this pipeline's files — under its landing location
+/// and matching its glob, or recorded by it — which must all still be there, or the reload would
+/// drop their rows. Rows of other pipelines (another glob over the same folder) and of backfills
+/// are not in scope. Returns the `_source_file` values to replace (the listed files included).
+pub async fn reload_scope(
     ctx: &SessionContext,
     table: &DeltaTable,
     spec: &Ingest,
     landing: &Landing,
     listed: &[LandingFile],
-) -> Result<(), RunError> {
+    record: &HashMap<String, Recorded>,
+) -> Result<Vec<String>, RunError> {
     let uri = &spec.target_uri;
+    let mut scope: Vec<String> = listed.iter().map(|f| f.uri.clone()).collect();
     let q = RunError::query(Phase::Plan);
     table
         .update_datafusion_session(&ctx.state())
         .map_err(RunError::delta(Phase::Plan, uri))?;
     let provider = table.table_provider().await.map_err(q)?;
     if provider.schema().field_with_name(SOURCE_FILE).is_err() {
-        return Ok(());
+        return Ok(scope);
     }
     let prefix = format!("{}/", landing.root_uri);
     let batches = ctx
@@ -84,17 +88,26 @@ pub async fn check_reload_keeps(
         .await
         .map_err(RunError::scan(Phase::Plan, uri))?;
     let present: HashSet<&str> = listed.iter().map(|f| f.uri.as_str()).collect();
+    let glob = glob::Pattern::new(&spec.glob).ok();
+    let opts = glob::MatchOptions {
+        case_sensitive: true,
+        require_literal_separator: true,
+        require_literal_leading_dot: false,
+    };
     let mut gone = Vec::new();
     for b in &batches {
         let c = arrow::compute::cast(b.column(0), &DataType::Utf8)
             .map_err(RunError::arrow(Phase::Plan))?;
-        if let Some(s) = c.as_any().downcast_ref::<StringArray>() {
-            gone.extend(
-                s.iter()
-                    .flatten()
-                    .filter(|f| !present.contains(f))
-                    .map(str::to_string),
-            );
+        let Some(s) = c.as_any().downcast_ref::<StringArray>() else {
+            continue;
+        };
+        for file in s.iter().flatten() {
+            let rel = &file[prefix.len()..];
+            let mine = record.contains_key(rel)
+                || glob.as_ref().is_some_and(|g| g.matches_with(rel, opts));
+            if mine && !present.contains(file) {
+                gone.push(file.to_string());
+            }
         }
     }
     gone.sort();
@@ -107,7 +120,8 @@ pub async fn check_reload_keeps(
         }
         .into());
     }
-    Ok(())
+    scope.sort();
+    Ok(scope)
 }
 
 fn starts_with(prefix: &str) -> datafusion::logical_expr::Expr {
@@ -155,13 +169,13 @@ pub struct Write<'a> {
     pub target: Option<DeltaTable>,
     pub spec: &'a Ingest,
     pub pipeline: &'a str,
-    pub landing: &'a Landing,
     pub cols: &'a [Col],
     pub parsed: Vec<(LandingFile, Parsed)>,
     pub record: &'a HashMap<String, Recorded>,
     pub now: DateTime<Utc>,
-    /// A full reload: replace this landing location's rows instead of appending.
+    /// A full reload: replace the rows of `scope` (this pipeline's files) instead of appending.
     pub whole: bool,
+    pub scope: Vec<String>,
     pub facts: serde_json::Value,
 }
 
@@ -302,17 +316,19 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         .write(batches)
         .with_commit_properties(props)
         .with_session_state(Arc::new(w.ctx.state()));
-    builder = match (w.whole && !fresh, grows) {
-        (true, _)
-            if bronze
-                .as_ref()
-                .is_some_and(|b| b.field_with_name(SOURCE_FILE).is_ok()) =>
-        {
-            builder
-                .with_save_mode(SaveMode::Overwrite)
-                .with_replace_where(starts_with(&format!("{}/", w.landing.root_uri)))
-                .with_schema_mode(SchemaMode::Merge)
-        }
+    let replace = w.whole
+        && !fresh
+        && !w.scope.is_empty()
+        && bronze
+            .as_ref()
+            .is_some_and(|b| b.field_with_name(SOURCE_FILE).is_ok());
+    builder = match (replace, grows) {
+        (true, _) => builder
+            .with_save_mode(SaveMode::Overwrite)
+            .with_replace_where(
+                col(SOURCE_FILE).in_list(w.scope.iter().map(|f| lit(f.clone())).collect(), false),
+            )
+            .with_schema_mode(SchemaMode::Merge),
         (_, true) => builder
             .with_save_mode(SaveMode::Append)
             .with_schema_mode(SchemaMode::Merge),

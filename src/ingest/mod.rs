@@ -204,11 +204,12 @@ impl Run<'_> {
                 plan.pending
             ));
         }
-        if whole {
-            if let Some(t) = &target {
-                commit::check_reload_keeps(&self.ctx, t, spec, &landing, &plan.files).await?;
+        let scope = match (&target, whole) {
+            (Some(t), true) => {
+                commit::reload_scope(&self.ctx, t, spec, &landing, &plan.files, &record).await?
             }
-        }
+            _ => Vec::new(),
+        };
         self.end_phase(Phase::Plan)?;
         if plan.files.is_empty() && !whole {
             info!(
@@ -302,12 +303,12 @@ impl Run<'_> {
             target,
             spec,
             pipeline: &self.p.name,
-            landing: &landing,
             cols: &cols,
             parsed,
             record: &record,
             now: self.now,
             whole,
+            scope,
             facts,
         })
         .await?;
