@@ -50,7 +50,8 @@ pub fn init(format: LogFormat, level: LogLevel) {
 
 /// tidemark's own events at `level`; other crates at most warnings (RUST_LOG reaches them);
 /// delta-rs' MERGE logs its plan at warn, and its replace-where write (an ingest's full reload)
-/// how far it could prune: noise for tidemark's users.
+/// how far it could prune, and its commit logs a lost commit race at ERROR (tidemark plans again
+/// and says so): noise for tidemark's users.
 fn directives(level: LogLevel) -> String {
     let l = level.as_str();
     let others = match level {
@@ -59,7 +60,7 @@ fn directives(level: LogLevel) -> String {
     };
     // delta-kernel logs ERROR "No files in log segment" when it looks for a table that is not
     // there, and whole HTTP requests when a store fails; tidemark reports both itself.
-    format!("tidemark={l},deltalake_core::operations::merge=error,deltalake_core::operations::write=error,buoyant_kernel=off,{others}")
+    format!("tidemark={l},deltalake_core::operations::merge=error,deltalake_core::operations::write=error,deltalake_core::kernel::transaction=off,buoyant_kernel=off,{others}")
 }
 
 /// Colour only when stderr is a terminal and `NO_COLOR` is unset or empty (no-color.org).

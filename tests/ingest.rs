@@ -725,3 +725,31 @@ async fn a_full_reload_leaves_another_pipelines_rows_alone() {
         "the partner's row stays; the event's is rewritten as it was"
     );
 }
+
+#[tokio::test]
+async fn a_wrong_delimiter_and_a_clock_behind_are_said_out_loud() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let text = format!(
+        "name: partner\nkind: ingest\nlanding: {{ uri: \"{d}/landing\", glob: \"*.csv\" }}\nformat: csv\ntarget: {{ uri: \"{d}/lake/bronze\" }}\nschema: {{ id: string not null }}\non_schema_change: add_new_columns\nquarantine: {{ uri: \"{d}/lake/quarantine\" }}\n",
+        d = d.display()
+    );
+    std::fs::write(d.join("ingest.yml"), text).expect("pipeline");
+    std::fs::write(landing(d).join("a.csv"), "id;amount\np1;1\n").expect("land");
+    let out = run(d, T0, &[]);
+    assert_eq!(out.code, 65, "{}", out.stderr);
+    assert!(out.stderr.contains("`id;amount`") && out.stderr.contains("delimiter"), "{}", out.stderr);
+    assert!(version(&d.join("lake/bronze")).await.is_none(), "nothing written, no column added");
+
+    pipeline(d, "");
+    land(d, "a.jsonl", &[("p1", 1)]);
+    assert_eq!(run(d, T0 + HOUR, &[]).code, 0);
+    land(d, "b.jsonl", &[("p2", 2)]);
+    let out = run(d, T0, &["--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let w = json(&out)["warnings"].to_string();
+    assert!(w.contains("the clock is behind"), "{w}");
+    let out = run(d, T0 + 2 * HOUR, &["--full-reload", "--output", "json"]);
+    let w = json(&out)["warnings"].to_string();
+    assert!(w.contains("bronze was rewritten") && w.contains("--full-reload"), "{w}");
+}

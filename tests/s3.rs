@@ -378,3 +378,65 @@ async fn store_down_or_credentials_wrong_are_not_a_damaged_log() {
         assert!(stderr.contains(&endpoint), "names the store:\n{stderr}");
     }
 }
+
+/// `kind: ingest` from an S3 prefix into an S3 bronze: each file once (its ETag and size in the
+/// record), a rewritten file (a new ETag) refused, the secret never printed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ingest_from_an_s3_prefix_is_exactly_once_and_sees_a_rewritten_file() {
+    let server = start_server();
+    let dir = tempfile::tempdir().expect("tempdir");
+    // s3s-fs serves the bucket `lake` from this folder: producers' files appear under the prefix.
+    let landing = server._root.path().join("lake/landing/events");
+    std::fs::create_dir_all(&landing).expect("landing");
+    std::fs::write(
+        landing.join("a.jsonl"),
+        "{\"id\":\"p1\",\"v\":1}\n{\"id\":\"p2\",\"v\":2}\n",
+    )
+    .expect("a");
+    let p = dir.path().join("ingest.yml");
+    std::fs::write(
+        &p,
+        "name: s3ingest\nkind: ingest\nlanding: { uri: \"s3://lake/landing\", glob: \"events/*.jsonl\" }\nformat: json\ntarget: { uri: \"s3://lake/bronze_ingest\" }\nschema: { id: string not null, v: long }\nquarantine: { uri: \"s3://lake/quarantine_ingest\" }\n",
+    )
+    .expect("pipeline");
+    let first = ok(run(&server, &p, T0, None).output().expect("run"));
+    assert_eq!(first["num_files_ingested"], 1, "{first}");
+    assert_eq!(first["num_rows_written"], 2, "{first}");
+    std::fs::write(landing.join("b.jsonl"), "{\"id\":\"p3\",\"v\":3}\n").expect("b");
+    let second = ok(run(&server, &p, T0 + HOUR, None).output().expect("run"));
+    assert_eq!(
+        (
+            second["num_files_ingested"].as_u64(),
+            second["num_files_skipped"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{second}"
+    );
+    let opts = storage_options(&server);
+    let table = open_or_new("s3://lake/bronze_ingest", &opts).await;
+    let ctx = datafusion::prelude::SessionContext::new();
+    table
+        .update_datafusion_session(&ctx.state())
+        .expect("register store");
+    let n: usize = ctx
+        .read_table(table.table_provider().await.expect("provider"))
+        .expect("read")
+        .collect()
+        .await
+        .expect("collect")
+        .iter()
+        .map(|b| b.num_rows())
+        .sum();
+    assert_eq!(n, 3);
+    // Same size, other bytes: only the ETag tells.
+    std::fs::write(landing.join("b.jsonl"), "{\"id\":\"p3\",\"v\":4}\n").expect("rewrite");
+    let out = run(&server, &p, T0 + 2 * HOUR, None).output().expect("run");
+    assert_no_secret(&out);
+    assert_eq!(
+        out.status.code(),
+        Some(65),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("s3://lake/landing/events/b.jsonl"));
+}

@@ -74,6 +74,16 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
                 .display()
         )
     };
+    // `tidemark demo` again, with the flags this call was given.
+    let mut demo_again = String::from("tidemark demo");
+    if let (Some(_), Some(v)) = (&args.lake, var_args.first()) {
+        let lake = v.trim_start_matches("lake=").to_string();
+        demo_again.push_str(&shell_var_args(&[lake]).replacen(" --var ", " --lake ", 1));
+    }
+    if let Some(b) = &args.bundle {
+        let abs = std::path::absolute(b).unwrap_or_else(|_| b.clone());
+        demo_again.push_str(&format!(" --bundle {}", abs.display()));
+    }
     bundle_flag.push_str(&shell_var_args(&var_args));
     let select = crate::cli::BundleSelect {
         bundle: bundle_dir.clone(),
@@ -138,7 +148,7 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     out.push_str(&result.stdout);
     if text && result.failure.is_none() {
         out.push_str(&format!(
-            "\nRun `tidemark demo` again to land the next hour, ingest it and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger; `tidemark lateness {}{bundle_flag}` shows how late the data runs (add `--plot lateness.svg` for the curve).\n",
+            "\nRun `{demo_again}` again to land the next hour, ingest it and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger; `tidemark lateness {}{bundle_flag}` shows how late the data runs (add `--plot lateness.svg` for the curve).\n",
             lateness_target.display()
         ));
     }

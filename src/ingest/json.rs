@@ -137,7 +137,7 @@ pub fn infer(
     out: &mut Vec<(String, Option<crate::config::pipeline::ingest::ColumnType>)>,
 ) {
     for line in body.split(|b| *b == b'\n').take(limit) {
-        let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(line) else {
+        let Ok(Ordered(m)) = serde_json::from_slice::<Ordered>(line) else {
             continue;
         };
         for (k, v) in m {
@@ -152,5 +152,32 @@ pub fn infer(
                 None => out.push((k, ty)),
             }
         }
+    }
+}
+
+/// A JSON object's fields in the order written (serde_json's map sorts them): inferred
+/// columns follow the producer's order.
+struct Ordered(Vec<(String, Value)>);
+
+impl<'de> serde::Deserialize<'de> for Ordered {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Fields;
+        impl<'de> serde::de::Visitor<'de> for Fields {
+            type Value = Ordered;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Ordered, A::Error> {
+                let mut out = Vec::new();
+                while let Some((k, v)) = map.next_entry::<String, Value>()? {
+                    out.push((k, v));
+                }
+                Ok(Ordered(out))
+            }
+        }
+        d.deserialize_map(Fields)
     }
 }

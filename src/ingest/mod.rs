@@ -166,6 +166,14 @@ impl Run<'_> {
                 );
             }
         }
+        if let Some(latest) = record.values().filter_map(|r| r.ingested_ms).max() {
+            if latest > self.now.timestamp_millis() {
+                self.warn(format!(
+                    "the clock is behind this pipeline's latest arrival ({}): files ingested now are stamped earlier than files ingested before, which makes their lateness look shorter; check the machine's clock (and TIDEMARK_FAKE_NOW)",
+                    crate::report::rfc3339_ms(latest).unwrap_or_default()
+                ));
+            }
+        }
         let landing = Landing::open(&spec.landing_uri, &self.p.path.display().to_string())?;
         let glob = glob::Pattern::new(&spec.glob).map_err(|e| RunError::Internal {
             phase: Phase::Plan,
@@ -239,6 +247,20 @@ impl Run<'_> {
             .collect();
         if !unknown.is_empty() {
             let names: Vec<String> = unknown.keys().map(|k| format!("`{k}`")).collect();
+            // A header read with the wrong delimiter is one field named after all the columns.
+            if let Some(joined) = unknown
+                .keys()
+                .find(|k| spec.format == Format::Csv && k.contains([';', '\t', '|', ',']))
+            {
+                return Err(IngestError::Schema {
+                    pipeline: self.p.path.display().to_string(),
+                    message: format!(
+                        "the header has a field named `{joined}`: the files look delimited by another character than `{}`; set `csv: {{ delimiter: \"…\" }}` in the pipeline (nothing was written)",
+                        char::from(spec.csv.delimiter)
+                    ),
+                }
+                .into());
+            }
             if spec.on_schema_change != SchemaChange::AddNewColumns {
                 let first_file = unknown
                     .values()
@@ -314,6 +336,12 @@ impl Run<'_> {
         .await?;
         self.summary.target_version = Some(written.version);
         self.c.ingested_at = Some(self.now);
+        if whole && written.files_removed > 0 {
+            self.warn(format!(
+                "bronze was rewritten ({} data file(s) replaced): a cdc_merge reading {} refuses its next incremental run (its source is no longer append-only); rebuild it with `--full-reload`",
+                written.files_removed, spec.target_uri
+            ));
+        }
         self.summary.num_files_added = written.files_added;
         self.summary.num_files_removed = written.files_removed;
         self.end_phase(write_phase)?;
@@ -472,6 +500,10 @@ impl Run<'_> {
             "num_source_rows_read": s.num_source_rows_read,
             "num_quarantined": s.num_quarantined,
             "num_rows_written": c.num_rows_written,
+            // What `history` shows as in/upd/del: an ingest only appends.
+            "num_inserted": c.num_rows_written,
+            "num_updated": 0,
+            "num_deleted": 0,
             "num_rescued": c.num_rescued,
             "columns_added": c.columns_added,
         })

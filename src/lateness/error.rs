@@ -7,8 +7,13 @@ use crate::error::{classify_delta, is_disk_full, next_in_chain, Classify, ErrorC
 #[derive(Debug, thiserror::Error)]
 pub enum LatenessError {
     /// A bare table URI names no event-time column.
-    #[error("{uri} is a table, not a pipeline: pass --event-time COLUMN (the column holding when each event happened; a pipeline's default is its `sequence_by`){columns}")]
-    NoEventTime { uri: String, columns: String },
+    #[error("{uri} {what}: pass --event-time COLUMN (the column holding when each event happened; a cdc_merge pipeline's default is its `sequence_by`){columns}")]
+    NoEventTime {
+        uri: String,
+        /// "is a table, not a pipeline", or what the pipeline is.
+        what: String,
+        columns: String,
+    },
     /// A flag names a column the table does not have.
     #[error("{uri} has no column `{column}` for {flag}{hint}; pass {flag} COLUMN with one of its columns: {columns}")]
     NoSuchColumn {

@@ -177,6 +177,12 @@ pub async fn profile(
     let Some(event) = inputs.event_time.clone() else {
         return Err(LatenessError::NoEventTime {
             uri: uri.to_string(),
+            what: match &inputs.pipeline {
+                Some(p) => {
+                    format!("is the bronze of ingest pipeline `{p}`, which names no event time")
+                }
+                None => "is a table, not a pipeline".to_string(),
+            },
             columns: format!(" (its columns: {listed})"),
         });
     };

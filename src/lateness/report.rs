@@ -20,6 +20,9 @@ pub const CURVE_MINUTES: [u32; 10] = [1, 2, 3, 5, 10, 15, 20, 30, 45, 60];
 pub struct LatenessReport {
     pub table: String,
     pub pipeline: Option<String>,
+    /// What the table is to the pipeline (`source` of a merge, `target` of an ingest).
+    #[serde(skip)]
+    pub role: &'static str,
     pub event_time: String,
     pub arrival: String,
     /// RFC 3339; null for a table without a single arrival.
@@ -343,6 +346,7 @@ pub fn build(ctx: Context<'_>, mut scanned: Scanned) -> LatenessReport {
     LatenessReport {
         table: ctx.inputs.table_uri.clone(),
         pipeline: ctx.inputs.pipeline.clone(),
+        role: ctx.inputs.role,
         event_time: ctx.event,
         arrival: ctx.arrival,
         now: ctx.now.and_then(rfc3339),

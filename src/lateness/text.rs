@@ -106,7 +106,7 @@ impl LatenessReport {
         let p = &self.overall;
         let mut out = String::new();
         let of = match &self.pipeline {
-            Some(name) => format!("{} (source of pipeline {name})", self.table),
+            Some(name) => format!("{} ({} of pipeline {name})", self.table, self.role),
             None => self.table.clone(),
         };
         out.push_str(&format!(

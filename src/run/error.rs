@@ -47,7 +47,7 @@ pub enum RunError {
     #[error("{phase}: internal error (a bug in tidemark, not in your data or setup): {message}; nothing was committed. Please report it with the run's log (-v)")]
     Internal { phase: Phase, message: String },
     /// More rows failed validation than the pipeline tolerates.
-    #[error("{rejected} of {read} rows read failed validation, over the limit ({limit}); nothing was merged. The rows are in the quarantine table {uri}: inspect them, fix the source or raise `quarantine.max_rows`/`max_fraction`, then rerun")]
+    #[error("{rejected} of {read} rows read failed validation, over the limit ({limit}); nothing was written to the target. The rows are in the quarantine table {uri}: inspect them, fix the source (for an ingest: the landing file, then `on_file_change: reingest` or a new file) or raise `quarantine.max_rows`/`max_fraction`, then rerun")]
     QuarantineLimit {
         rejected: u64,
         read: u64,

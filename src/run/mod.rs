@@ -54,6 +54,7 @@ pub async fn run(
     let span =
         info_span!("run", run_id = %run_id, pipeline = %pipeline.name, kind = %pipeline.kind());
     let mut replans = 0;
+    let started = std::time::Instant::now();
     loop {
         let attempt = match &pipeline.spec {
             Spec::CdcMerge(m) => {
@@ -74,6 +75,8 @@ pub async fn run(
             }
             Ok(mut summary) => {
                 summary.num_replans = replans;
+                // The whole run, the attempts that lost a commit race included.
+                summary.duration_ms = started.elapsed().as_millis() as u64;
                 return Ok(summary);
             }
             Err(e) => return Err(e),

@@ -176,7 +176,10 @@ impl LedgerRow {
                 self.num_duplicates = n(c.num_duplicates);
             }
             // Rows appended are the ingest's inserts.
-            Counters::Ingest(c) => self.num_inserted = n(c.num_rows_written),
+            Counters::Ingest(c) => {
+                self.num_inserted = n(c.num_rows_written);
+                (self.num_updated, self.num_deleted) = (Some(0), Some(0));
+            }
         }
         self
     }
