@@ -7,7 +7,8 @@
 #           holds a day of files, REPS times (each time a fresh copy of that bronze)
 #   bulk    ~1 GB of JSON lines into a new bronze (throughput, MB/s)
 #   record  one new hour file with 100k files already recorded (and still in the landing
-#           folder), against the same with 1k recorded: is the bookkeeping flat?
+#           folder), against the same with 1k recorded; and with the 100k recorded files moved
+#           out of the landing folder (archived): is the bookkeeping flat?
 #
 #   scripts/ingest_bench.sh WORKDIR [REPS]
 #
@@ -57,7 +58,7 @@ timed() { # label cmd...
 # --- hour -------------------------------------------------------------------------------------
 H=$work/hour
 if [ ! -d "$H/landing" ]; then
-  "$bin" generate --landing "$H/landing" --payments 262000 --days 1 >/dev/null
+  "$bin" generate --landing "$H/landing" --payments 540000 --days 1 >/dev/null
   pipeline "$H/landing" "$H/base_tm" "$H/base.yml"
   "$bin" run "$H/base.yml" >/dev/null
   "$py" "$here/scripts/ingest_peer.py" --landing "$H/landing" --table "$H/base_py" >/dev/null
@@ -110,4 +111,17 @@ PY
     pipeline "$D/landing" "$D/tm" "$D/tm.yml"
     timed "record recorded=$n tidemark rep=$i" "$bin" run "$D/tm.yml" --output json
   done
+done
+
+# The 100k recorded files archived: the landing folder holds only the new file; the record stays.
+M=$R/moved
+if [ ! -d "$M/landing" ]; then
+  mkdir -p "$M/landing/events"
+  cp "$R/100000/landing/events/zz-new-hour.jsonl" "$M/landing/events/"
+fi
+for i in $(seq "$reps"); do
+  rm -rf "$M/tm" "$M/tm_quarantine"
+  cp -r "$R/100000/base" "$M/tm"
+  pipeline "$M/landing" "$M/tm" "$M/tm.yml"
+  timed "record recorded=100000 archived tidemark rep=$i" "$bin" run "$M/tm.yml" --output json
 done

@@ -26,11 +26,20 @@ pub struct LandingFile {
     /// What the ingest record keeps to tell a changed file: a hash of the size and the
     /// modification time (local) or the ETag (object stores).
     pub fingerprint: i64,
-    location: StorePath,
+    location: Location,
+}
+
+/// Where a landing file is read from.
+#[derive(Debug, Clone, PartialEq)]
+enum Location {
+    Local(std::path::PathBuf),
+    Store(StorePath),
 }
 
 /// A landing location, ready to list and read.
 pub struct Landing {
+    /// The folder, when local (listed and read with the file system directly).
+    local: Option<std::path::PathBuf>,
     store: Arc<dyn ObjectStore>,
     prefix: Option<StorePath>,
     /// The root as written in `_source_file` values, without a trailing `/`.
@@ -58,6 +67,7 @@ impl Landing {
                     .map_err(|e| bad(e.to_string()))?;
                 let root = format!("file://{}", abs.display());
                 Ok(Landing {
+                    local: Some(abs),
                     store: Arc::new(store),
                     prefix: None,
                     root_uri: root.trim_end_matches('/').to_string(),
@@ -71,6 +81,7 @@ impl Landing {
                     .map_err(|e| bad(e.to_string()))?;
                 let prefix = url.path().trim_matches('/').to_string();
                 Ok(Landing {
+                    local: None,
                     store: Arc::new(store),
                     prefix: (!prefix.is_empty()).then(|| StorePath::from(prefix)),
                     root_uri: uri.trim_end_matches('/').to_string(),
@@ -80,12 +91,29 @@ impl Landing {
         }
     }
 
-    fn is_local(&self) -> bool {
-        self.root_uri.starts_with("file://")
-    }
-
     /// Every file under the root matching `glob`, oldest first (modification time, then path).
     pub async fn list(&self, glob: &glob::Pattern) -> Result<Vec<LandingFile>, IngestError> {
+        let mut out = match &self.local {
+            Some(root) => {
+                let (root, glob, uri) = (root.clone(), glob.clone(), self.root_uri.clone());
+                tokio::task::spawn_blocking(move || list_local(&root, &glob, &uri))
+                    .await
+                    .map_err(|e| IngestError::Landing {
+                        action: "list",
+                        uri: self.root_uri.clone(),
+                        source: Box::new(object_store::Error::Generic {
+                            store: "local",
+                            source: Box::new(e),
+                        }),
+                    })??
+            }
+            None => self.list_store(glob).await?,
+        };
+        out.sort_by(|a, b| a.modified.cmp(&b.modified).then_with(|| a.rel.cmp(&b.rel)));
+        Ok(out)
+    }
+
+    async fn list_store(&self, glob: &glob::Pattern) -> Result<Vec<LandingFile>, IngestError> {
         let metas: Vec<ObjectMeta> = self
             .store
             .list(self.prefix.as_ref())
@@ -96,23 +124,14 @@ impl Landing {
                 uri: self.root_uri.clone(),
                 source: Box::new(e),
             })?;
-        let opts = glob::MatchOptions {
-            case_sensitive: true,
-            require_literal_separator: true,
-            require_literal_leading_dot: false,
-        };
-        let mut out: Vec<LandingFile> = metas
+        Ok(metas
             .into_iter()
             .filter_map(|m| {
                 let rel = self.relative(&m.location)?;
-                let hidden = rel
-                    .split('/')
-                    .any(|part| part.starts_with('.') || part.starts_with('_'));
-                (!hidden && glob.matches_with(&rel, opts)).then(|| self.file(m, rel))
+                let hidden = rel.split('/').any(is_hidden);
+                (!hidden && glob.matches_with(&rel, GLOB)).then(|| self.file(m, rel))
             })
-            .collect();
-        out.sort_by(|a, b| a.modified.cmp(&b.modified).then_with(|| a.rel.cmp(&b.rel)));
-        Ok(out)
+            .collect())
     }
 
     fn relative(&self, location: &StorePath) -> Option<String> {
@@ -127,22 +146,16 @@ impl Landing {
     }
 
     fn file(&self, m: ObjectMeta, rel: String) -> LandingFile {
-        let identity = if self.is_local() {
-            m.last_modified
-                .timestamp_nanos_opt()
-                .unwrap_or_default()
-                .to_string()
-        } else {
-            m.e_tag
-                .clone()
-                .unwrap_or_else(|| m.last_modified.timestamp_millis().to_string())
-        };
+        let identity = m
+            .e_tag
+            .clone()
+            .unwrap_or_else(|| m.last_modified.timestamp_millis().to_string());
         LandingFile {
             uri: format!("{}/{}", self.root_uri, rel),
             fingerprint: fingerprint(m.size, &identity),
             size: m.size,
             modified: m.last_modified,
-            location: m.location,
+            location: Location::Store(m.location),
             rel,
         }
     }
@@ -154,14 +167,22 @@ impl Landing {
             uri: f.uri.clone(),
             source: Box::new(e),
         };
-        let bytes = self
-            .store
-            .get(&f.location)
-            .await
-            .map_err(err)?
-            .bytes()
-            .await
-            .map_err(err)?;
+        let bytes = match &f.location {
+            Location::Local(path) => tokio::fs::read(path).await.map(Bytes::from).map_err(|e| {
+                err(object_store::Error::Generic {
+                    store: "local",
+                    source: Box::new(e),
+                })
+            })?,
+            Location::Store(path) => self
+                .store
+                .get(path)
+                .await
+                .map_err(err)?
+                .bytes()
+                .await
+                .map_err(err)?,
+        };
         if bytes.len() as u64 != f.size {
             return Err(IngestError::ChangedWhileRead {
                 uri: f.uri.clone(),
@@ -171,6 +192,87 @@ impl Landing {
         }
         Ok(bytes)
     }
+}
+
+const GLOB: glob::MatchOptions = glob::MatchOptions {
+    case_sensitive: true,
+    require_literal_separator: true,
+    require_literal_leading_dot: false,
+};
+
+fn is_hidden(name: &str) -> bool {
+    name.starts_with('.') || name.starts_with('_')
+}
+
+/// Walks a local folder: hidden entries are skipped without descending, the glob is matched on
+/// the name before anything else, and each matching file costs one `stat` (its size and
+/// modification time), so a folder of many files lists fast.
+fn list_local(
+    root: &std::path::Path,
+    glob: &glob::Pattern,
+    root_uri: &str,
+) -> Result<Vec<LandingFile>, IngestError> {
+    let mut out = Vec::new();
+    let walk = walkdir::WalkDir::new(root)
+        .follow_links(true)
+        .into_iter()
+        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_str().is_none_or(is_hidden));
+    for entry in walk {
+        let entry = entry.map_err(|e| {
+            let source = match e.into_io_error() {
+                Some(io) if io.kind() == std::io::ErrorKind::PermissionDenied => {
+                    object_store::Error::PermissionDenied {
+                        path: root.display().to_string(),
+                        source: Box::new(io),
+                    }
+                }
+                Some(io) => object_store::Error::Generic {
+                    store: "local",
+                    source: Box::new(io),
+                },
+                None => object_store::Error::Generic {
+                    store: "local",
+                    source: "a symbolic link loops".into(),
+                },
+            };
+            IngestError::Landing {
+                action: "list",
+                uri: root_uri.to_string(),
+                source: Box::new(source),
+            }
+        })?;
+        if entry.file_type().is_dir() {
+            continue;
+        }
+        let Ok(rel) = entry.path().strip_prefix(root) else {
+            continue;
+        };
+        let Some(rel) = rel.to_str().map(|r| r.replace(std::path::MAIN_SEPARATOR, "/")) else {
+            continue; // not UTF-8: it could not be named in `_source_file`
+        };
+        if !glob.matches_with(&rel, GLOB) {
+            continue;
+        }
+        // A file removed between the listing and here is simply not there.
+        let Ok(meta) = entry.metadata() else { continue };
+        if !meta.is_file() {
+            continue;
+        }
+        let modified: DateTime<Utc> = meta
+            .modified()
+            .map(DateTime::<Utc>::from)
+            .unwrap_or_default();
+        let identity = modified.timestamp_nanos_opt().unwrap_or_default().to_string();
+        out.push(LandingFile {
+            uri: format!("{root_uri}/{rel}"),
+            fingerprint: fingerprint(meta.len(), &identity),
+            size: meta.len(),
+            modified,
+            location: Location::Local(entry.path().to_path_buf()),
+            rel,
+        });
+    }
+    Ok(out)
 }
 
 /// FNV-1a of the size and the identity text, folded to a non-negative i64 (`-1` is reserved).
