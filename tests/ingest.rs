@@ -738,8 +738,15 @@ async fn a_wrong_delimiter_and_a_clock_behind_are_said_out_loud() {
     std::fs::write(landing(d).join("a.csv"), "id;amount\np1;1\n").expect("land");
     let out = run(d, T0, &[]);
     assert_eq!(out.code, 65, "{}", out.stderr);
-    assert!(out.stderr.contains("`id;amount`") && out.stderr.contains("delimiter"), "{}", out.stderr);
-    assert!(version(&d.join("lake/bronze")).await.is_none(), "nothing written, no column added");
+    assert!(
+        out.stderr.contains("`id;amount`") && out.stderr.contains("delimiter"),
+        "{}",
+        out.stderr
+    );
+    assert!(
+        version(&d.join("lake/bronze")).await.is_none(),
+        "nothing written, no column added"
+    );
 
     pipeline(d, "");
     land(d, "a.jsonl", &[("p1", 1)]);
@@ -751,5 +758,8 @@ async fn a_wrong_delimiter_and_a_clock_behind_are_said_out_loud() {
     assert!(w.contains("the clock is behind"), "{w}");
     let out = run(d, T0 + 2 * HOUR, &["--full-reload", "--output", "json"]);
     let w = json(&out)["warnings"].to_string();
-    assert!(w.contains("bronze was rewritten") && w.contains("--full-reload"), "{w}");
+    assert!(
+        w.contains("bronze was rewritten") && w.contains("--full-reload"),
+        "{w}"
+    );
 }

@@ -247,7 +247,10 @@ fn list_local(
         let Ok(rel) = entry.path().strip_prefix(root) else {
             continue;
         };
-        let Some(rel) = rel.to_str().map(|r| r.replace(std::path::MAIN_SEPARATOR, "/")) else {
+        let Some(rel) = rel
+            .to_str()
+            .map(|r| r.replace(std::path::MAIN_SEPARATOR, "/"))
+        else {
             continue; // not UTF-8: it could not be named in `_source_file`
         };
         if !glob.matches_with(&rel, GLOB) {
@@ -262,7 +265,10 @@ fn list_local(
             .modified()
             .map(DateTime::<Utc>::from)
             .unwrap_or_default();
-        let identity = modified.timestamp_nanos_opt().unwrap_or_default().to_string();
+        let identity = modified
+            .timestamp_nanos_opt()
+            .unwrap_or_default()
+            .to_string();
         out.push(LandingFile {
             uri: format!("{root_uri}/{rel}"),
             fingerprint: fingerprint(meta.len(), &identity),
