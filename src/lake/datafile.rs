@@ -82,6 +82,12 @@ impl FastPath {
         {
             return Ok(None);
         }
+        // The copy-on-write commit writes no `_change_data` files: a reader of the feed would see
+        // every row of a rewritten file deleted and inserted again. delta-rs' MERGE writes the
+        // feed of exactly the rows it changes.
+        if change_data_feed(table) {
+            return Ok(None);
+        }
         if snapshot
             .log_data()
             .iter()
@@ -100,6 +106,16 @@ impl FastPath {
             stats,
         }))
     }
+}
+
+/// Whether `table` keeps a change data feed (`delta.enableChangeDataFeed = true`).
+pub fn change_data_feed(table: &DeltaTable) -> bool {
+    table.snapshot().is_ok_and(|s| {
+        s.metadata()
+            .configuration()
+            .get("delta.enableChangeDataFeed")
+            .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+    })
 }
 
 /// A target data file's footer, read once and used for pruning, probing and rewriting.

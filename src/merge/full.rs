@@ -102,6 +102,12 @@ impl Run<'_> {
             // carries what is known before it, and delta-rs adds the written row count.
             if let Some(t) = &target {
                 self.ensure_unchanged(t).await?;
+                if crate::lake::datafile::change_data_feed(t) {
+                    self.warn(format!(
+                        "{} keeps a change data feed: this full reload replaces every file, so the feed shows every row deleted and inserted again (the difference alone is not written yet); consumers of the feed should resync from this version",
+                        self.m.target_uri
+                    ));
+                }
             }
             let props = self.commit_properties();
             let plan = winners.into_unoptimized_plan();
@@ -115,6 +121,7 @@ impl Run<'_> {
                 write::FileShape {
                     file_size: self.m.target_file_size,
                     row_group_rows: self.m.target_row_group_rows,
+                    change_data_feed: self.m.change_data_feed,
                 },
                 plan,
                 write::OverwriteCommit { props, final_facts },

@@ -22,6 +22,7 @@ use arrow::array::RecordBatch;
 use chrono::{DateTime, TimeZone, Utc};
 use datafusion::prelude::{DataFrame, SessionContext};
 use deltalake::kernel::transaction::CommitProperties;
+use deltalake::DeltaTable;
 use tracing::{info, info_span, warn, Instrument};
 
 use crate::config::pipeline::CdcMerge;
@@ -215,6 +216,10 @@ impl<'a> Run<'a> {
             }
             None => None,
         };
+        let target = match target {
+            Some(t) => Some(self.enable_change_data_feed(t).await?),
+            None => None,
+        };
         if let Some(t) = &target {
             t.update_datafusion_session(&self.ctx.state())
                 .map_err(RunError::delta(Phase::Plan, &self.m.target_uri))?;
@@ -233,6 +238,28 @@ impl<'a> Run<'a> {
         self.summary.mode = RunMode::Incremental;
         self.incremental(source, source_provider, target, &roles, &seq_type)
             .await
+    }
+
+    /// `target.change_data_feed: true` on a target without the feed: turns it on, in a commit of
+    /// its own (a table property, like `ALTER TABLE … SET TBLPROPERTIES`), before the run plans.
+    async fn enable_change_data_feed(&mut self, t: DeltaTable) -> Result<DeltaTable, RunError> {
+        if !self.m.change_data_feed || lake::datafile::change_data_feed(&t) || self.opts.dry_run {
+            return Ok(t);
+        }
+        let t = t
+            .set_tbl_properties()
+            .with_properties(std::collections::HashMap::from([(
+                "delta.enableChangeDataFeed".to_string(),
+                "true".to_string(),
+            )]))
+            .await
+            .map_err(RunError::write(Phase::Plan, &self.m.target_uri))?;
+        self.warn(format!(
+            "turned on the change data feed of {} (delta.enableChangeDataFeed = true, in a commit of its own, version {}): runs from now on write it",
+            self.m.target_uri,
+            t.version().unwrap_or_default()
+        ));
+        Ok(t)
     }
 
     /// Commit metadata and the application transaction recording the source version read.

@@ -97,6 +97,8 @@ pub async fn merge(
 pub struct FileShape {
     pub file_size: u64,
     pub row_group_rows: usize,
+    /// Create the table with `delta.enableChangeDataFeed = true`.
+    pub change_data_feed: bool,
 }
 
 /// What the overwrite commit carries: the run's facts known before the write, and those
@@ -122,6 +124,7 @@ pub async fn overwrite(
     let FileShape {
         file_size,
         row_group_rows,
+        change_data_feed,
     } = shape;
     let size = NonZeroU64::new(file_size);
     // A failed bootstrap leaves no empty target folder behind.
@@ -158,10 +161,17 @@ pub async fn overwrite(
         .with_commit_properties(props)
         .with_session_state(Arc::new(ctx.state()));
     if fresh {
-        builder = builder.with_table_name(name).with_configuration([(
+        let mut config = vec![(
             "delta.targetFileSize".to_string(),
             Some(file_size.to_string()),
-        )]);
+        )];
+        if change_data_feed {
+            config.push((
+                "delta.enableChangeDataFeed".to_string(),
+                Some("true".to_string()),
+            ));
+        }
+        builder = builder.with_table_name(name).with_configuration(config);
     }
     let written = builder.await.map_err(RunError::write(Phase::Write, uri));
     if written.is_err() {

@@ -284,6 +284,7 @@ impl Ctx<'_> {
             target_uri,
             target_file_size,
             target_row_group_rows,
+            change_data_feed: raw.target.change_data_feed,
             quarantine: Quarantine {
                 uri: quarantine_uri,
                 max_rows: raw.quarantine.max_rows,

@@ -113,6 +113,9 @@ pub struct CdcMerge {
     /// Rows per Parquet row group in the target's files: the unit an hourly run re-encodes
     /// around a changed row (every other row group of a rewritten file is copied as bytes).
     pub target_row_group_rows: usize,
+    /// `target.change_data_feed`: the target keeps a Delta change data feed
+    /// (`delta.enableChangeDataFeed`), set when tidemark creates it or on the next run.
+    pub change_data_feed: bool,
     pub keys: Vec<String>,
     pub sequence_by: String,
     pub tie_breakers: Vec<String>,
