@@ -136,6 +136,9 @@ pub struct MergeCounters {
     /// True when nothing was left to do because an earlier run already applied this source
     /// version (for example a run whose success response was lost).
     pub already_applied: bool,
+    /// Per rule, the rows read that failed it (built-in rules first); empty when the pipeline
+    /// declares no expectations.
+    pub expectations: Vec<crate::run::expect::Outcome>,
 }
 
 impl RunSummary {
@@ -242,7 +245,19 @@ impl RunSummary {
                 ("deleted", c.num_deleted.to_string()),
                 ("unchanged", c.num_unchanged.to_string()),
                 ("files added/removed", files),
-            ],
+            ]
+            .into_iter()
+            .chain((!c.expectations.is_empty()).then(|| {
+                (
+                    "expectations failed",
+                    c.expectations
+                        .iter()
+                        .map(|o| format!("{} {} ({})", o.name, o.failed, o.on_fail))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                )
+            }))
+            .collect(),
             Counters::Ingest(c) => {
                 let mut rows = vec![
                     ("landing", self.source_uri.clone()),

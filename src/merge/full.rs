@@ -31,7 +31,8 @@ impl Run<'_> {
             .read_table(source_provider)
             .map_err(q(Phase::Read))?;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
-        let split = validate::split(input.clone(), roles, seq_type, due)?;
+        let rules = self.expectations(&input, roles).await?;
+        let split = validate::split(input.clone(), roles, seq_type, due, &rules)?;
         self.summary.num_source_rows_read = match self.source_rows {
             Some(rows) => rows,
             None => input

@@ -202,7 +202,8 @@ impl Run<'_> {
     ) -> Result<DataFrame, RunError> {
         let q = RunError::query;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
-        let split = validate::split(input, roles, seq_type, due)?;
+        let rules = self.expectations(&input, roles).await?;
+        let split = validate::split(input, roles, seq_type, due, &rules)?;
         self.c.num_late_rows = split
             .valid
             .clone()

@@ -262,6 +262,34 @@ impl<'a> Run<'a> {
         Ok(t)
     }
 
+    /// The pipeline's expectations compiled against the source rows, their failures counted
+    /// (built-in rules too) and `fail` rules enforced, before anything is written. Without
+    /// expectations there is nothing to do (the built-in rules still quarantine).
+    pub(super) async fn expectations(
+        &mut self,
+        input: &DataFrame,
+        roles: &ColumnRoles,
+    ) -> Result<Vec<crate::run::expect::Compiled>, RunError> {
+        use crate::run::expect;
+        if self.m.expectations.is_empty() {
+            return Ok(Vec::new());
+        }
+        let rules = expect::compile(self.p, &self.m.expectations, input)?;
+        let outcomes = expect::count(input.clone(), roles, &rules).await?;
+        expect::enforce(input.clone(), roles, &rules, &outcomes).await?;
+        for o in outcomes
+            .iter()
+            .filter(|o| o.failed > 0 && o.on_fail == "warn")
+        {
+            self.warn(format!(
+                "expectation `{}` failed for {} row(s) (on_fail: warn: kept)",
+                o.name, o.failed
+            ));
+        }
+        self.c.expectations = outcomes;
+        Ok(rules)
+    }
+
     /// Commit metadata and the application transaction recording the source version read.
     /// Stores the rows validation rejected and enforces the quarantine limits.
     pub(super) async fn quarantine(&mut self, rejected: DataFrame) -> Result<(), RunError> {
@@ -307,6 +335,7 @@ impl<'a> Run<'a> {
             "num_conflicts": c.num_conflicts,
             "num_superseded": c.num_superseded,
             "num_duplicates": c.num_duplicates,
+            "expectations": c.expectations,
             "source_table_id": self.source_table_id,
             "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| crate::report::rfc3339(&t)),
         });

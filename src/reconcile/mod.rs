@@ -233,11 +233,14 @@ pub async fn reconcile(
     let input = ctx
         .read_table(source_provider)
         .map_err(q(Phase::Reconcile))?;
+    // The rows a full reload would quarantine for an expectation are left out alike.
+    let rules = crate::run::expect::compile(p, &m.expectations, &input)?;
     let split = validate::split(
         input,
         &roles,
         &seq_type,
         validate::due_micros(now, m.max_future_skew),
+        &rules,
     )?;
     let sorted = split
         .valid

@@ -54,6 +54,14 @@ pub enum RunError {
         limit: String,
         uri: String,
     },
+    /// A row failed an expectation whose `on_fail` is `fail`.
+    #[error("expectation `{rule}` (`{sql}`) failed for {failed} row(s) read by this run (e.g. {examples}); nothing was written. Fix the rows upstream, or change the rule's `on_fail` to `quarantine` (set them aside) or `warn` (keep and count them), then rerun")]
+    ExpectationFailed {
+        rule: String,
+        sql: String,
+        failed: u64,
+        examples: String,
+    },
     /// The source's columns changed in a way the pipeline's `on_schema_change` does not allow.
     #[error("schema change in {uri}: {message}")]
     SchemaDrift { uri: String, message: String },
@@ -314,6 +322,7 @@ impl Classify for RunError {
             RunError::Injected(e) => e.class(),
             RunError::Conflict { .. } => ErrorClass::Retryable,
             RunError::QuarantineLimit { .. }
+            | RunError::ExpectationFailed { .. }
             | RunError::SchemaDrift { .. }
             | RunError::DuplicateTargetKeys { .. }
             | RunError::SourceReplaced { .. }

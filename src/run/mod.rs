@@ -7,6 +7,7 @@
 
 pub(crate) mod dedup;
 mod error;
+pub mod expect;
 pub mod phase;
 pub(crate) mod quarantine;
 pub(crate) mod render;

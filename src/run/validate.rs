@@ -27,24 +27,25 @@ pub fn due_micros(now: DateTime<Utc>, max_future_skew: std::time::Duration) -> i
     now.timestamp_micros().saturating_add(skew)
 }
 
-/// Splits `input` (source rows) for a run that started at `due_micros - max_future_skew`.
+/// Splits `input` (source rows) for a run that started at `due_micros - max_future_skew`. Rows
+/// failing a built-in rule (null key, null sequence) or an expectation with `on_fail:
+/// quarantine` are rejected, with the first rule they fail as the reason.
 pub fn split(
     input: DataFrame,
     roles: &ColumnRoles,
     seq_type: &DataType,
     due_micros: i64,
+    rules: &[super::expect::Compiled],
 ) -> Result<Split, RunError> {
     let q = RunError::query;
-    let mut nulls: Vec<(Expr, String)> = roles
-        .keys
-        .iter()
-        .map(|k| (ident(k).is_null(), format!("null key column `{k}`")))
-        .collect();
+    let mut nulls = super::expect::built_in(roles);
     let seq = roles.sequence();
-    nulls.push((
-        ident(seq).is_null(),
-        format!("null sequence column `{seq}`"),
-    ));
+    nulls.extend(
+        rules
+            .iter()
+            .filter(|r| r.on_fail == crate::config::pipeline::expect::OnFail::Quarantine)
+            .map(|r| (r.fails.clone(), format!("expectation `{}` failed", r.name))),
+    );
 
     let any_null = nulls
         .iter()
@@ -202,7 +203,7 @@ mod tests {
         .expect("batch");
         let ctx = SessionContext::new();
         let input = ctx.read_batch(batch).expect("frame");
-        let split = split(input, &roles, &ts, due).expect("split");
+        let split = split(input, &roles, &ts, due, &[]).expect("split");
         assert_eq!(
             ids(split.valid).await,
             vec!["due", "now"],

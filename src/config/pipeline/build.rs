@@ -244,6 +244,7 @@ impl Ctx<'_> {
             }
         }
         let reconcile = self.reconcile(raw.reconcile, &raw.sequence_by)?;
+        let expectations = self.expectations(raw.expectations)?;
         let target_file_size = match &raw.target.file_size {
             Some(v) => parse_bytes(v).ok_or_else(|| {
                 self.invalid(
@@ -299,7 +300,21 @@ impl Ctx<'_> {
             exclude,
             on_schema_change: raw.on_schema_change,
             reconcile,
+            expectations,
         })
+    }
+
+    /// An error at the line where `fragment` is written (an expectation's name or SQL).
+    pub(super) fn invalid_at_text(
+        &self,
+        fragment: &str,
+        message: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.to_path_buf(),
+            line: line_of_text(self.text, fragment),
+            message: message.into(),
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! kind.
 
 mod build;
+pub mod expect;
 pub mod ingest;
 mod raw;
 
@@ -127,6 +128,8 @@ pub struct CdcMerge {
     pub on_schema_change: SchemaChange,
     /// What `tidemark reconcile` reports per day and group.
     pub reconcile: ReconcileSpec,
+    /// Row-level rules over source rows (`expectations:`), in file order.
+    pub expectations: Vec<expect::Expectation>,
 }
 
 impl CdcMerge {
@@ -200,6 +203,15 @@ impl Pipeline {
         ConfigError::Invalid {
             path: self.path.clone(),
             line: line_of_key(&self.text, key),
+            message: message.into(),
+        }
+    }
+
+    /// An error located at the line where `fragment` is written in this pipeline's file.
+    pub fn error_at_text(&self, fragment: &str, message: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.clone(),
+            line: super::location::line_of_text(&self.text, fragment),
             message: message.into(),
         }
     }

@@ -86,6 +86,8 @@ pub(super) struct RawCdcMerge {
     #[serde(default)]
     pub(super) on_schema_change: SchemaChange,
     pub(super) reconcile: Option<RawReconcile>,
+    #[serde(default)]
+    pub(super) expectations: Vec<super::expect::RawExpectation>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -1,0 +1,197 @@
+//! Expectations at run time: each rule compiled against the source's columns, its failures
+//! counted in one aggregate, `fail` rules enforced before anything is written.
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::{DataType, Int64Type};
+use datafusion::functions_aggregate::expr_fn::sum;
+use datafusion::logical_expr::{cast, lit, not, when, Expr, ExprSchemable};
+use datafusion::prelude::{coalesce, DataFrame};
+use serde::Serialize;
+
+use super::roles::ColumnRoles;
+use super::{Phase, RunError};
+use crate::config::pipeline::expect::{Expectation, OnFail, BUILT_IN};
+use crate::config::Pipeline;
+
+/// A rule ready to evaluate: `fails` is true for a failing row (a NULL result fails).
+#[derive(Debug, Clone)]
+pub struct Compiled {
+    pub name: String,
+    pub sql: String,
+    pub on_fail: OnFail,
+    pub fails: Expr,
+}
+
+/// What a rule found in a run's rows.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Outcome {
+    pub name: String,
+    pub on_fail: &'static str,
+    /// Rows read by the run that failed the rule.
+    pub failed: u64,
+}
+
+/// Compiles the pipeline's rules against `input`'s columns. A rule naming an unknown column, or
+/// not boolean, is a config error at its line in the pipeline file.
+pub fn compile(
+    p: &Pipeline,
+    rules: &[Expectation],
+    input: &DataFrame,
+) -> Result<Vec<Compiled>, RunError> {
+    let schema = input.schema();
+    rules
+        .iter()
+        .map(|r| {
+            let bad = |why: String| {
+                RunError::Config(
+                    p.error_at_text(&r.sql, format!("expectation `{}`: {why}", r.name)),
+                )
+            };
+            let expr = input.parse_sql_expr(&r.sql).map_err(|e| {
+                bad(format!(
+                    "`{}` cannot be evaluated on the source's rows: {}",
+                    r.sql,
+                    e.strip_backtrace()
+                ))
+            })?;
+            let ty = expr
+                .get_type(schema)
+                .map_err(|e| bad(format!("`{}`: {}", r.sql, e.strip_backtrace())))?;
+            if ty != DataType::Boolean {
+                return Err(bad(format!(
+                    "`{}` is {ty}, not a condition (true for a good row)",
+                    r.sql
+                )));
+            }
+            Ok(Compiled {
+                name: r.name.clone(),
+                sql: r.sql.clone(),
+                on_fail: r.on_fail,
+                fails: not(coalesce(vec![expr, lit(false)])),
+            })
+        })
+        .collect()
+}
+
+/// The built-in rules as conditions, with the reasons their rows are quarantined under.
+pub fn built_in(roles: &ColumnRoles) -> Vec<(Expr, String)> {
+    let mut out: Vec<(Expr, String)> = roles
+        .keys
+        .iter()
+        .map(|k| {
+            (
+                datafusion::prelude::ident(k).is_null(),
+                format!("null key column `{k}`"),
+            )
+        })
+        .collect();
+    let seq = roles.sequence();
+    out.push((
+        datafusion::prelude::ident(seq).is_null(),
+        format!("null sequence column `{seq}`"),
+    ));
+    out
+}
+
+/// Failures per rule among `input`'s rows, built-in rules first, in one aggregate.
+pub async fn count(
+    input: DataFrame,
+    roles: &ColumnRoles,
+    rules: &[Compiled],
+) -> Result<Vec<Outcome>, RunError> {
+    let q = RunError::query(Phase::Validate);
+    let key_null = roles
+        .keys
+        .iter()
+        .map(|k| datafusion::prelude::ident(k).is_null())
+        .reduce(Expr::or)
+        .unwrap_or_else(|| lit(false));
+    let seq_null = datafusion::prelude::ident(roles.sequence()).is_null();
+    let conditions: Vec<Expr> = [key_null, seq_null]
+        .into_iter()
+        .chain(rules.iter().map(|r| r.fails.clone()))
+        .collect();
+    let aggs: Vec<Expr> = conditions
+        .iter()
+        .enumerate()
+        .map(|(i, c)| {
+            let one = when(c.clone(), lit(1i64)).otherwise(lit(0i64));
+            one.map(|e| sum(cast(e, DataType::Int64)).alias(format!("f{i}")))
+        })
+        .collect::<Result<_, _>>()
+        .map_err(RunError::query(Phase::Validate))?;
+    let batches = input
+        .aggregate(vec![], aggs)
+        .map_err(RunError::query(Phase::Validate))?
+        .collect()
+        .await
+        .map_err(q)?;
+    let value = |i: usize| -> u64 {
+        batches
+            .first()
+            .and_then(|b| {
+                b.column(i)
+                    .as_primitive_opt::<Int64Type>()
+                    .map(|a| (a.is_valid(0)).then(|| a.value(0)))
+            })
+            .flatten()
+            .unwrap_or(0)
+            .max(0) as u64
+    };
+    let mut out: Vec<Outcome> = BUILT_IN
+        .iter()
+        .enumerate()
+        .map(|(i, name)| Outcome {
+            name: name.to_string(),
+            on_fail: OnFail::Quarantine.as_str(),
+            failed: value(i),
+        })
+        .collect();
+    out.extend(rules.iter().enumerate().map(|(i, r)| Outcome {
+        name: r.name.clone(),
+        on_fail: r.on_fail.as_str(),
+        failed: value(i + 2),
+    }));
+    Ok(out)
+}
+
+/// Stops the run when a `fail` rule has failing rows: the first such rule, its count and the
+/// keys of three of its rows.
+pub async fn enforce(
+    input: DataFrame,
+    roles: &ColumnRoles,
+    rules: &[Compiled],
+    outcomes: &[Outcome],
+) -> Result<(), RunError> {
+    for r in rules.iter().filter(|r| r.on_fail == OnFail::Fail) {
+        let failed = outcomes
+            .iter()
+            .find(|o| o.name == r.name)
+            .map_or(0, |o| o.failed);
+        if failed == 0 {
+            continue;
+        }
+        let keys: Vec<Expr> = roles.keys.iter().map(datafusion::prelude::ident).collect();
+        let rows = input
+            .filter(r.fails.clone())
+            .and_then(|df| df.select(keys))
+            .and_then(|df| df.limit(0, Some(3)))
+            .map_err(RunError::query(Phase::Validate))?
+            .collect()
+            .await
+            .map_err(RunError::query(Phase::Validate))?;
+        let examples: Vec<String> = rows
+            .iter()
+            .flat_map(|b| {
+                (0..b.num_rows()).map(move |i| super::render::render_key(b, &roles.keys, i))
+            })
+            .collect();
+        return Err(RunError::ExpectationFailed {
+            rule: r.name.clone(),
+            sql: r.sql.clone(),
+            failed,
+            examples: examples.join("; "),
+        });
+    }
+    Ok(())
+}
