@@ -157,3 +157,44 @@ async fn bad_rules_are_config_errors_at_their_line() {
     assert_eq!(out.code, 78, "{}", out.stderr);
     assert_eq!(version(&silver(d)).await, None, "nothing was created");
 }
+
+#[tokio::test]
+async fn the_ledger_keeps_each_rules_count() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let bundle = write_bundle(d, "    j:\n      tasks:\n        - task_key: t\n          pipeline_task: { pipeline: \"${PIPELINE}\" }\n");
+    // write_bundle wrote the plain pipeline: add a rule to it.
+    let p = d.join("pipeline.yml");
+    let mut text = std::fs::read_to_string(&p).expect("read");
+    text.push_str("expectations:\n  - { name: positive, sql: \"val > 0\", on_fail: quarantine }\n");
+    std::fs::write(&p, text).expect("write");
+    append(
+        &bronze(d),
+        &[
+            Change::upsert("a", T0, T0, 1),
+            Change::upsert("b", T0, T0, -2),
+        ],
+    )
+    .await;
+    let job = exec(
+        tidemark_at(T0 + HOUR)
+            .args(["job", "run", "j", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_eq!(job.code, 0, "{}", job.stderr);
+    let runs = exec(
+        tidemark_at(T0 + HOUR)
+            .args(["runs", "--output", "json", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_eq!(runs.code, 0, "{}", runs.stderr);
+    let rows: serde_json::Value = serde_json::from_str(runs.stdout.trim()).expect("json");
+    let e: serde_json::Value =
+        serde_json::from_str(rows[0]["expectations"].as_str().expect("expectations"))
+            .expect("json");
+    assert_eq!(
+        e[2],
+        serde_json::json!({"name": "positive", "on_fail": "quarantine", "failed": 1}),
+        "{e}"
+    );
+}

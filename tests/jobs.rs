@@ -1106,6 +1106,7 @@ async fn the_scheduler_process_catches_up_then_stops_cleanly_on_sigterm() {
             num_duplicates: None,
             num_spill_files: None,
             duration_ms: 0,
+            expectations: None,
         }])
         .await
         .expect("seed the ledger");

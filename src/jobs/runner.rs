@@ -107,6 +107,7 @@ impl JobRunner {
             num_duplicates: None,
             num_spill_files: None,
             duration_ms: 0,
+            expectations: None,
         }
     }
 

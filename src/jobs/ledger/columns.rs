@@ -11,6 +11,7 @@ pub(super) const OPT_STRINGS: &[&str] = &[
     "pipeline",
     "pipeline_run_id",
     "mode",
+    "expectations",
 ];
 pub(super) const TIMES: &[&str] = &["started_at", "ended_at"];
 pub(super) const OPT_TIMES: &[&str] = &["scheduled_at", "watermark_before", "watermark_after"];
@@ -72,6 +73,7 @@ pub fn schema() -> Arc<Schema> {
         "num_duplicates",
         "num_spill_files",
         "duration_ms",
+        "expectations",
     ];
     for name in order {
         let (dt, nullable) = if STRINGS.contains(&name) {
@@ -108,6 +110,7 @@ pub(super) fn string_of(r: &LedgerRow, name: &str) -> Option<String> {
         "pipeline" => r.pipeline.clone(),
         "pipeline_run_id" => r.pipeline_run_id.clone(),
         "mode" => r.mode.clone(),
+        "expectations" => r.expectations.clone(),
         _ => None,
     }
 }
@@ -284,6 +287,7 @@ pub(super) fn from_batch(b: &RecordBatch) -> Result<Vec<LedgerRow>, arrow::error
                 num_duplicates: it("num_duplicates"),
                 num_spill_files: it("num_spill_files"),
                 duration_ms: it("duration_ms").unwrap_or(0),
+                expectations: st("expectations"),
             }
         })
         .collect())

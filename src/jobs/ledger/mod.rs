@@ -149,6 +149,9 @@ pub struct LedgerRow {
     /// Spill files the attempt's queries wrote (memory limit reached).
     pub num_spill_files: Option<i64>,
     pub duration_ms: i64,
+    /// Per expectation, the rows that failed it, as JSON (`[{name, on_fail, failed}]`); null
+    /// without expectations (and in rows written before the column existed).
+    pub expectations: Option<String>,
 }
 
 impl LedgerRow {
@@ -174,6 +177,9 @@ impl LedgerRow {
                 self.num_conflicts = n(c.num_conflicts);
                 self.num_superseded = n(c.num_superseded);
                 self.num_duplicates = n(c.num_duplicates);
+                if !c.expectations.is_empty() {
+                    self.expectations = serde_json::to_string(&c.expectations).ok();
+                }
             }
             // Rows appended are the ingest's inserts.
             Counters::Ingest(c) => {
@@ -363,6 +369,7 @@ mod tests {
             num_duplicates: None,
             num_spill_files: Some(0),
             duration_ms: 1000,
+            expectations: None,
         }
     }
 
