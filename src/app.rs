@@ -1,6 +1,7 @@
 //! One function per command. Each returns what goes to stdout; errors carry their class.
 //! The bundle and job commands live in [`jobs_commands`].
 
+mod changes_command;
 mod demo;
 mod jobs_commands;
 mod lateness_command;
@@ -132,6 +133,7 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
         Command::Scheduler(args) => j::scheduler(args, clock).await?.into(),
         Command::Runs(args) => j::runs(args).await?.into(),
         Command::Lateness(args) => lateness_command::lateness(args).await?.into(),
+        Command::Changes(args) => changes_command::changes(args).await?.into(),
     })
 }
 

@@ -85,6 +85,7 @@ impl Command {
             Command::Scheduler(_) => OutputFormat::Text,
             Command::Runs(a) => a.output,
             Command::Lateness(a) => a.output,
+            Command::Changes(a) => a.output,
         }
     }
 }
@@ -133,6 +134,9 @@ pub enum Command {
     /// How late the data really runs: days-late histogram, completeness curve, percentiles,
     /// rows beyond the budget and the overlap, and the lookback a target completeness needs.
     Lateness(LatenessArgs),
+    /// What a table's change data feed says changed between two versions: counts per change
+    /// type and version, and the keys (a pipeline's target, or a table with the feed on).
+    Changes(ChangesArgs),
 }
 
 /// Which bundle, which target, and variable overrides.
@@ -385,6 +389,28 @@ pub struct ReconcileArgs {
     /// How many differing keys to list (all are counted).
     #[arg(long, default_value_t = crate::reconcile::DEFAULT_LIMIT)]
     pub limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct ChangesArgs {
+    /// A pipeline (its target) or a table path/URI.
+    pub table: String,
+    #[command(flatten)]
+    pub from: PipelineVars,
+    /// The first version to read the feed of.
+    #[arg(long)]
+    pub from_version: u64,
+    /// The last version (default: the latest).
+    #[arg(long)]
+    pub to_version: Option<u64>,
+    /// Key columns to list (default: a cdc_merge pipeline's `keys`; none for a table URI).
+    #[arg(long = "key", value_name = "COLUMN")]
+    pub keys: Vec<String>,
+    /// Keys listed per change type.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
 }
 
 #[derive(Debug, Args)]

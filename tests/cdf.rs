@@ -129,6 +129,44 @@ async fn the_feed_holds_exactly_the_rows_a_run_changed() {
             .any(|c| c.0 == "update_postimage" && c.1 == "k007"),
         "{changes:?}"
     );
+    // `tidemark changes` says the same, with the keys.
+    let out = exec(tidemark_at(T0 + 4 * HOUR).arg("changes").arg(&p).args([
+        "--from-version",
+        &v.to_string(),
+        "--output",
+        "json",
+    ]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let c: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert_eq!(
+        c["totals"],
+        serde_json::json!({"insert": 1, "update_preimage": 2, "update_postimage": 2, "delete": 0}),
+        "{c}"
+    );
+    assert_eq!(
+        c["keys"]["insert"],
+        serde_json::json!(["id=\"k900\""]),
+        "{c}"
+    );
+    assert_eq!(c["versions"][0]["version"], v);
+    let text = exec(
+        tidemark_at(T0 + 4 * HOUR)
+            .arg("changes")
+            .arg(&p)
+            .args(["--from-version", &v.to_string()]),
+    );
+    assert!(
+        text.stdout.contains("updated: id=\"k005\"; id=\"k007\""),
+        "{}",
+        text.stdout
+    );
+    let bad = exec(
+        tidemark_at(T0 + 4 * HOUR)
+            .arg("changes")
+            .arg(&p)
+            .args(["--from-version", "99"]),
+    );
+    assert_eq!(bad.code, 64, "{}", bad.stderr);
     // A rerun with nothing new writes nothing.
     let again = run(&p, T0 + 5 * HOUR);
     let s: serde_json::Value = serde_json::from_str(again.stdout.trim()).expect("json");
@@ -149,6 +187,18 @@ async fn the_feed_is_turned_on_for_an_existing_target_and_honoured_when_set_else
     )
     .await;
     assert_eq!(run(&plain, T0 + HOUR).code, 0);
+    let none = exec(
+        tidemark_at(T0 + HOUR)
+            .arg("changes")
+            .arg(&plain)
+            .args(["--from-version", "0"]),
+    );
+    assert_eq!(none.code, 64, "{}", none.stderr);
+    assert!(
+        none.stderr.contains("change_data_feed: true"),
+        "{}",
+        none.stderr
+    );
     // The pipeline asks for the feed: the next run turns it on (its own commit) and writes it.
     let p = with_feed(d);
     append(&bronze(d), &[Change::upsert("a", T0 + HOUR, T0 + HOUR, 10)]).await;
