@@ -405,3 +405,80 @@ async fn the_feed_replayed_reproduces_every_version() {
         }
     }
 }
+
+/// A full reload of a target with the feed writes the difference: the rows that a foreign edit
+/// changed come back as updates, a foreign insert is deleted, everything else stays out of the
+/// feed; the table ends up what a reload writes.
+#[tokio::test]
+async fn a_full_reload_feeds_only_the_difference() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = with_feed(d);
+    let rows: Vec<Change> = (0..50)
+        .map(|i| Change::upsert(&format!("k{i:03}"), T0 + i * MIN, T0 + i * MIN, i))
+        .collect();
+    append(&bronze(d), &rows).await;
+    assert_eq!(run(&p, T0 + 2 * HOUR).code, 0);
+    let expected = read_target(&silver(d)).await;
+    // Damage the target behind tidemark's back: one row edited, one row added.
+    let url =
+        deltalake::table::builder::parse_table_uri(silver(d).to_str().expect("utf8")).expect("url");
+    let table = deltalake::open_table(url.clone()).await.expect("open");
+    let (table, _) = table
+        .update()
+        .with_predicate(datafusion::prelude::col("id").eq(datafusion::prelude::lit("k010")))
+        .with_update("val", datafusion::prelude::lit(999i64))
+        .await
+        .expect("foreign update");
+    let batch = {
+        let b = read_all(&silver(d)).await;
+        let one = b
+            .iter()
+            .find(|b| b.num_rows() > 0)
+            .expect("rows")
+            .slice(0, 1);
+        let one = tidemark::lake::storage::storage_batch(&one).expect("storage types");
+        let ids = arrow::array::StringArray::from(vec!["zzz"]);
+        let idx = one.schema().index_of("id").expect("id");
+        let mut cols = one.columns().to_vec();
+        cols[idx] = std::sync::Arc::new(ids);
+        arrow::array::RecordBatch::try_new(one.schema(), cols).expect("batch")
+    };
+    table
+        .write(vec![batch])
+        .with_save_mode(deltalake::protocol::SaveMode::Append)
+        .await
+        .expect("foreign insert");
+    let out = exec(tidemark_at(T0 + 3 * HOUR).arg("run").arg(&p).args([
+        "--full-reload",
+        "--output",
+        "json",
+    ]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert_eq!(
+        (
+            s["num_updated"].as_u64(),
+            s["num_deleted"].as_u64(),
+            s["num_inserted"].as_u64()
+        ),
+        (Some(1), Some(1), Some(0)),
+        "{s}"
+    );
+    let v = version_of(&s);
+    let changes = feed(d, v, v).await;
+    let names: Vec<(&str, &str)> = changes
+        .iter()
+        .map(|c| (c.0.as_str(), c.1.as_str()))
+        .collect();
+    assert_eq!(names[0], ("delete", "zzz"), "{changes:?}");
+    assert_eq!(
+        changes[1..].to_vec(),
+        vec![
+            ("update_postimage".to_string(), "k010".to_string(), Some(10)),
+            ("update_preimage".to_string(), "k010".to_string(), Some(999)),
+        ],
+        "50 rows, 2 differences: the feed names those, not 100 changes"
+    );
+    assert_eq!(read_target(&silver(d)).await, expected);
+}

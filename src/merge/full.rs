@@ -98,22 +98,24 @@ impl Run<'_> {
                 }
             }
             self.end_phase(Phase::Dedup)?;
+        } else if let Some(t) = target
+            .as_ref()
+            .filter(|t| crate::lake::datafile::change_data_feed(t))
+            .cloned()
+        {
+            return self
+                .reload_by_merge(t, winners, roles, counts, scan_error)
+                .await;
         } else {
             // The counts of a streamed reload are known only after the write; its commit
             // carries what is known before it, and delta-rs adds the written row count.
             if let Some(t) = &target {
                 self.ensure_unchanged(t).await?;
-                if crate::lake::datafile::change_data_feed(t) {
-                    self.warn(format!(
-                        "{} keeps a change data feed: this full reload replaces every file, so the feed shows every row deleted and inserted again (the difference alone is not written yet); consumers of the feed should resync from this version",
-                        self.m.target_uri
-                    ));
-                }
             }
             let props = self.commit_properties();
             let plan = winners.into_unoptimized_plan();
             let ctx = self.ctx.clone();
-            let final_facts = streamed_facts(counts.clone(), roles.hard_deletes());
+            let final_facts = streamed_facts(counts.clone(), roles.hard_deletes(), false);
             let written = write::overwrite(
                 &ctx,
                 target,
@@ -159,19 +161,33 @@ impl Run<'_> {
 }
 
 /// The facts of a streamed reload that are known only once every winner was written; the
-/// commit (written last) carries them, like the run summary.
+/// commit (written last) carries them, like the run summary. A reload by MERGE (`by_merge`)
+/// learns what it inserted, updated and deleted only after its commit: those stay out (null),
+/// and delta-rs' own `operationMetrics` in the same commit hold them.
 fn streamed_facts(
     counts: Arc<std::sync::Mutex<DedupCounts>>,
     hard_deletes: bool,
+    by_merge: bool,
 ) -> lake::facts::FinalFacts {
     Arc::new(move || {
         let c = *counts.lock().ok()?;
         let mut facts = serde_json::Map::new();
-        facts.insert(
-            "num_inserted".into(),
-            (c.winners - c.deleted_winners).into(),
-        );
-        facts.insert("num_deleted".into(), c.deleted_winners.into());
+        if by_merge {
+            for k in [
+                "num_inserted",
+                "num_updated",
+                "num_deleted",
+                "num_unchanged",
+            ] {
+                facts.insert(k.into(), serde_json::Value::Null);
+            }
+        } else {
+            facts.insert(
+                "num_inserted".into(),
+                (c.winners - c.deleted_winners).into(),
+            );
+            facts.insert("num_deleted".into(), c.deleted_winners.into());
+        }
         facts.insert("num_superseded".into(), c.superseded.into());
         facts.insert("num_duplicates".into(), c.duplicates.into());
         facts.insert("num_conflicts".into(), c.conflicts.into());
@@ -194,5 +210,47 @@ async fn last_commit_files(table: &DeltaTable) -> (u64, u64) {
             .map(|e| (e.files_added, e.files_removed))
             .unwrap_or((0, 0)),
         Err(_) => (0, 0),
+    }
+}
+
+impl Run<'_> {
+    /// A full reload of a target that keeps a change data feed: one MERGE of every winner
+    /// (`write::merge_all`), so the feed holds the difference, not every row.
+    async fn reload_by_merge(
+        mut self,
+        target: DeltaTable,
+        winners: DataFrame,
+        roles: &ColumnRoles,
+        counts: Arc<std::sync::Mutex<DedupCounts>>,
+        scan_error: dedup::InputError,
+    ) -> Result<RunSummary, RunError> {
+        self.ensure_unchanged(&target).await?;
+        let props = self.commit_properties();
+        let facts = streamed_facts(counts.clone(), roles.hard_deletes(), true);
+        let target = lake::facts::with_final_facts(target, facts);
+        let ctx = self.ctx.clone();
+        let written = write::merge_all(&ctx, target, &self.m.target_uri, roles, winners, props)
+            .instrument(info_span!("commit"))
+            .await;
+        let (table, metrics) = match (written, dedup::take_error(&scan_error)) {
+            (Err(_), Some(e)) => return Err(RunError::scan(Phase::Read, &self.m.source_uri)(e)),
+            (written, _) => written?,
+        };
+        self.summary.target_version = table.version();
+        self.end_phase(Phase::Write)?;
+        self.summary.num_files_added = metrics.num_target_files_added as u64;
+        self.summary.num_files_removed = metrics.num_target_files_removed as u64;
+        let c = *counts.lock().map_err(|_| RunError::Internal {
+            phase: Phase::Dedup,
+            message: "the dedup counters were poisoned by a panicked writer thread".into(),
+        })?;
+        self.c.num_inserted = metrics.num_target_rows_inserted as u64;
+        self.c.num_updated = metrics.num_target_rows_updated as u64;
+        self.c.num_deleted = metrics.num_target_rows_deleted as u64;
+        self.c.num_unchanged = metrics.num_target_rows_copied as u64;
+        (self.c.num_superseded, self.c.num_duplicates) = (c.superseded, c.duplicates);
+        self.c.num_conflicts = c.conflicts;
+        self.c.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);
+        Ok(self.finish())
     }
 }

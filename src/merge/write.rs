@@ -92,6 +92,65 @@ pub async fn merge(
     builder.await.map_err(RunError::write(Phase::Commit, uri))
 }
 
+/// A full reload of a target that keeps a change data feed: one MERGE of every winner, so the
+/// feed holds the difference between the old and the new target — rows that differ are
+/// updated, new keys inserted, keys no longer there deleted — and not every row deleted and
+/// inserted again. Unchanged rows are copied without entering the feed.
+pub async fn merge_all(
+    ctx: &SessionContext,
+    target: DeltaTable,
+    uri: &str,
+    roles: &ColumnRoles,
+    winners: datafusion::prelude::DataFrame,
+    props: CommitProperties,
+) -> Result<(DeltaTable, MergeMetrics), RunError> {
+    let d = RunError::delta;
+    let on = roles
+        .keys
+        .iter()
+        .map(|k| qualified("t", k).eq(qualified("s", k)))
+        .reduce(Expr::and)
+        .unwrap_or_else(|| lit(false));
+    let columns = roles.target_columns.clone();
+    let differs = columns
+        .iter()
+        .map(|c| {
+            datafusion::logical_expr::binary_expr(
+                qualified("t", c),
+                datafusion::logical_expr::Operator::IsDistinctFrom,
+                qualified("s", c),
+            )
+        })
+        .reduce(Expr::or)
+        .unwrap_or_else(|| lit(false));
+    let update_cols = columns.clone();
+    target
+        .merge(winners, on)
+        .with_source_alias("s")
+        .with_target_alias("t")
+        .with_commit_properties(props)
+        .with_session_state(Arc::new(ctx.state()))
+        .when_matched_update(move |mut u| {
+            u = u.predicate(differs);
+            for c in &update_cols {
+                u = u.update(c.as_str(), qualified("s", c));
+            }
+            u
+        })
+        .map_err(d(Phase::Write, uri))?
+        .when_not_matched_insert(move |mut i| {
+            for c in &columns {
+                i = i.set(c.as_str(), qualified("s", c));
+            }
+            i
+        })
+        .map_err(d(Phase::Write, uri))?
+        .when_not_matched_by_source_delete(|del| del)
+        .map_err(d(Phase::Write, uri))?
+        .await
+        .map_err(RunError::write(Phase::Write, uri))
+}
+
 /// How big the target's files and their row groups are (the pipeline's `target:` block).
 #[derive(Debug, Clone, Copy)]
 pub struct FileShape {
