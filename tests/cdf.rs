@@ -280,50 +280,6 @@ async fn rows_at(dir: &Path, version: u64) -> Vec<TargetRow> {
     )
 }
 
-/// The feed between two versions as (version, change type, row), in version order.
-async fn changes_between(dir: &Path, from: u64, to: u64) -> Vec<(i64, String, TargetRow)> {
-    let path = dir.join("lake/silver");
-    let url =
-        deltalake::table::builder::parse_table_uri(path.to_str().expect("utf8")).expect("url");
-    let table = deltalake::open_table(url).await.expect("open");
-    let ctx = SessionContext::new();
-    let plan = table
-        .scan_cdf()
-        .with_starting_version(from)
-        .with_ending_version(to)
-        .build(&ctx.state(), None)
-        .await
-        .expect("cdf plan");
-    let batches = datafusion::physical_plan::collect(plan, ctx.task_ctx())
-        .await
-        .expect("cdf");
-    let mut changes: Vec<(i64, String, TargetRow)> = Vec::new();
-    for b in &batches {
-        let kind = arrow::compute::cast(
-            b.column_by_name("_change_type").expect("t"),
-            &arrow::datatypes::DataType::Utf8,
-        )
-        .expect("cast");
-        let version = arrow::compute::cast(
-            b.column_by_name("_commit_version").expect("v"),
-            &arrow::datatypes::DataType::Int64,
-        )
-        .expect("cast");
-        let version = version.as_primitive::<arrow::datatypes::Int64Type>();
-        for i in 0..b.num_rows() {
-            let one = rows_of(&[b.slice(i, 1)]);
-            changes.push((
-                version.value(i),
-                kind.as_string::<i32>().value(i).to_string(),
-                one[0].clone(),
-            ));
-        }
-    }
-    // Within a version, removals before additions (a pre-image before its post-image).
-    changes.sort_by_key(|(v, kind, _)| (*v, kind != "delete" && kind != "update_preimage"));
-    changes
-}
-
 /// A week of changes landing hourly, merged every 8 hours (late rows, re-deliveries, soft and hard deletes): the feed replayed
 /// onto the first version reproduces every later version.
 #[tokio::test]
@@ -380,7 +336,7 @@ async fn the_feed_replayed_reproduces_every_version() {
             .into_iter()
             .map(|r| (r.id.clone(), r))
             .collect();
-        let changes = changes_between(d, first + 1, last).await;
+        let changes = feed_rows(&silver(d), first + 1, last).await;
         for &v in &versions[1..] {
             for (_, kind, row) in changes.iter().filter(|c| c.0 == v as i64) {
                 match kind.as_str() {

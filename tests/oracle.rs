@@ -99,19 +99,38 @@ async fn run_once(p: &Pipeline, now: i64, full_reload: bool) -> RunSummary {
         .unwrap_or_else(|e| panic!("run failed: {e}"))
 }
 
+/// The expectation some scenarios add: rows with `val = 2` are quarantined (a delete, whose
+/// `val` is null, passes).
+const RULE: &str =
+    "expectations:\n  - { name: not_two, sql: \"val IS NULL OR val <> 2\", on_fail: quarantine }\n";
+
+/// What a scenario turns on besides the merge itself.
+#[derive(Debug, Clone, Copy, Default)]
+struct Extras {
+    change_data_feed: bool,
+    expectation: bool,
+}
+
 async fn check_scenario(
     events: Vec<Event>,
     actions: Vec<Action>,
     row_group_rows: usize,
+    extras: Extras,
 ) -> Result<(), TestCaseError> {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_pipeline(dir.path(), "10m", "soft", "");
+    if extras.expectation {
+        let mut text = std::fs::read_to_string(&path).expect("read");
+        text.push_str(RULE);
+        std::fs::write(&path, text).expect("write");
+    }
     let mut pipeline = Pipeline::load(&path, &Vars::new()).expect("pipeline");
     // Tiny row groups make every rewrite mix copied and re-encoded row groups.
     let tidemark::config::pipeline::Spec::CdcMerge(merge) = &mut pipeline.spec else {
         panic!("write_pipeline writes a cdc_merge pipeline");
     };
     merge.target_row_group_rows = row_group_rows;
+    merge.change_data_feed = extras.change_data_feed;
     let mut landed: Vec<Change> = Vec::new();
     let mut last_watermark: Option<i64> = None;
     for (b, action) in actions.iter().enumerate() {
@@ -131,9 +150,44 @@ async fn check_scenario(
         if version(&bronze(dir.path())).await.is_none() {
             continue; // nothing has landed yet: there is no source table to run on
         }
+        let before = match version(&silver(dir.path())).await {
+            Some(_) => Some(read_target(&silver(dir.path())).await),
+            None => None,
+        };
         let summary = run_once(&pipeline, now, matches!(action, Action::FullReload)).await;
-        let expected = oracle(&landed, now, false);
+        let kept: Vec<Change> = landed
+            .iter()
+            .filter(|c| !extras.expectation || c.val != Some(2))
+            .cloned()
+            .collect();
+        let expected = oracle(&kept, now, false);
         let actual = read_target(&silver(dir.path())).await;
+        if let (true, Some(before), Some(v)) =
+            (extras.change_data_feed, before, summary.target_version)
+        {
+            // The run's feed applied to the target before it gives the target after it.
+            let mut state: std::collections::BTreeMap<String, TargetRow> =
+                before.into_iter().map(|r| (r.id.clone(), r)).collect();
+            for (_, kind, row) in feed_rows(&silver(dir.path()), v, v).await {
+                match kind.as_str() {
+                    "delete" | "update_preimage" => {
+                        let held = state.remove(&row.id);
+                        prop_assert_eq!(held, Some(row), "the feed removes a row the target held");
+                    }
+                    _ => {
+                        state.insert(row.id.clone(), row);
+                    }
+                }
+            }
+            let replayed: Vec<TargetRow> = state.into_values().collect();
+            prop_assert_eq!(
+                &replayed,
+                &actual,
+                "the feed of version {} replayed; summary: {}",
+                v,
+                summary.to_json()
+            );
+        }
         prop_assert_eq!(
             &actual,
             &expected,
@@ -184,9 +238,11 @@ proptest! {
     fn target_equals_newest_per_key_after_any_sequence_of_runs(
         (events, actions) in scenario(),
         row_group_rows in prop_oneof![Just(1usize), Just(2), Just(8192)],
+        change_data_feed in prop::bool::weighted(0.3),
+        expectation in prop::bool::weighted(0.3),
     ) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-        rt.block_on(check_scenario(events, actions, row_group_rows))?;
+        rt.block_on(check_scenario(events, actions, row_group_rows, Extras { change_data_feed, expectation }))?;
     }
 }
 
@@ -223,10 +279,23 @@ async fn late_deleted_conflicting_and_future_rows_converge() {
         Action::FullReload,
     ];
     for row_group_rows in [1, 8192] {
-        check_scenario(events.clone(), actions.clone(), row_group_rows)
-            .await
-            .expect("converges");
+        check_scenario(
+            events.clone(),
+            actions.clone(),
+            row_group_rows,
+            Extras::default(),
+        )
+        .await
+        .expect("converges");
     }
+    // The same with the change data feed (each run's feed replayed) and an expectation.
+    let extras = Extras {
+        change_data_feed: true,
+        expectation: true,
+    };
+    check_scenario(events, actions, 2, extras)
+        .await
+        .expect("converges with the feed and an expectation");
 }
 
 /// After `restore` to an earlier version, the next incremental run must re-read everything that

@@ -357,3 +357,46 @@ pub fn write_bundle(dir: &Path, jobs: &str) -> PathBuf {
     .expect("write jobs");
     bundle
 }
+
+/// The feed between two versions as (version, change type, row), in version order.
+pub async fn feed_rows(path: &Path, from: u64, to: u64) -> Vec<(i64, String, TargetRow)> {
+    let url =
+        deltalake::table::builder::parse_table_uri(path.to_str().expect("utf8")).expect("url");
+    let table = deltalake::open_table(url).await.expect("open");
+    let ctx = datafusion::prelude::SessionContext::new();
+    let plan = table
+        .scan_cdf()
+        .with_starting_version(from)
+        .with_ending_version(to)
+        .build(&ctx.state(), None)
+        .await
+        .expect("cdf plan");
+    let batches = datafusion::physical_plan::collect(plan, ctx.task_ctx())
+        .await
+        .expect("cdf");
+    let mut changes: Vec<(i64, String, TargetRow)> = Vec::new();
+    for b in &batches {
+        let kind = arrow::compute::cast(
+            b.column_by_name("_change_type").expect("t"),
+            &arrow::datatypes::DataType::Utf8,
+        )
+        .expect("cast");
+        let version = arrow::compute::cast(
+            b.column_by_name("_commit_version").expect("v"),
+            &arrow::datatypes::DataType::Int64,
+        )
+        .expect("cast");
+        let version = version.as_primitive::<arrow::datatypes::Int64Type>();
+        for i in 0..b.num_rows() {
+            let one = rows_of(&[b.slice(i, 1)]);
+            changes.push((
+                version.value(i),
+                kind.as_string::<i32>().value(i).to_string(),
+                one[0].clone(),
+            ));
+        }
+    }
+    // Within a version, removals before additions (a pre-image before its post-image).
+    changes.sort_by_key(|(v, kind, _)| (*v, kind != "delete" && kind != "update_preimage"));
+    changes
+}
