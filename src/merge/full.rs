@@ -31,7 +31,7 @@ impl Run<'_> {
             .read_table(source_provider)
             .map_err(q(Phase::Read))?;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
-        let rules = self.expectations(&input, roles).await?;
+        let rules = self.compile_expectations(&input)?;
         let split = validate::split(input.clone(), roles, seq_type, due, &rules)?;
         self.summary.num_source_rows_read = match self.source_rows {
             Some(rows) => rows,
@@ -42,12 +42,8 @@ impl Run<'_> {
                 as u64,
         };
         self.end_phase(Phase::Read)?;
+        self.count_validation(&split, roles, &rules).await?;
         self.quarantine(split.rejected).await?;
-        let (deferred, floor) = validate::deferred_summary(split.deferred, roles)
-            .await
-            .map_err(RunError::scan(Phase::Validate, &self.m.source_uri))?;
-        self.c.num_deferred = deferred;
-        self.deferred_floor = floor;
         self.end_phase(Phase::Validate)?;
 
         let sorted = split

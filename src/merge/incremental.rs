@@ -202,7 +202,7 @@ impl Run<'_> {
     ) -> Result<DataFrame, RunError> {
         let q = RunError::query;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
-        let rules = self.expectations(&input, roles).await?;
+        let rules = self.compile_expectations(&input)?;
         let split = validate::split(input, roles, seq_type, due, &rules)?;
         self.c.num_late_rows = split
             .valid
@@ -212,16 +212,12 @@ impl Run<'_> {
             .count()
             .await
             .map_err(q(Phase::Validate))? as u64;
+        self.count_validation(&split, roles, &rules).await?;
         let rejected = split
             .rejected
             .drop_columns(&[LATE_COLUMN])
             .map_err(q(Phase::Validate))?;
         self.quarantine(rejected).await?;
-        let (deferred, floor) = validate::deferred_summary(split.deferred, roles)
-            .await
-            .map_err(q(Phase::Validate))?;
-        self.c.num_deferred = deferred;
-        self.deferred_floor = floor;
         Ok(split.valid)
     }
 

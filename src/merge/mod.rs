@@ -262,21 +262,40 @@ impl<'a> Run<'a> {
         Ok(t)
     }
 
-    /// The pipeline's expectations compiled against the source rows, their failures counted
-    /// (built-in rules too) and `fail` rules enforced, before anything is written. Without
-    /// expectations there is nothing to do (the built-in rules still quarantine).
-    pub(super) async fn expectations(
-        &mut self,
+    /// The pipeline's expectations compiled against the source rows (none without
+    /// `expectations:`; the built-in rules need no compiling).
+    pub(super) fn compile_expectations(
+        &self,
         input: &DataFrame,
-        roles: &ColumnRoles,
     ) -> Result<Vec<crate::run::expect::Compiled>, RunError> {
+        crate::run::expect::compile(self.p, &self.m.expectations, input)
+    }
+
+    /// The deferred rows and the expectations' failures, counted in one pass over the rows
+    /// validation saw; a `fail` rule with failing rows stops the run here, before anything is
+    /// written (the quarantine table included).
+    pub(super) async fn count_validation(
+        &mut self,
+        split: &validate::Split,
+        roles: &ColumnRoles,
+        rules: &[crate::run::expect::Compiled],
+    ) -> Result<(), RunError> {
         use crate::run::expect;
+        let counted = if self.m.expectations.is_empty() {
+            Vec::new()
+        } else {
+            expect::conditions(roles, rules)
+        };
+        let (deferred, floor, counts) = validate::summary(split, roles, &counted)
+            .await
+            .map_err(RunError::scan(Phase::Validate, &self.m.source_uri))?;
+        self.c.num_deferred = deferred;
+        self.deferred_floor = floor;
         if self.m.expectations.is_empty() {
-            return Ok(Vec::new());
+            return Ok(());
         }
-        let rules = expect::compile(self.p, &self.m.expectations, input)?;
-        let outcomes = expect::count(input.clone(), roles, &rules).await?;
-        expect::enforce(input.clone(), roles, &rules, &outcomes).await?;
+        let outcomes = expect::outcomes(rules, &counts);
+        expect::enforce(split.input.clone(), roles, rules, &outcomes).await?;
         for o in outcomes
             .iter()
             .filter(|o| o.failed > 0 && o.on_fail == "warn")
@@ -287,7 +306,7 @@ impl<'a> Run<'a> {
             ));
         }
         self.c.expectations = outcomes;
-        Ok(rules)
+        Ok(())
     }
 
     /// Commit metadata and the application transaction recording the source version read.

@@ -1,10 +1,8 @@
 //! Expectations at run time: each rule compiled against the source's columns, its failures
 //! counted in one aggregate, `fail` rules enforced before anything is written.
 
-use arrow::array::{Array, AsArray};
-use arrow::datatypes::{DataType, Int64Type};
-use datafusion::functions_aggregate::expr_fn::sum;
-use datafusion::logical_expr::{cast, lit, not, when, Expr, ExprSchemable};
+use arrow::datatypes::DataType;
+use datafusion::logical_expr::{lit, not, Expr, ExprSchemable};
 use datafusion::prelude::{coalesce, DataFrame};
 use serde::Serialize;
 
@@ -93,13 +91,9 @@ pub fn built_in(roles: &ColumnRoles) -> Vec<(Expr, String)> {
     out
 }
 
-/// Failures per rule among `input`'s rows, built-in rules first, in one aggregate.
-pub async fn count(
-    input: DataFrame,
-    roles: &ColumnRoles,
-    rules: &[Compiled],
-) -> Result<Vec<Outcome>, RunError> {
-    let q = RunError::query(Phase::Validate);
+/// The conditions whose rows are counted for the report: the built-in rules (a null key, a
+/// null sequence), then each rule's failure.
+pub fn conditions(roles: &ColumnRoles, rules: &[Compiled]) -> Vec<Expr> {
     let key_null = roles
         .keys
         .iter()
@@ -107,52 +101,30 @@ pub async fn count(
         .reduce(Expr::or)
         .unwrap_or_else(|| lit(false));
     let seq_null = datafusion::prelude::ident(roles.sequence()).is_null();
-    let conditions: Vec<Expr> = [key_null, seq_null]
+    [key_null, seq_null]
         .into_iter()
         .chain(rules.iter().map(|r| r.fails.clone()))
-        .collect();
-    let aggs: Vec<Expr> = conditions
-        .iter()
-        .enumerate()
-        .map(|(i, c)| {
-            let one = when(c.clone(), lit(1i64)).otherwise(lit(0i64));
-            one.map(|e| sum(cast(e, DataType::Int64)).alias(format!("f{i}")))
-        })
-        .collect::<Result<_, _>>()
-        .map_err(RunError::query(Phase::Validate))?;
-    let batches = input
-        .aggregate(vec![], aggs)
-        .map_err(RunError::query(Phase::Validate))?
         .collect()
-        .await
-        .map_err(q)?;
-    let value = |i: usize| -> u64 {
-        batches
-            .first()
-            .and_then(|b| {
-                b.column(i)
-                    .as_primitive_opt::<Int64Type>()
-                    .map(|a| (a.is_valid(0)).then(|| a.value(0)))
-            })
-            .flatten()
-            .unwrap_or(0)
-            .max(0) as u64
-    };
+}
+
+/// The report of each rule from the counts of [`conditions`].
+pub fn outcomes(rules: &[Compiled], counts: &[u64]) -> Vec<Outcome> {
+    let at = |i: usize| counts.get(i).copied().unwrap_or(0);
     let mut out: Vec<Outcome> = BUILT_IN
         .iter()
         .enumerate()
         .map(|(i, name)| Outcome {
             name: name.to_string(),
             on_fail: OnFail::Quarantine.as_str(),
-            failed: value(i),
+            failed: at(i),
         })
         .collect();
     out.extend(rules.iter().enumerate().map(|(i, r)| Outcome {
         name: r.name.clone(),
         on_fail: r.on_fail.as_str(),
-        failed: value(i + 2),
+        failed: at(i + BUILT_IN.len()),
     }));
-    Ok(out)
+    out
 }
 
 /// Stops the run when a `fail` rule has failing rows: the first such rule, its count and the

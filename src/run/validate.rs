@@ -17,8 +17,11 @@ pub struct Split {
     pub valid: DataFrame,
     /// Rows that can never be merged, with a `_quarantine_reason` column.
     pub rejected: DataFrame,
-    /// Valid rows whose sequence lies beyond `now + max_future_skew`: merged by a later run.
-    pub deferred: DataFrame,
+    /// Every row validation saw, and the condition that defers one (a valid row whose sequence
+    /// lies beyond `now + max_future_skew`: merged by a later run); [`summary`] counts over them
+    /// in one pass.
+    pub input: DataFrame,
+    pub deferred_when: Expr,
 }
 
 /// The latest sequence value (µs) a run starting at `now` merges: later rows are deferred.
@@ -61,66 +64,78 @@ pub fn split(
         .map_err(q(Phase::Validate))?
         .alias(REASON_COLUMN);
 
+    let all = input.clone();
     let rejected = input
         .clone()
         .filter(any_null.clone())
         .and_then(|df| df.with_column(REASON_COLUMN, reason))
         .map_err(q(Phase::Validate))?;
     let present = input
-        .filter(datafusion::logical_expr::not(any_null))
+        .filter(datafusion::logical_expr::not(any_null.clone()))
         .map_err(q(Phase::Validate))?;
     let due = timestamp_lit(seq_type, due_micros);
-    let deferred = present
-        .clone()
-        .filter(ident(seq).gt(due.clone()))
-        .map_err(q(Phase::Validate))?;
+    let deferred_when = datafusion::logical_expr::not(any_null).and(ident(seq).gt(due.clone()));
     let valid = present
         .filter(ident(seq).lt_eq(due))
         .map_err(q(Phase::Validate))?;
     Ok(Split {
         valid,
         rejected,
-        deferred,
+        input: all,
+        deferred_when,
     })
 }
 
-/// How many rows `deferred` holds and the smallest sequence among them (µs, rounded down), in
-/// one aggregate. The smallest sequence is recorded with the run's commit, so later runs read the
-/// source from there on until those rows are due (`crate::lake::record`).
-pub async fn deferred_summary(
-    deferred: DataFrame,
+/// One aggregate over the rows validation saw (`split.input`): how many were deferred, the
+/// smallest deferred sequence (µs, rounded down), and for each of `counted` how many rows it is
+/// true for (expectations' failures ride along with the pass the deferred rows need anyway).
+pub async fn summary(
+    split: &Split,
     roles: &ColumnRoles,
-) -> Result<(u64, Option<i64>), datafusion::error::DataFusionError> {
+    counted: &[Expr],
+) -> Result<(u64, Option<i64>, Vec<u64>), datafusion::error::DataFusionError> {
     use arrow::array::{Array, AsArray};
     use arrow::datatypes::{Int64Type, TimeUnit, TimestampMicrosecondType};
-    use datafusion::functions_aggregate::expr_fn::{count, min};
-    let seq = ident(roles.sequence());
-    let batches = deferred
-        .aggregate(
-            vec![],
-            vec![
-                count(lit(1)).alias("n"),
-                min(datafusion::logical_expr::cast(
-                    seq,
-                    DataType::Timestamp(TimeUnit::Microsecond, None),
-                ))
-                .alias("floor"),
-            ],
-        )?
+    use datafusion::functions_aggregate::expr_fn::{min, sum};
+    let one_if = |c: Expr| -> Result<Expr, datafusion::error::DataFusionError> {
+        Ok(sum(when(c, lit(1i64)).otherwise(lit(0i64))?))
+    };
+    let micros = DataType::Timestamp(TimeUnit::Microsecond, None);
+    let mut aggs = vec![
+        one_if(split.deferred_when.clone())?.alias("n"),
+        min(when(
+            split.deferred_when.clone(),
+            datafusion::logical_expr::cast(ident(roles.sequence()), micros.clone()),
+        )
+        .otherwise(lit(datafusion::scalar::ScalarValue::try_from(&micros)?))?)
+        .alias("floor"),
+    ];
+    for (i, c) in counted.iter().enumerate() {
+        aggs.push(one_if(c.clone())?.alias(format!("c{i}")));
+    }
+    let batches = split
+        .input
+        .clone()
+        .aggregate(vec![], aggs)?
         .collect()
         .await?;
     let Some(b) = batches.iter().find(|b| b.num_rows() > 0) else {
-        return Ok((0, None));
+        return Ok((0, None, vec![0; counted.len()]));
     };
-    let n = arrow::compute::cast(b.column(0), &DataType::Int64)?;
-    let n = n.as_primitive::<Int64Type>();
+    let int = |i: usize| -> Result<u64, datafusion::error::DataFusionError> {
+        let c = arrow::compute::cast(b.column(i), &DataType::Int64)?;
+        let c = c.as_primitive::<Int64Type>();
+        Ok(if c.is_valid(0) {
+            c.value(0).max(0) as u64
+        } else {
+            0
+        })
+    };
     let floor = b.column(1).as_primitive::<TimestampMicrosecondType>();
-    let count = if n.is_valid(0) {
-        n.value(0).max(0) as u64
-    } else {
-        0
-    };
-    Ok((count, floor.is_valid(0).then(|| floor.value(0))))
+    let counts = (0..counted.len())
+        .map(|i| int(i + 2))
+        .collect::<Result<_, _>>()?;
+    Ok((int(0)?, floor.is_valid(0).then(|| floor.value(0)), counts))
 }
 
 #[cfg(test)]
@@ -210,7 +225,15 @@ mod tests {
             "up to `due` inclusive"
         );
         assert_eq!(ids(split.rejected.clone()).await, vec!["noseq", "null"]);
-        assert_eq!(ids(split.deferred).await, vec!["future"]);
+        assert_eq!(
+            ids(split
+                .input
+                .clone()
+                .filter(split.deferred_when.clone())
+                .expect("filter"))
+            .await,
+            vec!["future"]
+        );
         let reasons: Vec<String> = split
             .rejected
             .select_columns(&[REASON_COLUMN])
