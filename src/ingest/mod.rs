@@ -147,7 +147,9 @@ impl Run<'_> {
     async fn execute(&mut self) -> Result<(), RunError> {
         let spec = self.spec;
         // plan
+        let started = std::time::Instant::now();
         let target = lake::open_if_exists(&spec.target_uri).await?;
+        let opened_ms = started.elapsed().as_millis();
         let mut record = HashMap::new();
         if let Some(t) = &target {
             commit::check_retention(t, &spec.target_uri)?;
@@ -166,6 +168,12 @@ impl Run<'_> {
                 );
             }
         }
+        info!(
+            opened_ms,
+            record_ms = started.elapsed().as_millis() - opened_ms,
+            recorded = record.len(),
+            "bronze opened and its ingest record read"
+        );
         if let Some(latest) = record.values().filter_map(|r| r.ingested_ms).max() {
             if latest > self.now.timestamp_millis() {
                 self.warn(format!(
@@ -179,7 +187,13 @@ impl Run<'_> {
             phase: Phase::Plan,
             message: format!("the glob was checked when the pipeline loaded: {e}"),
         })?;
+        let listing = std::time::Instant::now();
         let listed = landing.list(&glob).await?;
+        info!(
+            listed = listed.len(),
+            ms = listing.elapsed().as_millis(),
+            "landing listed"
+        );
         self.summary.mode = match (&target, self.opts.full_reload) {
             (None, _) => RunMode::Bootstrap,
             (Some(_), true) => RunMode::FullReload,
