@@ -264,7 +264,7 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
     for (f, p) in &w.parsed {
         // A full reload keeps the time each file first arrived; everything else arrives now.
         let ingested_ms = match (w.whole, w.record.get(&f.rel)) {
-            (true, Some(r)) => r.ingested_ms.unwrap_or(now_ms),
+            (true, Some(r)) => r.last_updated.unwrap_or(now_ms),
             _ => now_ms,
         };
         txns.push(Transaction::new_with_last_update(

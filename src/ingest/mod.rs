@@ -119,13 +119,9 @@ pub fn file_app_prefix(pipeline: &str) -> String {
     format!("tidemark/{pipeline}/file:")
 }
 
-/// What bronze recorded about one landing file.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Recorded {
-    pub fingerprint: i64,
-    /// Its `_ingested_at`, in milliseconds.
-    pub ingested_ms: Option<i64>,
-}
+/// What bronze recorded about one landing file: the fingerprint (`version`) and the
+/// `_ingested_at` in milliseconds (`last_updated`) of its newest `txn`.
+pub type Recorded = lake::txns::Txn;
 
 impl Run<'_> {
     fn path(&self) -> phase::Path {
@@ -154,19 +150,9 @@ impl Run<'_> {
         if let Some(t) = &target {
             commit::check_retention(t, &spec.target_uri)?;
             let prefix = file_app_prefix(&self.p.name);
-            for (app, txn) in lake::txns::with_prefix(t, &prefix)
+            record = lake::txns::with_prefix(t, &prefix)
                 .await
-                .map_err(RunError::delta(Phase::Plan, &spec.target_uri))?
-            {
-                let rel = app[prefix.len()..].to_string();
-                record.insert(
-                    rel,
-                    Recorded {
-                        fingerprint: txn.version,
-                        ingested_ms: txn.last_updated,
-                    },
-                );
-            }
+                .map_err(RunError::delta(Phase::Plan, &spec.target_uri))?;
         }
         info!(
             opened_ms,
@@ -174,7 +160,7 @@ impl Run<'_> {
             recorded = record.len(),
             "bronze opened and its ingest record read"
         );
-        if let Some(latest) = record.values().filter_map(|r| r.ingested_ms).max() {
+        if let Some(latest) = record.values().filter_map(|r| r.last_updated).max() {
             if latest > self.now.timestamp_millis() {
                 self.warn(format!(
                     "the clock is behind this pipeline's latest arrival ({}): files ingested now are stamped earlier than files ingested before, which makes their lateness look shorter; check the machine's clock (and TIDEMARK_FAKE_NOW)",
@@ -209,7 +195,7 @@ impl Run<'_> {
             let first = &plan.changed[0];
             let at = record
                 .get(&first.rel)
-                .and_then(|r| r.ingested_ms)
+                .and_then(|r| r.last_updated)
                 .and_then(crate::report::rfc3339_ms)
                 .unwrap_or_else(|| "an unknown time".to_string());
             return Err(IngestError::FileChanged {

@@ -11,7 +11,6 @@
 use std::collections::HashMap;
 
 use arrow::array::{Array, AsArray, Int64Array, StringArray, StructArray};
-use deltalake::kernel::Transaction;
 use deltalake::logstore::ObjectStoreRef;
 use deltalake::{DeltaTable, DeltaTableError};
 use futures::{StreamExt, TryStreamExt};
@@ -23,11 +22,19 @@ use object_store::ObjectStoreExt;
 use parquet::arrow::async_reader::{ParquetObjectReader, ParquetRecordBatchStreamBuilder};
 use parquet::arrow::ProjectionMask;
 
-/// The newest `txn` per app id starting with `prefix`, as of `table`'s loaded version.
+/// What the log says of one app id: its newest `txn`'s version and `lastUpdated`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Txn {
+    pub version: i64,
+    pub last_updated: Option<i64>,
+}
+
+/// The newest `txn` per app id starting with `prefix`, as of `table`'s loaded version, keyed by
+/// the rest of the app id (the prefix stripped: one allocation per entry).
 pub async fn with_prefix(
     table: &DeltaTable,
     prefix: &str,
-) -> Result<HashMap<String, Transaction>, DeltaTableError> {
+) -> Result<HashMap<String, Txn>, DeltaTableError> {
     let Some(version) = table.version() else {
         return Ok(HashMap::new());
     };
@@ -133,7 +140,7 @@ fn newest_checkpoint(names: &[(String, u64)], version: i64) -> Option<(i64, Vec<
 fn json_txns(
     body: &[u8],
     prefix: &str,
-    out: &mut HashMap<String, Transaction>,
+    out: &mut HashMap<String, Txn>,
 ) -> Result<(), DeltaTableError> {
     for line in body.split(|b| *b == b'\n') {
         if line.is_empty() || !contains(line, b"\"txn\"") {
@@ -150,11 +157,14 @@ fn json_txns(
         ) else {
             continue;
         };
-        if app.starts_with(prefix) {
-            let last = txn.get("lastUpdated").and_then(|v| v.as_i64());
+        if let Some(rest) = app.strip_prefix(prefix) {
+            let last_updated = txn.get("lastUpdated").and_then(|v| v.as_i64());
             out.insert(
-                app.to_string(),
-                Transaction::new_with_last_update(app, version, last),
+                rest.to_string(),
+                Txn {
+                    version,
+                    last_updated,
+                },
             );
         }
     }
@@ -170,7 +180,7 @@ async fn parquet_txns(
     path: Path,
     size: u64,
     prefix: &str,
-    out: &mut HashMap<String, Transaction>,
+    out: &mut HashMap<String, Txn>,
 ) -> Result<(), DeltaTableError> {
     #[allow(deprecated)]
     let reader = ParquetObjectReader::new(store, path).with_file_size(size);
@@ -196,7 +206,7 @@ async fn parquet_txns(
     Ok(())
 }
 
-fn read_struct(txn: &StructArray, prefix: &str, out: &mut HashMap<String, Transaction>) {
+fn read_struct(txn: &StructArray, prefix: &str, out: &mut HashMap<String, Txn>) {
     let app = txn
         .column_by_name("appId")
         .and_then(|c| c.as_any().downcast_ref::<StringArray>());
@@ -213,12 +223,14 @@ fn read_struct(txn: &StructArray, prefix: &str, out: &mut HashMap<String, Transa
         if txn.is_null(i) || app.is_null(i) || version.is_null(i) {
             continue;
         }
-        let id = app.value(i);
-        if id.starts_with(prefix) {
-            let last = last.and_then(|l| (!l.is_null(i)).then(|| l.value(i)));
+        if let Some(rest) = app.value(i).strip_prefix(prefix) {
+            let last_updated = last.and_then(|l| (!l.is_null(i)).then(|| l.value(i)));
             out.insert(
-                id.to_string(),
-                Transaction::new_with_last_update(id, version.value(i), last),
+                rest.to_string(),
+                Txn {
+                    version: version.value(i),
+                    last_updated,
+                },
             );
         }
     }
