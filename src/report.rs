@@ -142,6 +142,39 @@ pub struct MergeCounters {
 }
 
 impl RunSummary {
+    /// A run's header before it did anything: every count zero, no commit yet, the kind's
+    /// counters empty.
+    pub fn new(
+        run_id: String,
+        pipeline: &str,
+        kind: Kind,
+        dry_run: bool,
+        (source_uri, target_uri): (&str, &str),
+        counters: Counters,
+    ) -> Self {
+        RunSummary {
+            run_id,
+            pipeline: pipeline.to_string(),
+            kind,
+            mode: RunMode::Incremental,
+            dry_run,
+            source_uri: source_uri.to_string(),
+            target_uri: target_uri.to_string(),
+            source_version: None,
+            target_version: None,
+            num_source_rows_read: 0,
+            num_quarantined: 0,
+            num_quarantined_new: 0,
+            num_files_added: 0,
+            num_files_removed: 0,
+            num_replans: 0,
+            duration_ms: 0,
+            phases_ms: BTreeMap::new(),
+            warnings: Vec::new(),
+            counters,
+        }
+    }
+
     /// The merge's counters, when this was a `cdc_merge` run.
     pub fn merge(&self) -> Option<&MergeCounters> {
         match &self.counters {

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use chrono::{DateTime, NaiveTime, Utc};
+use chrono::{DateTime, Utc};
 
 use super::world::{gen_window, Row, World};
 use super::{advance, invalid, to_utc, GenerateError, GenerateOptions, CURRENCIES, DAY, HOUR};
@@ -56,19 +56,7 @@ pub fn landing_full(dir: &Path, opts: &GenerateOptions) -> Result<LandingReport,
             dir.display()
         )));
     }
-    let start_us = opts
-        .start
-        .and_time(NaiveTime::MIN)
-        .and_utc()
-        .timestamp_micros();
-    let world = World {
-        payments: opts.payments,
-        days: opts.days,
-        start_us,
-        seed: opts.seed,
-    };
-    world.check().map_err(invalid)?;
-    let hi = advance(start_us, opts.days.into(), DAY)?;
+    let (world, hi) = super::initial_world(opts)?;
     write_window(dir, world, None, hi)
 }
 

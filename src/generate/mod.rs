@@ -237,7 +237,8 @@ pub async fn next_hours(out: &str, hours: u32) -> Result<GenerateReport, Generat
     Ok(report(out, &table, &rows, Some(window_start), frontier))
 }
 
-async fn generate_full(opts: &GenerateOptions) -> Result<GenerateReport, GenerateError> {
+/// The world `opts` describe, checked, and the end (exclusive) of its initial range.
+fn initial_world(opts: &GenerateOptions) -> Result<(World, i64), GenerateError> {
     let start_us = opts
         .start
         .and_time(NaiveTime::MIN)
@@ -251,6 +252,11 @@ async fn generate_full(opts: &GenerateOptions) -> Result<GenerateReport, Generat
     };
     world.check().map_err(invalid)?;
     let hi = advance(start_us, opts.days.into(), DAY)?;
+    Ok((world, hi))
+}
+
+async fn generate_full(opts: &GenerateOptions) -> Result<GenerateReport, GenerateError> {
+    let (world, hi) = initial_world(opts)?;
     let frontier = to_utc(hi)?;
     let table = new_table(&opts.out).await?;
 

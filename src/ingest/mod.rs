@@ -67,27 +67,14 @@ pub(crate) async fn run_once(
         .timestamp_millis_opt(now.timestamp_millis())
         .single()
         .unwrap_or(now);
-    let summary = RunSummary {
+    let summary = RunSummary::new(
         run_id,
-        pipeline: p.name.clone(),
-        kind: Kind::Ingest,
-        mode: RunMode::Incremental,
-        dry_run: opts.dry_run,
-        source_uri: spec.landing_uri.clone(),
-        target_uri: spec.target_uri.clone(),
-        source_version: None,
-        target_version: None,
-        num_source_rows_read: 0,
-        num_quarantined: 0,
-        num_quarantined_new: 0,
-        num_files_added: 0,
-        num_files_removed: 0,
-        num_replans: 0,
-        duration_ms: 0,
-        phases_ms: BTreeMap::new(),
-        warnings: Vec::new(),
-        counters: Counters::Ingest(IngestCounters::default()),
-    };
+        &p.name,
+        Kind::Ingest,
+        opts.dry_run,
+        (&spec.landing_uri, &spec.target_uri),
+        Counters::Ingest(IngestCounters::default()),
+    );
     let mut run = Run {
         p,
         spec,

@@ -16,8 +16,6 @@ mod incremental;
 mod plan;
 mod write;
 
-use std::collections::BTreeMap;
-
 use arrow::array::RecordBatch;
 use chrono::{DateTime, TimeZone, Utc};
 use datafusion::prelude::{DataFrame, SessionContext};
@@ -107,27 +105,14 @@ impl<'a> Run<'a> {
         engine: &Engine,
         run_id: String,
     ) -> Self {
-        let summary = RunSummary {
+        let summary = RunSummary::new(
             run_id,
-            pipeline: p.name.clone(),
-            kind: Kind::CdcMerge,
-            mode: RunMode::Incremental,
-            dry_run: opts.dry_run,
-            source_uri: m.source_uri.clone(),
-            target_uri: m.target_uri.clone(),
-            source_version: None,
-            target_version: None,
-            num_source_rows_read: 0,
-            num_quarantined: 0,
-            num_quarantined_new: 0,
-            num_files_added: 0,
-            num_files_removed: 0,
-            num_replans: 0,
-            duration_ms: 0,
-            phases_ms: BTreeMap::new(),
-            warnings: Vec::new(),
-            counters: Counters::Merge(MergeCounters::default()),
-        };
+            &p.name,
+            Kind::CdcMerge,
+            opts.dry_run,
+            (&m.source_uri, &m.target_uri),
+            Counters::Merge(MergeCounters::default()),
+        );
         Run {
             p,
             m,
