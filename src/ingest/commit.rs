@@ -7,7 +7,7 @@ use std::sync::Arc;
 use arrow::array::{
     Array, ArrayRef, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
-use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use arrow::datatypes::{DataType, Field, Schema};
 use arrow::error::ArrowError;
 use chrono::{DateTime, Utc};
 use datafusion::logical_expr::{col, lit};
@@ -22,7 +22,7 @@ use super::landing::{Landing, LandingFile};
 use super::rows::Parsed;
 use super::schema::{arrow_type, Col};
 use super::{file_app_prefix, IngestError, Recorded};
-use crate::config::pipeline::ingest::{Ingest, INGESTED_AT, RESCUED, SOURCE_FILE};
+use crate::config::pipeline::ingest::{ColumnType, Ingest, INGESTED_AT, RESCUED, SOURCE_FILE};
 use crate::lake::{self, COMMIT_INFO_KEY};
 use crate::run::validate::REASON_COLUMN;
 use crate::run::{Phase, RunError};
@@ -89,11 +89,6 @@ pub async fn reload_scope(
         .map_err(RunError::scan(Phase::Plan, uri))?;
     let present: HashSet<&str> = listed.iter().map(|f| f.uri.as_str()).collect();
     let glob = glob::Pattern::new(&spec.glob).ok();
-    let opts = glob::MatchOptions {
-        case_sensitive: true,
-        require_literal_separator: true,
-        require_literal_leading_dot: false,
-    };
     let mut gone = Vec::new();
     for b in &batches {
         let c = arrow::compute::cast(b.column(0), &DataType::Utf8)
@@ -104,7 +99,9 @@ pub async fn reload_scope(
         for file in s.iter().flatten() {
             let rel = &file[prefix.len()..];
             let mine = record.contains_key(rel)
-                || glob.as_ref().is_some_and(|g| g.matches_with(rel, opts));
+                || glob
+                    .as_ref()
+                    .is_some_and(|g| g.matches_with(rel, super::landing::GLOB));
             if mine && !present.contains(file) {
                 gone.push(file.to_string());
             }
@@ -186,10 +183,6 @@ pub struct Written {
     pub files_removed: u64,
 }
 
-fn ts_type() -> DataType {
-    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
-}
-
 /// The schema bronze has after this commit: its columns in order (or the parsed ones for a new
 /// table), then the columns this run adds.
 fn output_schema(bronze: Option<&Schema>, cols: &[Col], rescue: bool) -> Arc<Schema> {
@@ -206,7 +199,10 @@ fn output_schema(bronze: Option<&Schema>, cols: &[Col], rescue: bool) -> Arc<Sch
     if rescue && !has(&fields, RESCUED) {
         fields.push(Field::new(RESCUED, DataType::Utf8, true));
     }
-    for (name, ty) in [(INGESTED_AT, ts_type()), (SOURCE_FILE, DataType::Utf8)] {
+    for (name, ty) in [
+        (INGESTED_AT, arrow_type(ColumnType::Timestamp)),
+        (SOURCE_FILE, DataType::Utf8),
+    ] {
         if !has(&fields, name) {
             fields.push(Field::new(name, ty, true));
         }

@@ -14,7 +14,7 @@ use object_store::{ObjectMeta, ObjectStore, ObjectStoreExt};
 use super::IngestError;
 
 /// One landing file as listed.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct LandingFile {
     /// Path relative to the landing root (`events/2024-01-05T10.jsonl`): the file's identity in
     /// the ingest record.
@@ -30,18 +30,26 @@ pub struct LandingFile {
 }
 
 /// Where a landing file is read from.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 enum Location {
     Local(std::path::PathBuf),
-    Store(StorePath),
+    Store(Arc<dyn ObjectStore>, StorePath),
+}
+
+/// Where the landing files are listed from.
+enum Source {
+    /// A local folder: listed and read with the file system directly.
+    Local(std::path::PathBuf),
+    /// An object-store prefix.
+    Store {
+        store: Arc<dyn ObjectStore>,
+        prefix: Option<StorePath>,
+    },
 }
 
 /// A landing location, ready to list and read.
 pub struct Landing {
-    /// The folder, when local (listed and read with the file system directly).
-    local: Option<std::path::PathBuf>,
-    store: Arc<dyn ObjectStore>,
-    prefix: Option<StorePath>,
+    source: Source,
     /// The root as written in `_source_file` values, without a trailing `/`.
     pub root_uri: String,
 }
@@ -63,13 +71,9 @@ impl Landing {
                         pipeline: pipeline.to_string(),
                     });
                 }
-                let store = object_store::local::LocalFileSystem::new_with_prefix(&abs)
-                    .map_err(|e| bad(e.to_string()))?;
                 let root = format!("file://{}", abs.display());
                 Ok(Landing {
-                    local: Some(abs),
-                    store: Arc::new(store),
-                    prefix: None,
+                    source: Source::Local(abs),
                     root_uri: root.trim_end_matches('/').to_string(),
                 })
             }
@@ -81,9 +85,10 @@ impl Landing {
                     .map_err(|e| bad(e.to_string()))?;
                 let prefix = url.path().trim_matches('/').to_string();
                 Ok(Landing {
-                    local: None,
-                    store: Arc::new(store),
-                    prefix: (!prefix.is_empty()).then(|| StorePath::from(prefix)),
+                    source: Source::Store {
+                        store: Arc::new(store),
+                        prefix: (!prefix.is_empty()).then(|| StorePath::from(prefix)),
+                    },
                     root_uri: uri.trim_end_matches('/').to_string(),
                 })
             }
@@ -93,8 +98,8 @@ impl Landing {
 
     /// Every file under the root matching `glob`, oldest first (modification time, then path).
     pub async fn list(&self, glob: &glob::Pattern) -> Result<Vec<LandingFile>, IngestError> {
-        let mut out = match &self.local {
-            Some(root) => {
+        let mut out = match &self.source {
+            Source::Local(root) => {
                 let (root, glob, uri) = (root.clone(), glob.clone(), self.root_uri.clone());
                 tokio::task::spawn_blocking(move || list_local(&root, &glob, &uri))
                     .await
@@ -107,45 +112,41 @@ impl Landing {
                         }),
                     })??
             }
-            None => self.list_store(glob).await?,
+            Source::Store { store, prefix } => {
+                self.list_store(store, prefix.as_ref(), glob).await?
+            }
         };
         out.sort_by(|a, b| a.modified.cmp(&b.modified).then_with(|| a.rel.cmp(&b.rel)));
         Ok(out)
     }
 
-    async fn list_store(&self, glob: &glob::Pattern) -> Result<Vec<LandingFile>, IngestError> {
-        let metas: Vec<ObjectMeta> = self
-            .store
-            .list(self.prefix.as_ref())
-            .try_collect()
-            .await
-            .map_err(|e| IngestError::Landing {
-                action: "list",
-                uri: self.root_uri.clone(),
-                source: Box::new(e),
-            })?;
+    async fn list_store(
+        &self,
+        store: &Arc<dyn ObjectStore>,
+        prefix: Option<&StorePath>,
+        glob: &glob::Pattern,
+    ) -> Result<Vec<LandingFile>, IngestError> {
+        let metas: Vec<ObjectMeta> =
+            store
+                .list(prefix)
+                .try_collect()
+                .await
+                .map_err(|e| IngestError::Landing {
+                    action: "list",
+                    uri: self.root_uri.clone(),
+                    source: Box::new(e),
+                })?;
         Ok(metas
             .into_iter()
             .filter_map(|m| {
-                let rel = self.relative(&m.location)?;
+                let rel = relative(prefix, &m.location)?;
                 let hidden = rel.split('/').any(is_hidden);
-                (!hidden && glob.matches_with(&rel, GLOB)).then(|| self.file(m, rel))
+                (!hidden && glob.matches_with(&rel, GLOB)).then(|| self.file(store, m, rel))
             })
             .collect())
     }
 
-    fn relative(&self, location: &StorePath) -> Option<String> {
-        let full = location.as_ref();
-        match &self.prefix {
-            None => Some(full.to_string()),
-            Some(p) => full
-                .strip_prefix(p.as_ref())
-                .and_then(|r| r.strip_prefix('/'))
-                .map(str::to_string),
-        }
-    }
-
-    fn file(&self, m: ObjectMeta, rel: String) -> LandingFile {
+    fn file(&self, store: &Arc<dyn ObjectStore>, m: ObjectMeta, rel: String) -> LandingFile {
         let identity = m
             .e_tag
             .clone()
@@ -155,7 +156,7 @@ impl Landing {
             fingerprint: fingerprint(m.size, &identity),
             size: m.size,
             modified: m.last_modified,
-            location: Location::Store(m.location),
+            location: Location::Store(store.clone(), m.location),
             rel,
         }
     }
@@ -174,8 +175,7 @@ impl Landing {
                     source: Box::new(e),
                 })
             })?,
-            Location::Store(path) => self
-                .store
+            Location::Store(store, path) => store
                 .get(path)
                 .await
                 .map_err(err)?
@@ -194,7 +194,21 @@ impl Landing {
     }
 }
 
-const GLOB: glob::MatchOptions = glob::MatchOptions {
+/// A listed object's path relative to the landing prefix.
+fn relative(prefix: Option<&StorePath>, location: &StorePath) -> Option<String> {
+    let full = location.as_ref();
+    match prefix {
+        None => Some(full.to_string()),
+        Some(p) => full
+            .strip_prefix(p.as_ref())
+            .and_then(|r| r.strip_prefix('/'))
+            .map(str::to_string),
+    }
+}
+
+/// How a landing file's path relative to the root is matched against `landing.glob` (a `*`
+/// stays within its folder, `**` crosses folders).
+pub const GLOB: glob::MatchOptions = glob::MatchOptions {
     case_sensitive: true,
     require_literal_separator: true,
     require_literal_leading_dot: false,

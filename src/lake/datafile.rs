@@ -108,12 +108,15 @@ impl FastPath {
     }
 }
 
+/// The table property that turns a Delta change data feed on.
+pub const CHANGE_DATA_FEED: &str = "delta.enableChangeDataFeed";
+
 /// Whether `table` keeps a change data feed (`delta.enableChangeDataFeed = true`).
 pub fn change_data_feed(table: &DeltaTable) -> bool {
     table.snapshot().is_ok_and(|s| {
         s.metadata()
             .configuration()
-            .get("delta.enableChangeDataFeed")
+            .get(CHANGE_DATA_FEED)
             .is_some_and(|v| v.eq_ignore_ascii_case("true"))
     })
 }

@@ -234,7 +234,7 @@ impl<'a> Run<'a> {
         let t = t
             .set_tbl_properties()
             .with_properties(std::collections::HashMap::from([(
-                "delta.enableChangeDataFeed".to_string(),
+                lake::datafile::CHANGE_DATA_FEED.to_string(),
                 "true".to_string(),
             )]))
             .await

@@ -9,7 +9,7 @@ use datafusion::common::{Column, TableReference};
 use datafusion::logical_expr::{lit, Expr, LogicalPlan};
 use datafusion::prelude::SessionContext;
 use deltalake::kernel::transaction::CommitProperties;
-use deltalake::operations::merge::MergeMetrics;
+use deltalake::operations::merge::{MergeBuilder, MergeMetrics};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
@@ -54,42 +54,67 @@ pub async fn merge(
     let source = ctx
         .read_table(Arc::new(mem))
         .map_err(RunError::query(Phase::Commit))?;
+    let mut builder =
+        keyed_merge(ctx, target, source, roles, props).with_merge_schema(add_new_columns);
+    if roles.hard_deletes() {
+        builder = builder
+            .when_matched_delete(|del| del.predicate(qualified("s", DELETED_COLUMN).eq(lit(true))))
+            .map_err(d(Phase::Commit, uri))?;
+    }
+    upsert(builder, roles, None)
+        .map_err(d(Phase::Commit, uri))?
+        .await
+        .map_err(RunError::write(Phase::Commit, uri))
+}
+
+/// A MERGE of `source` (alias `s`) into `target` (alias `t`) on the key columns, committing
+/// with `props`.
+fn keyed_merge(
+    ctx: &SessionContext,
+    target: DeltaTable,
+    source: datafusion::prelude::DataFrame,
+    roles: &ColumnRoles,
+    props: CommitProperties,
+) -> MergeBuilder {
     let on = roles
         .keys
         .iter()
         .map(|k| qualified("t", k).eq(qualified("s", k)))
         .reduce(Expr::and)
         .unwrap_or_else(|| lit(false));
-    let columns = roles.target_columns.clone();
-    let mut builder = target
+    target
         .merge(source, on)
         .with_source_alias("s")
         .with_target_alias("t")
         .with_commit_properties(props)
-        .with_merge_schema(add_new_columns)
-        .with_session_state(Arc::new(ctx.state()));
-    if roles.hard_deletes() {
-        builder = builder
-            .when_matched_delete(|del| del.predicate(qualified("s", DELETED_COLUMN).eq(lit(true))))
-            .map_err(d(Phase::Commit, uri))?;
-    }
+        .with_session_state(Arc::new(ctx.state()))
+}
+
+/// A matched key takes the source's row (when `only_if` holds, if given); an unmatched one is
+/// inserted — every target column from the source.
+fn upsert(
+    builder: MergeBuilder,
+    roles: &ColumnRoles,
+    only_if: Option<Expr>,
+) -> Result<MergeBuilder, deltalake::DeltaTableError> {
+    let columns = roles.target_columns.clone();
     let update_cols = columns.clone();
-    builder = builder
+    builder
         .when_matched_update(move |mut u| {
+            if let Some(p) = only_if {
+                u = u.predicate(p);
+            }
             for c in &update_cols {
                 u = u.update(c.as_str(), qualified("s", c));
             }
             u
-        })
-        .map_err(d(Phase::Commit, uri))?
+        })?
         .when_not_matched_insert(move |mut i| {
             for c in &columns {
                 i = i.set(c.as_str(), qualified("s", c));
             }
             i
         })
-        .map_err(d(Phase::Commit, uri))?;
-    builder.await.map_err(RunError::write(Phase::Commit, uri))
 }
 
 /// A full reload of a target that keeps a change data feed: one MERGE of every winner, so the
@@ -105,14 +130,8 @@ pub async fn merge_all(
     props: CommitProperties,
 ) -> Result<(DeltaTable, MergeMetrics), RunError> {
     let d = RunError::delta;
-    let on = roles
-        .keys
-        .iter()
-        .map(|k| qualified("t", k).eq(qualified("s", k)))
-        .reduce(Expr::and)
-        .unwrap_or_else(|| lit(false));
-    let columns = roles.target_columns.clone();
-    let differs = columns
+    let differs = roles
+        .target_columns
         .iter()
         .map(|c| {
             datafusion::logical_expr::binary_expr(
@@ -123,32 +142,16 @@ pub async fn merge_all(
         })
         .reduce(Expr::or)
         .unwrap_or_else(|| lit(false));
-    let update_cols = columns.clone();
-    target
-        .merge(winners, on)
-        .with_source_alias("s")
-        .with_target_alias("t")
-        .with_commit_properties(props)
-        .with_session_state(Arc::new(ctx.state()))
-        .when_matched_update(move |mut u| {
-            u = u.predicate(differs);
-            for c in &update_cols {
-                u = u.update(c.as_str(), qualified("s", c));
-            }
-            u
-        })
-        .map_err(d(Phase::Write, uri))?
-        .when_not_matched_insert(move |mut i| {
-            for c in &columns {
-                i = i.set(c.as_str(), qualified("s", c));
-            }
-            i
-        })
-        .map_err(d(Phase::Write, uri))?
-        .when_not_matched_by_source_delete(|del| del)
-        .map_err(d(Phase::Write, uri))?
-        .await
-        .map_err(RunError::write(Phase::Write, uri))
+    upsert(
+        keyed_merge(ctx, target, winners, roles, props),
+        roles,
+        Some(differs),
+    )
+    .map_err(d(Phase::Write, uri))?
+    .when_not_matched_by_source_delete(|del| del)
+    .map_err(d(Phase::Write, uri))?
+    .await
+    .map_err(RunError::write(Phase::Write, uri))
 }
 
 /// How big the target's files and their row groups are (the pipeline's `target:` block).
@@ -226,7 +229,7 @@ pub async fn overwrite(
         )];
         if change_data_feed {
             config.push((
-                "delta.enableChangeDataFeed".to_string(),
+                lake::datafile::CHANGE_DATA_FEED.to_string(),
                 Some("true".to_string()),
             ));
         }

@@ -94,13 +94,13 @@ pub fn built_in(roles: &ColumnRoles) -> Vec<(Expr, String)> {
 /// The conditions whose rows are counted for the report: the built-in rules (a null key, a
 /// null sequence), then each rule's failure.
 pub fn conditions(roles: &ColumnRoles, rules: &[Compiled]) -> Vec<Expr> {
-    let key_null = roles
-        .keys
-        .iter()
-        .map(|k| datafusion::prelude::ident(k).is_null())
+    // built_in: one condition per key column, then the sequence's.
+    let mut built_in: Vec<Expr> = built_in(roles).into_iter().map(|(c, _)| c).collect();
+    let seq_null = built_in.pop().unwrap_or_else(|| lit(false));
+    let key_null = built_in
+        .into_iter()
         .reduce(Expr::or)
         .unwrap_or_else(|| lit(false));
-    let seq_null = datafusion::prelude::ident(roles.sequence()).is_null();
     [key_null, seq_null]
         .into_iter()
         .chain(rules.iter().map(|r| r.fails.clone()))
