@@ -8,7 +8,6 @@ mod common;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use arrow::array::{Array, AsArray, RecordBatch};
 use common::*;
 use datafusion::prelude::SessionContext;
 
@@ -30,47 +29,13 @@ fn run(p: &Path, now: i64) -> Out {
     )
 }
 
-/// The feed between two versions: (change type, id, val) sorted, and the table's property.
+/// The feed between two versions: (change type, id, val), sorted.
 async fn feed(dir: &Path, from: u64, to: u64) -> Vec<(String, String, Option<i64>)> {
-    let path = dir.join("lake/silver");
-    let url =
-        deltalake::table::builder::parse_table_uri(path.to_str().expect("utf8")).expect("url");
-    let table = deltalake::open_table(url).await.expect("open");
-    let ctx = SessionContext::new();
-    let plan = table
-        .scan_cdf()
-        .with_starting_version(from)
-        .with_ending_version(to)
-        .build(&ctx.state(), None)
+    let mut out: Vec<(String, String, Option<i64>)> = feed_rows(&dir.join("lake/silver"), from, to)
         .await
-        .expect("cdf plan");
-    let batches: Vec<RecordBatch> = datafusion::physical_plan::collect(plan, ctx.task_ctx())
-        .await
-        .expect("cdf rows");
-    let mut out = Vec::new();
-    for b in &batches {
-        let s = |n: &str| {
-            arrow::compute::cast(
-                b.column_by_name(n).expect(n),
-                &arrow::datatypes::DataType::Utf8,
-            )
-            .expect("cast")
-        };
-        let (kind, id) = (s("_change_type"), s("id"));
-        let val = arrow::compute::cast(
-            b.column_by_name("val").expect("val"),
-            &arrow::datatypes::DataType::Int64,
-        )
-        .expect("cast");
-        let val = val.as_primitive::<arrow::datatypes::Int64Type>();
-        for i in 0..b.num_rows() {
-            out.push((
-                kind.as_string::<i32>().value(i).to_string(),
-                id.as_string::<i32>().value(i).to_string(),
-                (!val.is_null(i)).then(|| val.value(i)),
-            ));
-        }
-    }
+        .into_iter()
+        .map(|(_, kind, row)| (kind, row.id, row.val))
+        .collect();
     out.sort();
     out
 }

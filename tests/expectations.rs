@@ -77,16 +77,7 @@ async fn quarantine_warn_and_null_results() {
         .map(|r| r.id)
         .collect();
     assert_eq!(target, vec!["a", "c"]);
-    let mut reasons = Vec::new();
-    for b in read_all(&quarantine(d)).await {
-        let r = arrow::compute::cast(
-            b.column_by_name("_quarantine_reason").expect("reason"),
-            &arrow::datatypes::DataType::Utf8,
-        )
-        .expect("cast");
-        use arrow::array::AsArray;
-        reasons.extend(r.as_string::<i32>().iter().flatten().map(str::to_string));
-    }
+    let reasons = strings(&read_all(&quarantine(d)).await, "_quarantine_reason");
     assert_eq!(reasons, vec!["expectation `val_non_negative` failed"; 2]);
     // The commit carries the counts; a rerun over the same rows quarantines nothing new.
     let text = std::fs::read_to_string(silver(d).join("_delta_log/00000000000000000000.json"))

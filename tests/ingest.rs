@@ -417,21 +417,7 @@ async fn new_fields_fail_or_become_columns_or_are_rescued() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(json(&out)["num_rescued"], 1);
     let batches = read_all(&d.join("lake/bronze")).await;
-    let rescued: Vec<String> = batches
-        .iter()
-        .flat_map(|b| {
-            let c = arrow::compute::cast(
-                b.column_by_name("_rescued_data").expect("col"),
-                &arrow::datatypes::DataType::Utf8,
-            )
-            .expect("cast");
-            c.as_string::<i32>()
-                .iter()
-                .flatten()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let rescued = strings(&batches, "_rescued_data");
     assert_eq!(rescued, vec!["{\"channel\":\"app\"}"]);
     std::fs::write(
         landing(d).join("c.jsonl"),
@@ -471,21 +457,7 @@ async fn csv_and_parquet_landing_files() {
         (Some(2), Some(1))
     );
     let batches = read_all(&d.join("lake/bronze")).await;
-    let notes: Vec<String> = batches
-        .iter()
-        .flat_map(|b| {
-            let c = arrow::compute::cast(
-                b.column_by_name("note").expect("note"),
-                &arrow::datatypes::DataType::Utf8,
-            )
-            .expect("cast");
-            c.as_string::<i32>()
-                .iter()
-                .flatten()
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let notes = strings(&batches, "note");
     assert_eq!(notes, vec!["semi;colon", "said \"hi\""]);
     assert_eq!(
         batches[0]

@@ -161,6 +161,22 @@ pub fn rows_of(batches: &[RecordBatch]) -> Vec<TargetRow> {
     rows
 }
 
+/// The non-null values of `column` across `batches`, as text, in order.
+pub fn strings(batches: &[RecordBatch], column: &str) -> Vec<String> {
+    batches
+        .iter()
+        .flat_map(|b| {
+            let c = arrow::compute::cast(b.column_by_name(column).expect(column), &DataType::Utf8)
+                .expect("cast to text");
+            c.as_string::<i32>()
+                .iter()
+                .flatten()
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
 /// Every row of the Delta table at `path`.
 pub async fn read_all(path: &Path) -> Vec<RecordBatch> {
     let url =
