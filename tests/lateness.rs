@@ -14,7 +14,6 @@ use std::sync::Arc;
 use arrow::array::{ArrayRef, Date32Array, RecordBatch, StringArray, TimestampMicrosecondArray};
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use common::*;
-use deltalake::protocol::SaveMode;
 use serde_json::Value;
 
 const SEC: i64 = 1_000_000;
@@ -68,19 +67,7 @@ fn to_batch(rows: &[Row]) -> RecordBatch {
 
 /// Appends `batch` to the Delta table at `path` as one commit (creating it).
 async fn write(path: &Path, batch: RecordBatch) {
-    let url = deltalake::ensure_table_uri(path.to_str().expect("utf8")).expect("url");
-    let table = match deltalake::open_table(url.clone()).await {
-        Ok(t) => t,
-        Err(_) => deltalake::DeltaTableBuilder::from_url(url)
-            .expect("builder")
-            .build()
-            .expect("table"),
-    };
-    table
-        .write(vec![batch])
-        .with_save_mode(SaveMode::Append)
-        .await
-        .expect("write");
+    append_batch(path, batch).await;
 }
 
 /// A tiny deterministic generator (no test depends on a crate's random numbers).

@@ -101,6 +101,11 @@ pub fn batch(changes: &[Change]) -> RecordBatch {
 
 /// Appends `changes` to the Delta table at `path` as one commit (creating it if needed).
 pub async fn append(path: &Path, changes: &[Change]) {
+    append_batch(path, batch(changes)).await;
+}
+
+/// Appends `batch` to the Delta table at `path` as one commit (creating it if needed).
+pub async fn append_batch(path: &Path, batch: RecordBatch) {
     let url = deltalake::ensure_table_uri(path.to_str().expect("utf8 path")).expect("table url");
     let table = match deltalake::open_table(url.clone()).await {
         Ok(t) => t,
@@ -110,7 +115,7 @@ pub async fn append(path: &Path, changes: &[Change]) {
             .expect("table"),
     };
     table
-        .write(vec![batch(changes)])
+        .write(vec![batch])
         .with_save_mode(SaveMode::Append)
         .await
         .expect("append to source");
