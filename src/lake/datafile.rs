@@ -64,11 +64,14 @@ pub struct FastPath {
     /// The table's columns in the types its files store.
     pub schema: SchemaRef,
     pub stats: StatsColumns,
+    /// The table keeps a change data feed: the rewrite writes its `_change_data` file.
+    pub change_data_feed: bool,
 }
 
 impl FastPath {
     /// `None` when the table uses a feature the direct path does not handle (partitions,
-    /// column mapping, deletion vectors); the caller then goes through delta-rs' MERGE.
+    /// column mapping, deletion vectors); the caller then goes through delta-rs' MERGE. A change
+    /// data feed is written by the rewrite itself (`merge::cow::feed`).
     pub fn check(table: &DeltaTable) -> Result<Option<FastPath>, DeltaTableError> {
         let snapshot = table.snapshot()?;
         let metadata = snapshot.metadata();
@@ -80,12 +83,6 @@ impl FastPath {
             .get("delta.columnMapping.mode")
             .is_some_and(|m| !m.eq_ignore_ascii_case("none"))
         {
-            return Ok(None);
-        }
-        // The copy-on-write commit writes no `_change_data` files: a reader of the feed would see
-        // every row of a rewritten file deleted and inserted again. delta-rs' MERGE writes the
-        // feed of exactly the rows it changes.
-        if change_data_feed(table) {
             return Ok(None);
         }
         if snapshot
@@ -104,6 +101,7 @@ impl FastPath {
             store: table.log_store().object_store(None),
             schema,
             stats,
+            change_data_feed: change_data_feed(table),
         }))
     }
 }

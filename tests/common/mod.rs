@@ -379,6 +379,41 @@ pub fn write_bundle(dir: &Path, jobs: &str) -> PathBuf {
     bundle
 }
 
+/// A consumer of the feed, as the README tells one to write it: the live rows by key. A
+/// `delete` or `update_preimage` removes the key (and must name the row held, unless it is a
+/// tombstone's pre-image, which delta-rs' MERGE writes), an `insert` or `update_postimage` sets
+/// it, or removes it when the row is a tombstone (`_deleted = true`).
+pub fn apply_feed(
+    live: &mut std::collections::BTreeMap<String, TargetRow>,
+    kind: &str,
+    row: &TargetRow,
+) -> Result<(), String> {
+    let tombstone = row.deleted == Some(true);
+    match kind {
+        "delete" | "update_preimage" => {
+            let held = live.remove(&row.id);
+            if !tombstone && held.as_ref() != Some(row) {
+                return Err(format!("{kind} of {row:?}, but the live row was {held:?}"));
+            }
+        }
+        _ if tombstone => {
+            live.remove(&row.id);
+        }
+        _ => {
+            live.insert(row.id.clone(), row.clone());
+        }
+    }
+    Ok(())
+}
+
+/// The live rows (not tombstones) by key.
+pub fn live_rows(rows: Vec<TargetRow>) -> std::collections::BTreeMap<String, TargetRow> {
+    rows.into_iter()
+        .filter(|r| r.deleted != Some(true))
+        .map(|r| (r.id.clone(), r))
+        .collect()
+}
+
 /// The feed between two versions as (version, change type, row), in version order.
 pub async fn feed_rows(path: &Path, from: u64, to: u64) -> Vec<(i64, String, TargetRow)> {
     let url =

@@ -35,6 +35,7 @@ pub(super) async fn rewrite_file(
         changed_sequences: Vec::new(),
         lost: Vec::new(),
         add: None,
+        feed: Vec::new(),
     };
     let w = &s.w;
     for g in 0..file.row_groups().len() {
@@ -52,6 +53,7 @@ pub(super) async fn rewrite_file(
             .map_err(RunError::arrow(Phase::Compare))?;
         // For each row: keep it, or take winner i in its place, or drop it (hard delete).
         let mut pieces: Vec<(bool, u32)> = Vec::with_capacity(batch.num_rows());
+        let mut feed = FeedRows::default();
         for row in 0..batch.num_rows() {
             let Some(&i) = s.index.get(t.keys.row(row).as_ref()) else {
                 pieces.push((false, row as u32));
@@ -62,11 +64,12 @@ pub(super) async fn rewrite_file(
                 continue;
             }
             let deleted = w.is_deleted(i);
+            let target_deleted = t.is_deleted(row);
             let (verdict, conflict) = decide::matched(
                 w.tuples.row(i).cmp(&t.tuples.row(row)),
                 w.contents.row(i).cmp(&t.contents.row(row)),
                 deleted,
-                t.is_deleted(row),
+                target_deleted,
                 r.already_conflicting.contains(w.keys.row(i).as_ref()),
             );
             o.conflicts += u64::from(conflict);
@@ -80,6 +83,11 @@ pub(super) async fn rewrite_file(
                 // (a held key is never an insert)
                 Verdict::Update | Verdict::Insert => o.updated += 1,
             }
+            if r.feed {
+                for &(change, from_winner) in Change::of_update(!target_deleted, !deleted) {
+                    feed.push(change, from_winner, row, i);
+                }
+            }
             if decide::stays(deleted, hard) {
                 o.max_sequence = o.max_sequence.max(w.sequence_micros(i));
                 pieces.push((true, i as u32));
@@ -88,6 +96,8 @@ pub(super) async fn rewrite_file(
             o.replaced += 1;
         }
         o.copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
+        o.feed
+            .extend(feed.batch(&batch, &s.winners, &s.fast.schema)?);
         new.write(&assemble(&batch, &s.winners, &pieces, &s.fast.schema)?)
             .map_err(d)?;
     }

@@ -32,9 +32,11 @@ use deltalake::DeltaTable;
 
 use futures::StreamExt;
 
+mod feed;
 mod file;
 mod prune;
 
+use feed::{Change, FeedRows};
 use file::rewrite_file;
 use prune::{admitted_row_groups, candidates, key_converter, sorted_first_keys, sub_schema};
 
@@ -68,6 +70,8 @@ pub struct Rewritten {
     /// Rows decoded and encoded again: those of the row groups holding a changed key (the rest
     /// of a rewritten file is copied as bytes).
     pub rows_reencoded: u64,
+    /// Rows written to the change data feed (0 when the target keeps none).
+    pub feed_rows: u64,
     actions: Vec<Action>,
 }
 
@@ -248,6 +252,8 @@ struct Rewrite {
     already_conflicting: HashSet<Box<[u8]>>,
     row_group_rows: usize,
     dry_run: bool,
+    /// The target keeps a change data feed: collect the changed rows' feed.
+    feed: bool,
 }
 
 /// What rewriting one file decided (and wrote, unless a dry run).
@@ -264,6 +270,8 @@ struct FileOutcome {
     /// Winners whose target version turned out newer by content (equal tuples): unchanged.
     lost: Vec<usize>,
     add: Option<deltalake::kernel::Add>,
+    /// The file's rows in the change data feed (when the target keeps one).
+    feed: Vec<RecordBatch>,
 }
 
 /// Decides and (unless `dry_run`) writes the changes of `winners` against the target.
@@ -371,6 +379,7 @@ pub async fn rewrite(
     let schema = &target.fast.schema;
     let mut adds: Vec<Action> = Vec::new();
     let mut removes: Vec<Action> = Vec::new();
+    let mut feed_batches: Vec<RecordBatch> = Vec::new();
     let views: HashMap<String, deltalake::kernel::Remove> = if touched.is_empty() {
         HashMap::new()
     } else {
@@ -391,6 +400,7 @@ pub async fn rewrite(
         already_conflicting: already_conflicting.clone(),
         row_group_rows: target.row_group_rows,
         dry_run,
+        feed: target.fast.change_data_feed,
     });
     let jobs: Vec<(usize, DataFile, BTreeSet<usize>)> = files
         .into_iter()
@@ -413,6 +423,7 @@ pub async fn rewrite(
         out.deleted += o.deleted;
         out.max_sequence = out.max_sequence.max(o.max_sequence);
         out.changed_sequences.extend(o.changed_sequences);
+        feed_batches.extend(o.feed);
         if o.replaced == 0 {
             continue;
         }
@@ -443,6 +454,7 @@ pub async fn rewrite(
 
     // New keys: one new file, in key order.
     let mut inserts: Vec<u32> = Vec::new();
+    let mut feed = FeedRows::default();
     // (winners arrive sorted by key from the dedup)
     for (i, _) in found
         .iter()
@@ -454,8 +466,12 @@ pub async fn rewrite(
                 out.unchanged += 1;
                 continue;
             }
+            // (a soft delete's tombstone for a key never seen: no live row changes)
             Verdict::Delete => out.deleted += 1,
-            Verdict::Insert | Verdict::Update => out.inserted += 1,
+            Verdict::Insert | Verdict::Update => {
+                out.inserted += 1;
+                feed.winner(i, Change::Insert);
+            }
         }
         out.max_sequence = out.max_sequence.max(w.sequence_micros(i));
         out.changed_sequences.extend(w.sequence_micros(i));
@@ -477,7 +493,17 @@ pub async fn rewrite(
     }
     out.files_added = adds.len() as u64;
     out.files_removed = removes.len() as u64;
-    out.actions = removes.into_iter().chain(adds).collect();
+    let mut actions: Vec<Action> = removes.into_iter().chain(adds).collect();
+    if target.fast.change_data_feed && !actions.is_empty() {
+        feed_batches.extend(feed.batch(winners, winners, schema)?);
+        let cdc = feed::put(target.fast, uri, &feed_batches).await?;
+        out.feed_rows = feed_batches
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum::<usize>() as u64;
+        actions.push(Action::Cdc(cdc));
+    }
+    out.actions = actions;
     Ok(out)
 }
 

@@ -1,0 +1,149 @@
+//! The change data feed of a copy-on-write run (Delta protocol, "Change Data Files"): the rows
+//! that changed, each with its `_change_type`, written to one file under `_change_data/` and
+//! committed as a `cdc` action beside the run's removes and adds.
+//!
+//! The feed describes the *live* table: a key's tombstone (soft delete) is a `delete` of its
+//! last live row, a live version arriving for a tombstoned key is an `insert`, and a tombstone
+//! replaced by a newer tombstone is no change at all. A commit that has `cdc` actions is read
+//! from them alone, so a run whose rewrite changes no live row still writes one (empty) file:
+//! without it a reader would take every row of the rewritten files as deleted and inserted.
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use bytes::Bytes;
+use deltalake::kernel::AddCDCFile;
+use object_store::path::Path;
+use object_store::ObjectStoreExt;
+use parquet::arrow::ArrowWriter;
+
+use crate::lake::datafile::{writer_properties, FastPath};
+use crate::lake::storage::cast_to;
+use crate::run::{Phase, RunError};
+
+/// The feed's `_change_type` values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Change {
+    Insert,
+    Delete,
+    Preimage,
+    Postimage,
+}
+
+impl Change {
+    fn name(self) -> &'static str {
+        match self {
+            Change::Insert => "insert",
+            Change::Delete => "delete",
+            Change::Preimage => "update_preimage",
+            Change::Postimage => "update_postimage",
+        }
+    }
+
+    /// The feed rows of one key whose target row (`target_live`: not a tombstone) is replaced
+    /// by a winner (`winner_live`): `(change, from the winner)`.
+    pub(super) fn of_update(target_live: bool, winner_live: bool) -> &'static [(Change, bool)] {
+        match (target_live, winner_live) {
+            (true, true) => &[(Change::Preimage, false), (Change::Postimage, true)],
+            (true, false) => &[(Change::Delete, false)],
+            (false, true) => &[(Change::Insert, true)],
+            (false, false) => &[],
+        }
+    }
+}
+
+/// Where the rows of a feed batch come from: a target row or a winner, and their change.
+#[derive(Default)]
+pub(super) struct FeedRows {
+    picks: Vec<(usize, usize)>,
+    types: Vec<&'static str>,
+}
+
+impl FeedRows {
+    pub(super) fn target(&mut self, row: usize, change: Change) {
+        self.picks.push((0, row));
+        self.types.push(change.name());
+    }
+
+    pub(super) fn winner(&mut self, i: usize, change: Change) {
+        self.picks.push((1, i));
+        self.types.push(change.name());
+    }
+
+    pub(super) fn push(&mut self, change: Change, from_winner: bool, row: usize, i: usize) {
+        if from_winner {
+            self.winner(i, change)
+        } else {
+            self.target(row, change)
+        }
+    }
+
+    /// The rows, in the table's `schema` plus `_change_type`; `target` and `winners` in the
+    /// canonical row.
+    pub(super) fn batch(
+        &self,
+        target: &RecordBatch,
+        winners: &RecordBatch,
+        schema: &SchemaRef,
+    ) -> Result<Option<RecordBatch>, RunError> {
+        if self.picks.is_empty() {
+            return Ok(None);
+        }
+        let a = |e| RunError::arrow(Phase::Compare)(e);
+        let target = cast_to(target, schema).map_err(a)?;
+        let winners = cast_to(winners, schema).map_err(a)?;
+        let mut columns = (0..schema.fields().len())
+            .map(|c| {
+                let sources: [&dyn Array; 2] =
+                    [target.column(c).as_ref(), winners.column(c).as_ref()];
+                arrow::compute::interleave(&sources, &self.picks)
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(a)?;
+        columns.push(Arc::new(StringArray::from(self.types.clone())) as ArrayRef);
+        RecordBatch::try_new(feed_schema(schema), columns)
+            .map(Some)
+            .map_err(a)
+    }
+}
+
+/// The table's columns and `_change_type`.
+pub(super) fn feed_schema(schema: &SchemaRef) -> SchemaRef {
+    let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+    fields.push(Arc::new(Field::new("_change_type", DataType::Utf8, false)));
+    Arc::new(Schema::new(fields))
+}
+
+/// Writes `batches` (possibly none: an empty file) as one change data file and returns its
+/// `cdc` action.
+pub(super) async fn put(
+    fast: &FastPath,
+    uri: &str,
+    batches: &[RecordBatch],
+) -> Result<AddCDCFile, RunError> {
+    let schema = feed_schema(&fast.schema);
+    let d = |e: parquet::errors::ParquetError| RunError::delta(Phase::Compare, uri)(e.into());
+    let mut writer =
+        ArrowWriter::try_new(Vec::new(), schema, Some(writer_properties(1 << 16))).map_err(d)?;
+    for b in batches {
+        writer.write(b).map_err(d)?;
+    }
+    let bytes = writer.into_inner().map_err(d)?;
+    let path = format!(
+        "_change_data/cdc-00000-{}.c000.snappy.parquet",
+        uuid::Uuid::new_v4()
+    );
+    let size = bytes.len() as i64;
+    fast.store
+        .put(&Path::from(path.as_str()), Bytes::from(bytes).into())
+        .await
+        .map_err(|e| RunError::write(Phase::Compare, uri)(e.into()))?;
+    Ok(AddCDCFile {
+        path,
+        size,
+        partition_values: Default::default(),
+        data_change: false,
+        tags: None,
+    })
+}
