@@ -121,7 +121,7 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
         Command::Restore(args) => restore(args).await?.into(),
         Command::Generate(args) => generate_command(args).await?.into(),
         Command::Demo(args) => demo::demo(args, clock).await?,
-        Command::Maintain(args) => maintain(args).await?.into(),
+        Command::Maintain(args) => maintain(args, clock.as_ref()).await?.into(),
         Command::Reconcile(args) => reconcile_command(args, clock.as_ref()).await?.into(),
         Command::Bundle(b) => match b.command {
             BundleCommand::Validate(args) => j::bundle_validate(args),

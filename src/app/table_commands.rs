@@ -118,17 +118,21 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
 }
 
 /// `tidemark maintain`.
-pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
+pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, AppError> {
+    let mut merge = None;
     let (uri, file_size, row_group_rows) =
         match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
             Ok(_) => {
                 let p = load_pipeline(&args.table, &args.from)?;
                 match p.spec {
-                    Spec::CdcMerge(m) => (
-                        m.target_uri,
-                        Some((m.target_file_size, m.keys)),
-                        m.target_row_group_rows,
-                    ),
+                    Spec::CdcMerge(m) => {
+                        merge = Some(m.clone());
+                        (
+                            m.target_uri,
+                            Some((m.target_file_size, m.keys)),
+                            m.target_row_group_rows,
+                        )
+                    }
                     Spec::Ingest(i) => (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
                 }
             }
@@ -147,7 +151,21 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
         Some((size, keys)) => (Some(size), Some(keys)),
         None => (None, None),
     };
-    let table = lake::open_required(&uri, role).await?;
+    let mut table = lake::open_required(&uri, role).await?;
+    // Expired tombstones first (`deletes.retain`): the compaction then packs what they leave.
+    let tombstones = match &merge {
+        Some(m) => {
+            let ctx = datafusion::prelude::SessionContext::new();
+            let expired =
+                crate::merge::tombstones::expire(&ctx, table.clone(), m, clock.now(), args.dry_run)
+                    .await?;
+            if expired.as_ref().is_some_and(|e| e.target_version.is_some()) {
+                table = lake::open_required(&uri, role).await?;
+            }
+            expired.map(|e| (e, m.deletes.as_ref().and_then(|d| d.retain)))
+        }
+        None => None,
+    };
     let report = lake::maintain(
         table,
         &lake::MaintainOptions {
@@ -168,6 +186,10 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
     Ok(match args.output {
         OutputFormat::Json => {
             let mut v = serde_json::to_value(&report).unwrap_or_default();
+            v["tombstones"] = tombstones
+                .as_ref()
+                .map(|(e, _)| serde_json::to_value(e).unwrap_or_default())
+                .unwrap_or_default();
             v["stale_spill_dirs"] = spill_dirs
                 .iter()
                 .map(|p| p.display().to_string())
@@ -187,6 +209,16 @@ pub async fn maintain(args: MaintainArgs) -> Result<String, AppError> {
             } else {
                 ("", "kept")
             };
+            if let Some((e, retain)) = &tombstones {
+                out.push_str(&format!(
+                    "  tombstones (deletes.retain {}): {} older than {} {would}removed; {} key(s) {would}recorded in {}\n",
+                    retain.map_or("-".into(), |r| humantime::format_duration(r).to_string()),
+                    e.tombstones,
+                    e.horizon,
+                    e.recorded,
+                    e.removed_keys_uri
+                ));
+            }
             out.push_str(&format!(
                 "  compaction: {} small files {would}compacted into {}; checkpoint {would}written at version {}\n",
                 report.files_compacted,

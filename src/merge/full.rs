@@ -32,7 +32,9 @@ impl Run<'_> {
             .map_err(q(Phase::Read))?;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
         let rules = self.compile_expectations(&input)?;
-        let split = validate::split(input.clone(), roles, seq_type, due, &rules)?;
+        let (annotated, guard) =
+            tombstones::annotate(&self.ctx, input.clone(), self.m, roles, seq_type, true).await?;
+        let split = validate::split(annotated, roles, seq_type, due, &rules, guard.as_ref())?;
         self.summary.num_source_rows_read = match self.source_rows {
             Some(rows) => rows,
             None => input

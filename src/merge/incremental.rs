@@ -203,7 +203,9 @@ impl Run<'_> {
         let q = RunError::query;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
         let rules = self.compile_expectations(&input)?;
-        let split = validate::split(input, roles, seq_type, due, &rules)?;
+        let (input, guard) =
+            tombstones::annotate(&self.ctx, input, self.m, roles, seq_type, false).await?;
+        let split = validate::split(input, roles, seq_type, due, &rules, guard.as_ref())?;
         self.c.num_late_rows = split
             .valid
             .clone()

@@ -14,6 +14,7 @@ mod full;
 mod horizon;
 mod incremental;
 mod plan;
+pub mod tombstones;
 mod write;
 
 use arrow::array::RecordBatch;
@@ -266,20 +267,39 @@ impl<'a> Run<'a> {
         rules: &[crate::run::expect::Compiled],
     ) -> Result<(), RunError> {
         use crate::run::expect;
-        let counted = if self.m.expectations.is_empty() {
-            Vec::new()
-        } else {
+        let report = !self.m.expectations.is_empty() || split.resurrected.is_some();
+        let mut counted = if report {
             expect::conditions(roles, rules)
+        } else {
+            Vec::new()
         };
+        counted.extend(split.resurrected.clone());
         let (deferred, floor, counts) = validate::summary(split, roles, &counted)
             .await
             .map_err(RunError::scan(Phase::Validate, &self.m.source_uri))?;
         self.c.num_deferred = deferred;
         self.deferred_floor = floor;
-        if self.m.expectations.is_empty() {
+        if !report {
             return Ok(());
         }
-        let outcomes = expect::outcomes(rules, &counts);
+        let mut outcomes = expect::outcomes(rules, &counts);
+        if split.resurrected.is_some() {
+            let failed = counts.last().copied().unwrap_or(0);
+            outcomes.insert(
+                expect::BUILT_IN.len(),
+                expect::Outcome {
+                    name: tombstones::RESURRECTION.to_string(),
+                    on_fail: expect::OnFail::Quarantine.as_str(),
+                    failed,
+                },
+            );
+            if failed > 0 {
+                self.warn(format!(
+                    "{failed} source row(s) are versions of keys whose tombstones `maintain` removed, at or before their delete: quarantined as {} (the payment stays deleted)",
+                    tombstones::RESURRECTION
+                ));
+            }
+        }
         expect::enforce(split.input.clone(), roles, rules, &outcomes).await?;
         for o in outcomes
             .iter()

@@ -235,12 +235,16 @@ pub async fn reconcile(
         .map_err(q(Phase::Reconcile))?;
     // The rows a full reload would quarantine for an expectation are left out alike.
     let rules = crate::run::expect::compile(p, &m.expectations, &input)?;
+    // ... and so are the keys whose tombstones `maintain` removed.
+    let (input, guard) =
+        crate::merge::tombstones::annotate(&ctx, input, m, &roles, &seq_type, true).await?;
     let split = validate::split(
         input,
         &roles,
         &seq_type,
         validate::due_micros(now, m.max_future_skew),
         &rules,
+        guard.as_ref(),
     )?;
     let sorted = split
         .valid

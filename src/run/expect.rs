@@ -8,7 +8,8 @@ use serde::Serialize;
 
 use super::roles::ColumnRoles;
 use super::{Phase, RunError};
-use crate::config::pipeline::expect::{Expectation, OnFail, BUILT_IN};
+use crate::config::pipeline::expect::Expectation;
+pub use crate::config::pipeline::expect::{OnFail, BUILT_IN};
 use crate::config::Pipeline;
 
 /// A rule ready to evaluate: `fails` is true for a failing row (a NULL result fails).

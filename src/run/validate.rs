@@ -22,6 +22,9 @@ pub struct Split {
     /// in one pass.
     pub input: DataFrame,
     pub deferred_when: Expr,
+    /// With bounded tombstones: the condition of a rejected resurrection (counted in the
+    /// report).
+    pub resurrected: Option<Expr>,
 }
 
 /// The latest sequence value (µs) a run starting at `now` merges: later rows are deferred.
@@ -39,10 +42,17 @@ pub fn split(
     seq_type: &DataType,
     due_micros: i64,
     rules: &[super::expect::Compiled],
+    guard: Option<&crate::merge::tombstones::Guard>,
 ) -> Result<Split, RunError> {
     let q = RunError::query;
     let mut nulls = super::expect::built_in(roles);
     let seq = roles.sequence();
+    if let Some(g) = guard {
+        nulls.push((
+            g.resurrected.clone(),
+            crate::merge::tombstones::RESURRECTION.to_string(),
+        ));
+    }
     nulls.extend(
         rules
             .iter()
@@ -75,14 +85,25 @@ pub fn split(
         .map_err(q(Phase::Validate))?;
     let due = timestamp_lit(seq_type, due_micros);
     let deferred_when = datafusion::logical_expr::not(any_null).and(ident(seq).gt(due.clone()));
-    let valid = present
+    let mut valid = present
         .filter(ident(seq).lt_eq(due))
         .map_err(q(Phase::Validate))?;
+    let mut rejected = rejected;
+    if let Some(g) = guard {
+        valid = valid
+            .filter(datafusion::logical_expr::not(g.superseded.clone()))
+            .and_then(|df| df.drop_columns(&[g.column]))
+            .map_err(q(Phase::Validate))?;
+        rejected = rejected
+            .drop_columns(&[g.column])
+            .map_err(q(Phase::Validate))?;
+    }
     Ok(Split {
         valid,
         rejected,
         input: all,
         deferred_when,
+        resurrected: guard.map(|g| g.resurrected.clone()),
     })
 }
 
@@ -218,7 +239,7 @@ mod tests {
         .expect("batch");
         let ctx = SessionContext::new();
         let input = ctx.read_batch(batch).expect("frame");
-        let split = split(input, &roles, &ts, due, &[]).expect("split");
+        let split = split(input, &roles, &ts, due, &[], None).expect("split");
         assert_eq!(
             ids(split.valid).await,
             vec!["due", "now"],

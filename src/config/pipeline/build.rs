@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use super::raw::{Kind, RawCdcMerge, RawPipeline, RawReconcile, RawTag};
 use super::{
-    CdcMerge, Deletes, Pipeline, Quarantine, ReconcileSpec, Spec, DEFAULT_MAX_FUTURE_SKEW,
-    DEFAULT_TARGET_FILE_SIZE,
+    CdcMerge, DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec, Spec,
+    DEFAULT_MAX_FUTURE_SKEW, DEFAULT_TARGET_FILE_SIZE,
 };
 use crate::config::location::{
     explain_serde_message, line_of_key, line_of_text, lines_of_key, nearest,
@@ -213,15 +213,37 @@ impl Ctx<'_> {
             Some(v) => self.duration("max_future_skew", v)?,
             None => DEFAULT_MAX_FUTURE_SKEW,
         };
-        let deletes = match raw.deletes {
+        let mut deletes = match raw.deletes {
             Some(d) => {
                 if d.values.is_empty() {
                     return Err(self.invalid("values", "`deletes.values` is empty; list the values of `deletes.column` that mean deleted, e.g. [D]"));
                 }
+                let retain = match &d.retain {
+                    Some(v) if d.mode == DeleteMode::Hard => {
+                        return Err(self.invalid(
+                            "retain",
+                            format!("`deletes.retain: {v}` bounds tombstones, and `mode: hard` keeps none; remove `retain`, or use `mode: soft`"),
+                        ));
+                    }
+                    Some(v) => Some(self.duration("retain", v)?),
+                    None => None,
+                };
+                if d.removed_keys.is_some() && retain.is_none() {
+                    return Err(self.invalid(
+                        "removed_keys",
+                        "`deletes.removed_keys` records tombstones that `maintain` removes, which it only does with `deletes.retain`; add `retain` (e.g. 30d) or remove `removed_keys`",
+                    ));
+                }
+                let removed_keys = d
+                    .removed_keys
+                    .map(|u| self.substitute("deletes.removed_keys", &u, vars))
+                    .transpose()?;
                 Some(Deletes {
                     column: d.column,
                     values: d.values,
                     mode: d.mode,
+                    retain,
+                    removed_keys,
                 })
             }
             None => None,
@@ -267,15 +289,37 @@ impl Ctx<'_> {
         let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
         let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
         let quarantine_uri = self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?;
-        for (key, uri, other_key, other) in [
+        // Removed tombstones are recorded beside the target unless told where.
+        if let Some(d) = deletes.as_mut().filter(|d| d.retain.is_some()) {
+            if d.removed_keys.is_none() {
+                d.removed_keys = Some(format!("{}_removed_keys", target_uri.trim_end_matches('/')));
+            }
+        }
+        let removed_keys = deletes
+            .as_ref()
+            .and_then(|d| d.removed_keys.clone())
+            .unwrap_or_default();
+        let mut pairs = vec![
             ("target", &target_uri, "source", &source_uri),
             ("quarantine", &quarantine_uri, "source", &source_uri),
             ("quarantine", &quarantine_uri, "target", &target_uri),
-        ] {
+        ];
+        if !removed_keys.is_empty() {
+            pairs.extend([
+                ("removed_keys", &removed_keys, "source", &source_uri),
+                ("removed_keys", &removed_keys, "target", &target_uri),
+                ("removed_keys", &removed_keys, "quarantine", &quarantine_uri),
+            ]);
+        }
+        for (key, uri, other_key, other) in pairs {
             if overlapping(uri, other) {
+                let setting = |k: &str| match k {
+                    "removed_keys" => "deletes.removed_keys".to_string(),
+                    k => format!("{k}.uri"),
+                };
                 return Err(self.invalid(
                     key,
-                    format!("`{key}.uri` ({uri}) is the same table as `{other_key}.uri` ({other}), or inside it: writing it would overwrite or mix with the {other_key}. Give each table its own location"),
+                    format!("`{}` ({uri}) is the same table as `{}` ({other}), or inside it: writing it would overwrite or mix with the {other_key}. Give each table its own location", setting(key), setting(other_key)),
                 ));
             }
         }

@@ -77,6 +77,12 @@ pub struct Deletes {
     pub column: String,
     pub values: Vec<String>,
     pub mode: DeleteMode,
+    /// `deletes.retain`: tombstones whose sequence is older than this (before `maintain`'s
+    /// clock) are removed by `maintain`, their keys recorded in `removed_keys`.
+    pub retain: Option<Duration>,
+    /// The table of removed tombstones (keys and delete sequence): set, to the given URI or
+    /// `<target>_removed_keys`, exactly when `retain` is.
+    pub removed_keys: Option<String>,
 }
 
 /// Where rejected rows go and how many are tolerated before the run fails.

@@ -60,6 +60,8 @@ pub(super) struct RawTag {
 
 /// A pipeline file as written, one variant per [`Kind`].
 #[derive(Debug)]
+// One per file, parsed once: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum RawPipeline {
     CdcMerge(RawCdcMerge),
     Ingest(super::ingest::RawIngest),
@@ -115,6 +117,12 @@ pub(super) struct RawDeletes {
     pub(super) values: Vec<String>,
     #[serde(default)]
     pub(super) mode: DeleteMode,
+    /// How long tombstones are kept (`maintain` removes older ones), e.g. `30d`.
+    #[serde(default)]
+    pub(super) retain: Option<String>,
+    /// Where the removed tombstones' keys are recorded (default: beside the target).
+    #[serde(default)]
+    pub(super) removed_keys: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
