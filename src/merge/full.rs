@@ -34,7 +34,7 @@ impl Run<'_> {
         let rules = self.compile_expectations(&input)?;
         let (annotated, guard) =
             tombstones::annotate(&self.ctx, input.clone(), self.m, roles, seq_type, true).await?;
-        let split = validate::split(annotated, roles, seq_type, due, &rules, guard.as_ref())?;
+        let mut split = validate::split(annotated, roles, seq_type, due, &rules, guard.as_ref())?;
         self.summary.num_source_rows_read = match self.source_rows {
             Some(rows) => rows,
             None => input
@@ -44,7 +44,7 @@ impl Run<'_> {
                 as u64,
         };
         self.end_phase(Phase::Read)?;
-        self.count_validation(&split, roles, &rules).await?;
+        self.count_validation(&mut split, roles, &rules).await?;
         self.quarantine(split.rejected).await?;
         self.end_phase(Phase::Validate)?;
 

@@ -205,7 +205,7 @@ impl Run<'_> {
         let rules = self.compile_expectations(&input)?;
         let (input, guard) =
             tombstones::annotate(&self.ctx, input, self.m, roles, seq_type, false).await?;
-        let split = validate::split(input, roles, seq_type, due, &rules, guard.as_ref())?;
+        let mut split = validate::split(input, roles, seq_type, due, &rules, guard.as_ref())?;
         self.c.num_late_rows = split
             .valid
             .clone()
@@ -214,7 +214,7 @@ impl Run<'_> {
             .count()
             .await
             .map_err(q(Phase::Validate))? as u64;
-        self.count_validation(&split, roles, &rules).await?;
+        self.count_validation(&mut split, roles, &rules).await?;
         let rejected = split
             .rejected
             .drop_columns(&[LATE_COLUMN])

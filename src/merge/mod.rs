@@ -262,7 +262,7 @@ impl<'a> Run<'a> {
     /// written (the quarantine table included).
     pub(super) async fn count_validation(
         &mut self,
-        split: &validate::Split,
+        split: &mut validate::Split,
         roles: &ColumnRoles,
         rules: &[crate::run::expect::Compiled],
     ) -> Result<(), RunError> {
@@ -301,6 +301,14 @@ impl<'a> Run<'a> {
             }
         }
         expect::enforce(split.input.clone(), roles, rules, &outcomes).await?;
+        // Every rule that rejects rows counted none: the rows need not be checked again.
+        if outcomes
+            .iter()
+            .filter(|o| o.on_fail == expect::OnFail::Quarantine.as_str())
+            .all(|o| o.failed == 0)
+        {
+            split.none_rejected()?;
+        }
         for o in outcomes
             .iter()
             .filter(|o| o.failed > 0 && o.on_fail == "warn")

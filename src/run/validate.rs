@@ -25,6 +25,23 @@ pub struct Split {
     /// With bounded tombstones: the condition of a rejected resurrection (counted in the
     /// report).
     pub resurrected: Option<Expr>,
+    /// `valid` for when the counts show that no row is rejected: without the rejection
+    /// conditions, which expectations make costly to evaluate over a whole source.
+    valid_when_none_rejected: DataFrame,
+}
+
+impl Split {
+    /// Once the counts say that no row is rejected: the valid rows are every row that is due
+    /// (no rule evaluated again) and the rejected ones need no scan.
+    pub fn none_rejected(&mut self) -> Result<(), RunError> {
+        self.valid = self.valid_when_none_rejected.clone();
+        self.rejected = self
+            .rejected
+            .clone()
+            .limit(0, Some(0))
+            .map_err(RunError::query(Phase::Validate))?;
+        Ok(())
+    }
 }
 
 /// The latest sequence value (µs) a run starting at `now` merges: later rows are deferred.
@@ -86,14 +103,21 @@ pub fn split(
     let due = timestamp_lit(seq_type, due_micros);
     let deferred_when = datafusion::logical_expr::not(any_null).and(ident(seq).gt(due.clone()));
     let mut valid = present
+        .filter(ident(seq).lt_eq(due.clone()))
+        .map_err(q(Phase::Validate))?;
+    let mut valid_when_none_rejected = all
+        .clone()
         .filter(ident(seq).lt_eq(due))
         .map_err(q(Phase::Validate))?;
     let mut rejected = rejected;
     if let Some(g) = guard {
-        valid = valid
-            .filter(datafusion::logical_expr::not(g.superseded.clone()))
-            .and_then(|df| df.drop_columns(&[g.column]))
-            .map_err(q(Phase::Validate))?;
+        let keep = |df: DataFrame| {
+            df.filter(datafusion::logical_expr::not(g.superseded.clone()))
+                .and_then(|df| df.drop_columns(&[g.column]))
+                .map_err(q(Phase::Validate))
+        };
+        valid = keep(valid)?;
+        valid_when_none_rejected = keep(valid_when_none_rejected)?;
         rejected = rejected
             .drop_columns(&[g.column])
             .map_err(q(Phase::Validate))?;
@@ -104,6 +128,7 @@ pub fn split(
         input: all,
         deferred_when,
         resurrected: guard.map(|g| g.resurrected.clone()),
+        valid_when_none_rejected,
     })
 }
 
