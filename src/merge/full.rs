@@ -44,12 +44,30 @@ impl Run<'_> {
                 as u64,
         };
         self.end_phase(Phase::Read)?;
-        self.count_validation(&mut split, roles, &rules).await?;
+        // `warn` rules only count: over a whole source that is cheaper inside the write's scan,
+        // which decodes their columns anyway, than in a pass of its own.
+        let warns: Vec<&crate::run::expect::Compiled> = rules
+            .iter()
+            .filter(|r| r.on_fail == crate::run::expect::OnFail::Warn)
+            .collect();
+        self.count_validation(&mut split, roles, &rules, !warns.is_empty())
+            .await?;
+        let (valid, streamed) = if warns.is_empty() {
+            (split.valid.clone(), None)
+        } else {
+            let (valid, tally) =
+                split.valid_tallied(warns.iter().map(|r| r.fails.clone()).collect())?;
+            let streamed = crate::run::expect::Streamed {
+                base: self.c.expectations.clone(),
+                names: warns.iter().map(|r| r.name.clone()).collect(),
+                tally,
+            };
+            (valid, Some(streamed))
+        };
         self.quarantine(split.rejected).await?;
         self.end_phase(Phase::Validate)?;
 
-        let sorted = split
-            .valid
+        let sorted = valid
             .select(roles.canonical_exprs())
             .and_then(|df| df.sort(roles.dedup_sort()))
             .map_err(q(Phase::Dedup))?;
@@ -102,7 +120,7 @@ impl Run<'_> {
             .cloned()
         {
             return self
-                .reload_by_merge(t, winners, roles, counts, scan_error)
+                .reload_by_merge(t, winners, roles, counts, scan_error, streamed)
                 .await;
         } else {
             // The counts of a streamed reload are known only after the write; its commit
@@ -113,7 +131,12 @@ impl Run<'_> {
             let props = self.commit_properties();
             let plan = winners.into_unoptimized_plan();
             let ctx = self.ctx.clone();
-            let final_facts = streamed_facts(counts.clone(), roles.hard_deletes(), false);
+            let final_facts = streamed_facts(
+                counts.clone(),
+                roles.hard_deletes(),
+                false,
+                streamed.clone(),
+            );
             let written = write::overwrite(
                 &ctx,
                 target,
@@ -154,7 +177,17 @@ impl Run<'_> {
         self.c.num_conflicts = c.conflicts;
         self.c.num_deleted = c.deleted_winners;
         self.c.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);
+        self.report_streamed(streamed);
         Ok(self.finish())
+    }
+
+    /// The counts of the rules counted in the stream, now that it has been read.
+    fn report_streamed(&mut self, streamed: Option<crate::run::expect::Streamed>) {
+        if let Some(s) = streamed {
+            let outcomes = s.outcomes();
+            self.warn_failed(&outcomes);
+            self.c.expectations = outcomes;
+        }
     }
 }
 
@@ -166,10 +199,17 @@ fn streamed_facts(
     counts: Arc<std::sync::Mutex<DedupCounts>>,
     hard_deletes: bool,
     by_merge: bool,
+    streamed: Option<crate::run::expect::Streamed>,
 ) -> lake::facts::FinalFacts {
     Arc::new(move || {
         let c = *counts.lock().ok()?;
         let mut facts = serde_json::Map::new();
+        if let Some(s) = &streamed {
+            facts.insert(
+                "expectations".into(),
+                serde_json::to_value(s.outcomes()).unwrap_or_default(),
+            );
+        }
         if by_merge {
             for k in [
                 "num_inserted",
@@ -221,10 +261,11 @@ impl Run<'_> {
         roles: &ColumnRoles,
         counts: Arc<std::sync::Mutex<DedupCounts>>,
         scan_error: dedup::InputError,
+        streamed: Option<crate::run::expect::Streamed>,
     ) -> Result<RunSummary, RunError> {
         self.ensure_unchanged(&target).await?;
         let props = self.commit_properties();
-        let facts = streamed_facts(counts.clone(), roles.hard_deletes(), true);
+        let facts = streamed_facts(counts.clone(), roles.hard_deletes(), true, streamed.clone());
         let target = lake::facts::with_final_facts(target, facts);
         let ctx = self.ctx.clone();
         let written = write::merge_all(&ctx, target, &self.m.target_uri, roles, winners, props)
@@ -249,6 +290,7 @@ impl Run<'_> {
         (self.c.num_superseded, self.c.num_duplicates) = (c.superseded, c.duplicates);
         self.c.num_conflicts = c.conflicts;
         self.c.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);
+        self.report_streamed(streamed);
         Ok(self.finish())
     }
 }

@@ -214,7 +214,8 @@ impl Run<'_> {
             .count()
             .await
             .map_err(q(Phase::Validate))? as u64;
-        self.count_validation(&mut split, roles, &rules).await?;
+        self.count_validation(&mut split, roles, &rules, false)
+            .await?;
         let rejected = split
             .rejected
             .drop_columns(&[LATE_COLUMN])

@@ -265,6 +265,7 @@ impl<'a> Run<'a> {
         split: &mut validate::Split,
         roles: &ColumnRoles,
         rules: &[crate::run::expect::Compiled],
+        stream_warns: bool,
     ) -> Result<(), RunError> {
         use crate::run::expect;
         let report = !self.m.expectations.is_empty() || split.resurrected.is_some();
@@ -273,6 +274,14 @@ impl<'a> Run<'a> {
         } else {
             Vec::new()
         };
+        if stream_warns && report {
+            // `warn` rules are counted in the write's stream ([`Run::stream_warns`]).
+            for (i, r) in rules.iter().enumerate() {
+                if r.on_fail == expect::OnFail::Warn {
+                    counted[expect::BUILT_IN.len() + i] = datafusion::logical_expr::lit(false);
+                }
+            }
+        }
         counted.extend(split.resurrected.clone());
         let (deferred, floor, counts) = validate::summary(split, roles, &counted)
             .await
@@ -309,6 +318,15 @@ impl<'a> Run<'a> {
         {
             split.none_rejected()?;
         }
+        if !stream_warns {
+            self.warn_failed(&outcomes);
+        }
+        self.c.expectations = outcomes;
+        Ok(())
+    }
+
+    /// A warning per `warn` rule that rows failed.
+    pub(super) fn warn_failed(&mut self, outcomes: &[crate::run::expect::Outcome]) {
         for o in outcomes
             .iter()
             .filter(|o| o.failed > 0 && o.on_fail == "warn")
@@ -318,8 +336,6 @@ impl<'a> Run<'a> {
                 o.name, o.failed
             ));
         }
-        self.c.expectations = outcomes;
-        Ok(())
     }
 
     /// Commit metadata and the application transaction recording the source version read.

@@ -30,6 +30,28 @@ pub struct Outcome {
     pub failed: u64,
 }
 
+/// The report of rules some of which (`streamed`, by name) are counted inside the write's
+/// stream ([`super::tally`]): `base` with their counts filled in from the tally.
+#[derive(Debug, Clone)]
+pub struct Streamed {
+    pub base: Vec<Outcome>,
+    pub names: Vec<String>,
+    pub tally: super::tally::Tally,
+}
+
+impl Streamed {
+    pub fn outcomes(&self) -> Vec<Outcome> {
+        let counts = self.tally.counts();
+        let mut out = self.base.clone();
+        for (name, n) in self.names.iter().zip(counts) {
+            if let Some(o) = out.iter_mut().find(|o| &o.name == name) {
+                o.failed = n;
+            }
+        }
+        out
+    }
+}
+
 /// Compiles the pipeline's rules against `input`'s columns. A rule naming an unknown column, or
 /// not boolean, is a config error at its line in the pipeline file.
 pub fn compile(

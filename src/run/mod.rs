@@ -14,6 +14,7 @@ pub(crate) mod render;
 pub mod roles;
 mod session;
 mod spill;
+pub(crate) mod tally;
 pub(crate) mod validate;
 
 use tracing::{info_span, warn, Instrument};

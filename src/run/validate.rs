@@ -28,12 +28,19 @@ pub struct Split {
     /// `valid` for when the counts show that no row is rejected: without the rejection
     /// conditions, which expectations make costly to evaluate over a whole source.
     valid_when_none_rejected: DataFrame,
+    /// The condition that makes `valid` out of `input` (and the one once none is rejected),
+    /// and the helper column to drop after it.
+    valid_when: Expr,
+    clean_when: Expr,
+    helper: Option<&'static str>,
+    clean: bool,
 }
 
 impl Split {
     /// Once the counts say that no row is rejected: the valid rows are every row that is due
     /// (no rule evaluated again) and the rejected ones need no scan.
     pub fn none_rejected(&mut self) -> Result<(), RunError> {
+        self.clean = true;
         self.valid = self.valid_when_none_rejected.clone();
         self.rejected = self
             .rejected
@@ -41,6 +48,26 @@ impl Split {
             .limit(0, Some(0))
             .map_err(RunError::query(Phase::Validate))?;
         Ok(())
+    }
+
+    /// `valid`, with `counted` counted over every row of `input` inside the same scan (see
+    /// [`super::tally`]): the counts are complete once the returned rows have been read.
+    pub fn valid_tallied(
+        &self,
+        counted: Vec<Expr>,
+    ) -> Result<(DataFrame, super::tally::Tally), RunError> {
+        let q = RunError::query(Phase::Validate);
+        let keep = if self.clean {
+            self.clean_when.clone()
+        } else {
+            self.valid_when.clone()
+        };
+        let (filter, tally) = super::tally::Tally::filter(counted, keep);
+        let mut df = self.input.clone().filter(filter);
+        if let Some(c) = self.helper {
+            df = df.and_then(|df| df.drop_columns(&[c]));
+        }
+        Ok((df.map_err(q)?, tally))
     }
 }
 
@@ -101,7 +128,15 @@ pub fn split(
         .filter(datafusion::logical_expr::not(any_null.clone()))
         .map_err(q(Phase::Validate))?;
     let due = timestamp_lit(seq_type, due_micros);
-    let deferred_when = datafusion::logical_expr::not(any_null).and(ident(seq).gt(due.clone()));
+    let deferred_when =
+        datafusion::logical_expr::not(any_null.clone()).and(ident(seq).gt(due.clone()));
+    let mut valid_when = datafusion::logical_expr::not(any_null).and(ident(seq).lt_eq(due.clone()));
+    let mut clean_when = ident(seq).lt_eq(due.clone());
+    if let Some(g) = guard {
+        let not_superseded = datafusion::logical_expr::not(g.superseded.clone());
+        valid_when = valid_when.and(not_superseded.clone());
+        clean_when = clean_when.and(not_superseded);
+    }
     let mut valid = present
         .filter(ident(seq).lt_eq(due.clone()))
         .map_err(q(Phase::Validate))?;
@@ -129,6 +164,10 @@ pub fn split(
         deferred_when,
         resurrected: guard.map(|g| g.resurrected.clone()),
         valid_when_none_rejected,
+        valid_when,
+        clean_when,
+        helper: guard.map(|g| g.column),
+        clean: false,
     })
 }
 
