@@ -5,6 +5,7 @@ mod changes_command;
 mod demo;
 mod jobs_commands;
 mod lateness_command;
+mod status_command;
 mod table_commands;
 
 pub use table_commands::{history, maintain, restore};
@@ -134,6 +135,7 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
         Command::Runs(args) => j::runs(args).await?.into(),
         Command::Lateness(args) => lateness_command::lateness(args).await?.into(),
         Command::Changes(args) => changes_command::changes(args).await?.into(),
+        Command::Status(args) => status_command::status(args).await?.into(),
     })
 }
 
@@ -223,13 +225,41 @@ fn run_engine(args: &RunArgs) -> Result<Engine, AppError> {
 ///
 /// SIGINT/SIGTERM stop the run (nothing is committed unless its commit had already landed,
 /// whole), remove its spill files and end it with exit 130/143.
+/// The run's options from its arguments; the aggregate-only ones are refused for other kinds.
+fn run_options(args: &RunArgs, pipeline: &Pipeline) -> Result<RunOptions, AppError> {
+    let dated = args.logical_date.is_some() || args.restate_from.is_some();
+    if dated && pipeline.kind() != crate::config::pipeline::Kind::Aggregate {
+        return Err(AppError::Usage(format!(
+            "--logical-date, --from and --to apply to aggregate pipelines; `{}` is {}",
+            pipeline.name,
+            pipeline.kind()
+        )));
+    }
+    if let (Some(from), Some(to)) = (args.restate_from, args.restate_to) {
+        if from > to {
+            return Err(AppError::Usage(format!(
+                "--from {from} is after --to {to}: give the first day, then the last"
+            )));
+        }
+        if args.full_reload {
+            return Err(AppError::Usage(
+                "--from/--to restate some days and --full-reload all of them: give one".into(),
+            ));
+        }
+    }
+    Ok(RunOptions {
+        full_reload: args.full_reload,
+        dry_run: args.dry_run,
+        logical_date: args.logical_date,
+        restate_from: args.restate_from,
+        restate_to: args.restate_to,
+    })
+}
+
 pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String, AppError> {
     let pipeline = Arc::new(load_pipeline(&args.pipeline, &args.from)?);
     let engine = run_engine(&args)?;
-    let opts = RunOptions {
-        full_reload: args.full_reload,
-        dry_run: args.dry_run,
-    };
+    let opts = run_options(&args, &pipeline)?;
     let on_engine = engine.clone();
     let mut handle =
         engine.spawn(async move { run::run(&pipeline, &opts, clock.as_ref(), &on_engine).await });

@@ -86,6 +86,7 @@ impl Command {
             Command::Runs(a) => a.output,
             Command::Lateness(a) => a.output,
             Command::Changes(a) => a.output,
+            Command::Status(a) => a.output,
         }
     }
 }
@@ -137,6 +138,9 @@ pub enum Command {
     /// What a table's change data feed says changed between two versions: counts per change
     /// type and version, and the keys (a pipeline's target, or a table with the feed on).
     Changes(ChangesArgs),
+    /// An aggregate's day status: per event day open or final (since when), rows, the latest
+    /// arrival and when it was last recomputed — what a dashboard shows as "provisional".
+    Status(StatusArgs),
 }
 
 /// Which bundle, which target, and variable overrides.
@@ -264,6 +268,16 @@ pub struct RunArgs {
     /// Where spill files go (with --memory-limit); default: the OS temporary directory.
     #[arg(long, value_name = "DIR")]
     pub spill_dir: Option<PathBuf>,
+    /// `aggregate` pipelines: the run's logical date (YYYY-MM-DD; default: today in the
+    /// pipeline's time zone). Decides the lookback window and which days are final.
+    #[arg(long, value_name = "DATE")]
+    pub logical_date: Option<chrono::NaiveDate>,
+    /// `aggregate` pipelines: restate the event days from this date (with --to), on purpose.
+    #[arg(long = "from", value_name = "DATE", requires = "restate_to")]
+    pub restate_from: Option<chrono::NaiveDate>,
+    /// `aggregate` pipelines: ... up to and including this date.
+    #[arg(long = "to", value_name = "DATE", requires = "restate_from")]
+    pub restate_to: Option<chrono::NaiveDate>,
 }
 
 /// Where a pipeline's `${var.NAME}` values come from: `--var` first, then the bundle's variables
@@ -409,6 +423,19 @@ pub struct ChangesArgs {
     /// Keys listed per change type.
     #[arg(long, default_value_t = 20)]
     pub limit: usize,
+    #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
+    pub output: OutputFormat,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// An aggregate pipeline (path, or name in the pipelines directory).
+    pub pipeline: String,
+    #[command(flatten)]
+    pub from: PipelineVars,
+    /// Days listed, newest first (JSON lists every day).
+    #[arg(long, default_value_t = 14, value_parser = parse_limit)]
+    pub days: usize,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

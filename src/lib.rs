@@ -8,6 +8,7 @@
 //! calls the same [`run::run`] entry point.
 //! [`app`] has one function per command; `main.rs` only parses and maps errors to exit codes.
 
+pub mod aggregate;
 pub mod app;
 pub mod cli;
 pub mod clock;

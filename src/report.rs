@@ -75,6 +75,30 @@ pub struct RunSummary {
 pub enum Counters {
     Merge(MergeCounters),
     Ingest(IngestCounters),
+    Aggregate(AggregateCounters),
+}
+
+/// What an `aggregate` run counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct AggregateCounters {
+    /// The run's logical date (given, or today in the pipeline's time zone).
+    pub logical_date: Option<chrono::NaiveDate>,
+    /// The event days recomputed (inclusive).
+    pub days_from: Option<chrono::NaiveDate>,
+    pub days_to: Option<chrono::NaiveDate>,
+    pub num_days_recomputed: u64,
+    /// Days whose published rows changed (replaced in gold's commit).
+    pub num_days_changed: u64,
+    /// Of those, days that were already final (`after_close: restate`).
+    pub num_days_restated_after_close: u64,
+    /// Days labelled final for the first time by this run.
+    pub num_days_final_now: u64,
+    /// Days the status table shows open after this run.
+    pub num_days_open: u64,
+    /// Gold rows written (all rows of the changed days' range).
+    pub num_rows_written: u64,
+    /// The status table's version this run committed (null when unchanged).
+    pub status_version: Option<u64>,
 }
 
 /// What an `ingest` run counts.
@@ -179,7 +203,7 @@ impl RunSummary {
     pub fn merge(&self) -> Option<&MergeCounters> {
         match &self.counters {
             Counters::Merge(c) => Some(c),
-            Counters::Ingest(_) => None,
+            Counters::Ingest(_) | Counters::Aggregate(_) => None,
         }
     }
 }
@@ -234,6 +258,9 @@ impl RunSummary {
             ),
             (false, None) if matches!(self.counters, Counters::Ingest(_)) => {
                 "no new landing files: no commit".to_string()
+            }
+            (false, None) if matches!(self.counters, Counters::Aggregate(_)) => {
+                "the days are published as recomputed: no commit".to_string()
             }
             (false, None) => "nothing to change: no commit".to_string(),
         };
@@ -291,6 +318,42 @@ impl RunSummary {
                 )
             }))
             .collect(),
+            Counters::Aggregate(c) => {
+                let day = |d: Option<chrono::NaiveDate>| d.map_or("-".into(), |d| d.to_string());
+                vec![
+                    (
+                        "source version",
+                        self.source_version.map_or("-".into(), |v| v.to_string()),
+                    ),
+                    ("logical date", day(c.logical_date)),
+                    (
+                        "days recomputed",
+                        format!(
+                            "{} ({} .. {})",
+                            c.num_days_recomputed,
+                            day(c.days_from),
+                            day(c.days_to)
+                        ),
+                    ),
+                    ("rows read", self.num_source_rows_read.to_string()),
+                    (
+                        "days changed",
+                        format!(
+                            "{} ({} already final, restated)",
+                            c.num_days_changed, c.num_days_restated_after_close
+                        ),
+                    ),
+                    ("rows written", c.num_rows_written.to_string()),
+                    (
+                        "days final now",
+                        format!("{} (open: {})", c.num_days_final_now, c.num_days_open),
+                    ),
+                    (
+                        "status version",
+                        c.status_version.map_or("-".into(), |v| v.to_string()),
+                    ),
+                ]
+            }
             Counters::Ingest(c) => {
                 let mut rows = vec![
                     ("landing", self.source_uri.clone()),

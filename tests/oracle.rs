@@ -92,7 +92,7 @@ async fn run_once(p: &Pipeline, now: i64, full_reload: bool) -> RunSummary {
     let clock = FixedClock(Utc.timestamp_micros(now).single().expect("time"));
     let opts = RunOptions {
         full_reload,
-        dry_run: false,
+        ..RunOptions::default()
     };
     run(p, &opts, &clock, &Engine::default())
         .await

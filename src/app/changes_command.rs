@@ -50,6 +50,12 @@ pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
                         (m.target_uri.clone(), m.keys.clone(), Some(p.name.clone()))
                     }
                     Spec::Ingest(i) => (i.target_uri.clone(), Vec::new(), Some(p.name.clone())),
+                    Spec::Aggregate(a) => {
+                        let mut keys =
+                            vec![crate::config::pipeline::aggregate::EVENT_DATE.to_string()];
+                        keys.extend(a.group_by.iter().cloned());
+                        (a.target_uri.clone(), keys, Some(p.name.clone()))
+                    }
                 }
             }
             Err(_) => (args.table.clone(), Vec::new(), None),

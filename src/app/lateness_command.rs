@@ -33,6 +33,20 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
                     arrival: args.arrival.clone(),
                     overlap: None,
                 },
+                // An aggregate's source holds its event day and its arrival (`data_as_of`):
+                // how late that runs is what its lookback has to cover.
+                Spec::Aggregate(a) => LatenessInputs {
+                    table_uri: a.source_uri,
+                    role: "source",
+                    pipeline: Some(p.name),
+                    event_time: args.event_time.clone().or(Some(a.event_date)),
+                    arrival: if args.arrival == crate::config::pipeline::ingest::INGESTED_AT {
+                        a.data_as_of
+                    } else {
+                        args.arrival.clone()
+                    },
+                    overlap: None,
+                },
             }
         }
         Err(_) => LatenessInputs {

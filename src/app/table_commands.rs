@@ -134,6 +134,9 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                         )
                     }
                     Spec::Ingest(i) => (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
+                    Spec::Aggregate(a) => {
+                        (a.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS)
+                    }
                 }
             }
             Err(_) => (

@@ -410,7 +410,7 @@ impl Run<'_> {
         let mut warnings = Vec::new();
         let opts = RunOptions {
             full_reload: self.req.full_reload || task.mode == TaskMode::FullReload,
-            dry_run: false,
+            ..RunOptions::default()
         };
         let mut attempt = 0u32;
         loop {

@@ -37,6 +37,11 @@ pub struct RunOptions {
     pub full_reload: bool,
     /// Plan and count everything, write nothing.
     pub dry_run: bool,
+    /// `aggregate`: the run's logical date (default: today in the pipeline's time zone).
+    pub logical_date: Option<chrono::NaiveDate>,
+    /// `aggregate`: restate exactly these event days (inclusive), on purpose.
+    pub restate_from: Option<chrono::NaiveDate>,
+    pub restate_to: Option<chrono::NaiveDate>,
 }
 
 /// How often a run that lost a commit race is planned again before it gives up with the
@@ -66,6 +71,11 @@ pub async fn run(
             }
             Spec::Ingest(i) => {
                 crate::ingest::run_once(pipeline, i, opts, clock.now(), engine, run_id.clone())
+                    .instrument(span.clone())
+                    .await
+            }
+            Spec::Aggregate(a) => {
+                crate::aggregate::run_once(pipeline, a, opts, clock.now(), engine, run_id.clone())
                     .instrument(span.clone())
                     .await
             }

@@ -113,6 +113,10 @@ impl Ctx<'_> {
                 (raw.name.clone(), Spec::CdcMerge(self.cdc_merge(raw, vars)?))
             }
             RawPipeline::Ingest(raw) => (raw.name.clone(), Spec::Ingest(self.ingest(raw, vars)?)),
+            RawPipeline::Aggregate(raw) => (
+                raw.name.clone(),
+                Spec::Aggregate(self.aggregate(raw, vars)?),
+            ),
         };
         if name.is_empty()
             || !name
@@ -148,6 +152,7 @@ impl Ctx<'_> {
         match Kind::from_name(kind.trim()) {
             Some(Kind::CdcMerge) => Ok(RawPipeline::CdcMerge(self.parse_as()?)),
             Some(Kind::Ingest) => Ok(RawPipeline::Ingest(self.parse_as()?)),
+            Some(Kind::Aggregate) => Ok(RawPipeline::Aggregate(self.parse_as()?)),
             None => {
                 let hint = nearest(kind.trim(), Kind::ALL.iter().map(|k| k.as_str()))
                     .map(|n| format!(" (did you mean `{n}`?)"))

@@ -94,6 +94,11 @@ impl Ctx<'_> {
 }
 
 /// Parses `sql` as exactly one SQL expression.
+pub fn parse_expression(sql: &str) -> Result<(), String> {
+    parse(sql)
+}
+
+/// Parses `sql` as exactly one SQL expression.
 fn parse(sql: &str) -> Result<(), String> {
     use datafusion::sql::sqlparser::dialect::GenericDialect;
     use datafusion::sql::sqlparser::parser::Parser;

@@ -4,6 +4,7 @@
 //! into the validated [`Pipeline`]: a header every kind shares (name, file) and a [`Spec`] per
 //! kind.
 
+pub mod aggregate;
 mod build;
 pub mod expect;
 pub mod ingest;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use aggregate::Aggregate;
 pub use build::{parse_bytes, parse_size};
 pub use ingest::Ingest;
 pub use raw::Kind;
@@ -166,6 +168,7 @@ impl CdcMerge {
 pub enum Spec {
     CdcMerge(CdcMerge),
     Ingest(Ingest),
+    Aggregate(Aggregate),
 }
 
 /// A validated pipeline: the header every kind shares and what this kind does.
@@ -265,6 +268,7 @@ impl Pipeline {
         match &self.spec {
             Spec::CdcMerge(_) => Kind::CdcMerge,
             Spec::Ingest(_) => Kind::Ingest,
+            Spec::Aggregate(_) => Kind::Aggregate,
         }
     }
 
@@ -273,6 +277,7 @@ impl Pipeline {
         match &self.spec {
             Spec::CdcMerge(m) => &m.target_uri,
             Spec::Ingest(i) => &i.target_uri,
+            Spec::Aggregate(a) => &a.target_uri,
         }
     }
 
@@ -281,6 +286,7 @@ impl Pipeline {
         match &self.spec {
             Spec::CdcMerge(m) => &m.source_uri,
             Spec::Ingest(i) => &i.landing_uri,
+            Spec::Aggregate(a) => &a.source_uri,
         }
     }
 

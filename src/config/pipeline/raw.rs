@@ -17,17 +17,20 @@ pub enum Kind {
     CdcMerge,
     /// Landing files appended to a bronze table with their arrival time.
     Ingest,
+    /// Per-event-day measures (gold), restated by whole days, with finality and day status.
+    Aggregate,
 }
 
 impl Kind {
     /// Every kind, in the order messages list them.
-    pub const ALL: &'static [Kind] = &[Kind::CdcMerge, Kind::Ingest];
+    pub const ALL: &'static [Kind] = &[Kind::CdcMerge, Kind::Ingest, Kind::Aggregate];
 
     /// The name written in `kind:`.
     pub fn as_str(self) -> &'static str {
         match self {
             Kind::CdcMerge => "cdc_merge",
             Kind::Ingest => "ingest",
+            Kind::Aggregate => "aggregate",
         }
     }
 
@@ -65,6 +68,7 @@ pub(super) struct RawTag {
 pub(super) enum RawPipeline {
     CdcMerge(RawCdcMerge),
     Ingest(super::ingest::RawIngest),
+    Aggregate(super::aggregate::RawAggregate),
 }
 
 #[derive(Debug, Deserialize)]

@@ -186,6 +186,10 @@ impl LedgerRow {
                 self.num_inserted = n(c.num_rows_written);
                 (self.num_updated, self.num_deleted) = (Some(0), Some(0));
             }
+            // The rows of the days it replaced are an aggregate's writes.
+            Counters::Aggregate(c) => {
+                self.num_inserted = n(c.num_rows_written);
+            }
         }
         self
     }

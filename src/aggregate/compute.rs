@@ -1,0 +1,220 @@
+//! The aggregate itself: the source's live rows of the run's days, grouped by event day and the
+//! pipeline's groups, with its measures, `data_as_of` and `is_final`; and per day, what the
+//! status table records.
+
+use std::collections::BTreeMap;
+
+use arrow::array::{Array, AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Date32Type, Int64Type, SchemaRef, TimeUnit};
+use chrono::NaiveDate;
+use datafusion::functions_aggregate::expr_fn::{count, count_distinct, max, min, sum};
+use datafusion::logical_expr::{lit, when, Expr, SortExpr};
+use datafusion::prelude::{coalesce, ident, DataFrame};
+
+use super::days::{date_lit, Days};
+use crate::config::pipeline::aggregate::{Agg, DATA_AS_OF, EVENT_DATE, IS_FINAL};
+use crate::config::pipeline::{Aggregate, Pipeline, DELETED_COLUMN};
+use crate::run::{Phase, RunError};
+
+/// Rows per output group (not written to gold: summed per day for the status table).
+pub const ROWS: &str = "__tidemark_rows";
+
+/// What the read needs to know about the source.
+pub struct Source<'a> {
+    pub p: &'a Pipeline,
+    pub spec: &'a Aggregate,
+    pub df: DataFrame,
+}
+
+/// The grouped rows for `days` (every day when `None`), sorted by day and groups, with the
+/// helper [`ROWS`] column last.
+pub fn grouped(
+    s: Source<'_>,
+    days: Option<&Days>,
+    open_from: NaiveDate,
+) -> Result<DataFrame, RunError> {
+    let q = |e| RunError::query(Phase::Read)(e);
+    let spec = s.spec;
+    let schema = s.df.schema().clone();
+    let field = |name: &str, key: &str, hint: &str| {
+        schema
+            .qualified_field_with_unqualified_name(name)
+            .map(|(_, f)| f.data_type().clone())
+            .map_err(|_| {
+                RunError::Config(s.p.error_at(
+                    key,
+                    format!(
+                        "the source {} has no column `{name}`{hint}",
+                        spec.source_uri
+                    ),
+                ))
+            })
+    };
+    let event_type = field(&spec.event_date, "column", "")?;
+    let (day, raw) = super::days::event_day(spec, &event_type)
+        .map_err(|m| RunError::Config(s.p.error_at("column", m)))?;
+    field(
+        &spec.data_as_of,
+        "data_as_of",
+        "; name the arrival column with `data_as_of:` (a tidemark silver has `_ingested_at`)",
+    )?;
+    for g in &spec.group_by {
+        field(g, "group_by", "")?;
+    }
+    for m in &spec.measures {
+        if let Some(c) = &m.column {
+            field(c, "measures", "")?;
+        }
+    }
+    let mut df = s.df;
+    // Tombstones (a tidemark silver's soft deletes) are not payments.
+    if schema
+        .qualified_field_with_unqualified_name(DELETED_COLUMN)
+        .is_ok()
+    {
+        df = df
+            .filter(datafusion::logical_expr::not(coalesce(vec![
+                ident(DELETED_COLUMN),
+                lit(false),
+            ])))
+            .map_err(q)?;
+    }
+    if let Some(w) = &spec.where_sql {
+        let e = df
+            .parse_sql_expr(w)
+            .map_err(|e| RunError::Config(s.p.error_at("where", format!("`where: {w}`: {e}"))))?;
+        df = df.filter(coalesce(vec![e, lit(false)])).map_err(q)?;
+    }
+    if let Some(d) = days {
+        df = df
+            .filter(raw.covering(&spec.event_date, d.from, d.to))
+            .map_err(q)?;
+    }
+    df = df.with_column(EVENT_DATE, day).map_err(q)?;
+    if let Some(d) = days {
+        df = df
+            .filter(
+                ident(EVENT_DATE)
+                    .gt_eq(date_lit(d.from))
+                    .and(ident(EVENT_DATE).lt_eq(date_lit(d.to))),
+            )
+            .map_err(q)?;
+    }
+    let mut aggs: Vec<Expr> = Vec::new();
+    for m in &spec.measures {
+        let filter = match &m.filter {
+            Some(f) => Some(df.parse_sql_expr(f).map_err(|e| {
+                RunError::Config(
+                    s.p.error_at_text(f, format!("measure `{}`: filter `{f}`: {e}", m.name)),
+                )
+            })?),
+            None => None,
+        };
+        // Only the rows meeting the filter: others become NULL, which every aggregate skips.
+        let value = |e: Expr| -> Result<Expr, RunError> {
+            match &filter {
+                Some(f) => when(coalesce(vec![f.clone(), lit(false)]), e)
+                    .end()
+                    .map_err(q),
+                None => Ok(e),
+            }
+        };
+        let input = match &m.column {
+            Some(c) => value(ident(c))?,
+            None => value(lit(1i64))?,
+        };
+        let e = match m.agg {
+            Agg::Count => count(input),
+            // A group whose rows all miss the filter sums to 0, not NULL.
+            Agg::Sum => coalesce(vec![sum(input), lit(0i64)]),
+            Agg::Min => min(input),
+            Agg::Max => max(input),
+            Agg::CountDistinct => count_distinct(input),
+        };
+        aggs.push(e.alias(&m.name));
+    }
+    aggs.push(max(ident(&spec.data_as_of)).alias(DATA_AS_OF));
+    aggs.push(count(lit(1i64)).alias(ROWS));
+    let mut groups: Vec<Expr> = vec![ident(EVENT_DATE)];
+    groups.extend(spec.group_by.iter().map(ident));
+    let mut out: Vec<Expr> = groups.clone();
+    out.extend(spec.measures.iter().map(|m| ident(&m.name)));
+    out.push(ident(DATA_AS_OF));
+    out.push(ident(EVENT_DATE).lt(date_lit(open_from)).alias(IS_FINAL));
+    out.push(ident(ROWS));
+    let order: Vec<SortExpr> = groups.iter().map(|g| g.clone().sort(true, true)).collect();
+    df.aggregate(groups, aggs)
+        .and_then(|df| df.select(out))
+        .and_then(|df| df.sort(order))
+        .map_err(q)
+}
+
+/// Per event day: source rows, output groups and the latest arrival.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DayFacts {
+    pub rows: i64,
+    pub groups: i64,
+    /// Microseconds (UTC).
+    pub last_arrival: Option<i64>,
+}
+
+/// Sums the grouped batches per day.
+pub fn day_facts(batches: &[RecordBatch]) -> Result<BTreeMap<NaiveDate, DayFacts>, RunError> {
+    let a = |e| RunError::arrow(Phase::Read)(e);
+    let mut out: BTreeMap<NaiveDate, DayFacts> = BTreeMap::new();
+    for b in batches {
+        let (Some(day), Some(rows), Some(arrival)) = (
+            b.column_by_name(EVENT_DATE),
+            b.column_by_name(ROWS),
+            b.column_by_name(DATA_AS_OF),
+        ) else {
+            continue;
+        };
+        let day = arrow::compute::cast(day, &DataType::Date32).map_err(a)?;
+        let day = day.as_primitive::<Date32Type>();
+        let rows = arrow::compute::cast(rows, &DataType::Int64).map_err(a)?;
+        let rows = rows.as_primitive::<Int64Type>();
+        let arrival =
+            arrow::compute::cast(arrival, &DataType::Timestamp(TimeUnit::Microsecond, None))
+                .and_then(|c| arrow::compute::cast(&c, &DataType::Int64))
+                .map_err(a)?;
+        let arrival = arrival.as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            let Some(d) = day.value_as_date(i) else {
+                continue;
+            };
+            let f = out.entry(d).or_default();
+            f.rows += rows.value(i);
+            f.groups += 1;
+            if arrival.is_valid(i) {
+                f.last_arrival = f.last_arrival.max(Some(arrival.value(i)));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The batches without the helper column, as gold stores them.
+pub fn without_helpers(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>, RunError> {
+    batches
+        .iter()
+        .map(|b| {
+            let keep: Vec<usize> = (0..b.num_columns())
+                .filter(|i| b.schema().field(*i).name() != ROWS)
+                .collect();
+            b.project(&keep).map_err(RunError::arrow(Phase::Read))
+        })
+        .collect()
+}
+
+/// The output schema of gold (without the helper column).
+pub fn gold_schema(df: &DataFrame) -> SchemaRef {
+    let s = df.schema().as_arrow();
+    std::sync::Arc::new(arrow::datatypes::Schema::new(
+        s.fields()
+            .iter()
+            .filter(|f| f.name() != ROWS)
+            .cloned()
+            .collect::<Vec<_>>(),
+    ))
+}

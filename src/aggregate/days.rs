@@ -1,0 +1,139 @@
+//! Event days: the logical date, the days a run restates, finality, and the event-day
+//! expression over the source (a timestamp's instant taken as a date in the pipeline's time
+//! zone — finance days are local days — or a date column as it is).
+
+use arrow::datatypes::{DataType, TimeUnit};
+use chrono::{DateTime, Duration, NaiveDate, Utc};
+use datafusion::logical_expr::{cast, lit, Expr};
+use datafusion::prelude::ident;
+use datafusion::scalar::ScalarValue;
+
+use crate::config::pipeline::Aggregate;
+
+/// The days a run recomputes (inclusive), and what decides their labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Days {
+    /// The run's logical date: the newest day it considers.
+    pub logical: NaiveDate,
+    pub from: NaiveDate,
+    pub to: NaiveDate,
+    /// The oldest open day: days before it are final.
+    pub open_from: NaiveDate,
+}
+
+impl Days {
+    /// The lookback window of `logical`, widened back to `oldest_open` (days labelled open by an
+    /// earlier run that are final now get their last restatement and their label).
+    pub fn window(spec: &Aggregate, logical: NaiveDate, oldest_open: Option<NaiveDate>) -> Days {
+        let open_from = open_from(spec, logical);
+        let from = oldest_open.map_or(open_from, |o| o.min(open_from));
+        Days {
+            logical,
+            from,
+            to: logical,
+            open_from,
+        }
+    }
+
+    /// An explicit range (`--from/--to`), labelled as of `logical`.
+    pub fn range(spec: &Aggregate, logical: NaiveDate, from: NaiveDate, to: NaiveDate) -> Days {
+        Days {
+            logical,
+            from,
+            to,
+            open_from: open_from(spec, logical),
+        }
+    }
+
+    pub fn is_final(&self, day: NaiveDate) -> bool {
+        day < self.open_from
+    }
+
+    /// Every day of the range, oldest first.
+    pub fn each(&self) -> impl Iterator<Item = NaiveDate> + '_ {
+        self.from.iter_days().take_while(move |d| *d <= self.to)
+    }
+
+    pub fn count(&self) -> u64 {
+        (self.to - self.from).num_days().max(-1) as u64 + 1
+    }
+}
+
+/// The first day still open on `logical`.
+fn open_from(spec: &Aggregate, logical: NaiveDate) -> NaiveDate {
+    logical - Duration::days(i64::from(spec.lookback_days))
+}
+
+/// The logical date: given, or today in the pipeline's time zone.
+pub fn logical_date(spec: &Aggregate, given: Option<NaiveDate>, now: DateTime<Utc>) -> NaiveDate {
+    given.unwrap_or_else(|| now.with_timezone(&spec.time_zone).date_naive())
+}
+
+/// A date literal.
+pub fn date_lit(d: NaiveDate) -> Expr {
+    lit(ScalarValue::Date32(Some(days_since_epoch(d))))
+}
+
+pub fn days_since_epoch(d: NaiveDate) -> i32 {
+    (d - NaiveDate::from_ymd_opt(1970, 1, 1).unwrap_or_default()).num_days() as i32
+}
+
+/// The event day of a source row, and a coarser condition on the raw column that statistics can
+/// prune files and row groups with (`None` when the column's type gives none).
+pub fn event_day(spec: &Aggregate, column_type: &DataType) -> Result<(Expr, RawRange), String> {
+    let c = ident(&spec.event_date);
+    let tz = spec.time_zone.name();
+    match column_type {
+        DataType::Date32 => Ok((c, RawRange::Date)),
+        DataType::Date64 => Ok((cast(c, DataType::Date32), RawRange::Date)),
+        // An instant: its date in the pipeline's time zone.
+        DataType::Timestamp(unit, Some(_)) => Ok((
+            cast(
+                cast(c, DataType::Timestamp(*unit, Some(tz.into()))),
+                DataType::Date32,
+            ),
+            RawRange::Instant(*unit),
+        )),
+        // A wall-clock time without a zone (`timestamp_ntz`): already local, its date as is.
+        DataType::Timestamp(unit, None) => Ok((cast(c, DataType::Date32), RawRange::Local(*unit))),
+        other => Err(format!(
+            "`event_date.column: {}` is {other}; give a timestamp or date column",
+            spec.event_date
+        )),
+    }
+}
+
+/// How the raw event column is bounded for a range of days.
+#[derive(Debug, Clone, Copy)]
+pub enum RawRange {
+    Date,
+    Instant(TimeUnit),
+    Local(TimeUnit),
+}
+
+impl RawRange {
+    /// A condition on the raw column true for every row whose day is in `[from, to]` (and a
+    /// little more: a day of margin either side covers every time zone offset).
+    pub fn covering(self, column: &str, from: NaiveDate, to: NaiveDate) -> Expr {
+        let c = ident(column);
+        match self {
+            RawRange::Date => c.clone().gt_eq(date_lit(from)).and(c.lt_eq(date_lit(to))),
+            RawRange::Instant(unit) | RawRange::Local(unit) => {
+                let tz = matches!(self, RawRange::Instant(_)).then(|| "UTC".into());
+                let at = |d: NaiveDate| {
+                    let micros = d
+                        .and_hms_opt(0, 0, 0)
+                        .map(|t| t.and_utc().timestamp_micros())
+                        .unwrap_or_default();
+                    cast(
+                        lit(ScalarValue::TimestampMicrosecond(Some(micros), tz.clone())),
+                        DataType::Timestamp(unit, tz.clone()),
+                    )
+                };
+                let lo = from - Duration::days(1);
+                let hi = to + Duration::days(2);
+                c.clone().gt_eq(at(lo)).and(c.lt(at(hi)))
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Gold's side: what it holds for a range of days, which days differ from a fresh aggregate, and
+//! the one commit that replaces exactly those days (partitions by `event_date`, so a
+//! replace-where rewrites the days' own files and nothing else).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use arrow::array::{AsArray, RecordBatch};
+use arrow::datatypes::{DataType, Date32Type, SchemaRef};
+use arrow::row::{RowConverter, SortField};
+use chrono::NaiveDate;
+use datafusion::prelude::{ident, SessionContext};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+
+use super::days::{date_lit, Days};
+use crate::config::pipeline::aggregate::EVENT_DATE;
+use crate::lake;
+use crate::lake::storage::cast_to;
+use crate::run::{Phase, RunError};
+
+/// Refuses to replace days of a gold table whose columns are not the pipeline's (measures or
+/// groups changed since it was built): a day written one way beside days written another would
+/// be a table no reader can trust.
+pub fn check_schema(gold: &DeltaTable, schema: &SchemaRef, uri: &str) -> Result<(), RunError> {
+    let held = gold
+        .snapshot()
+        .map_err(RunError::delta(Phase::Compare, uri))?
+        .snapshot()
+        .arrow_schema();
+    let names = |s: &arrow::datatypes::Schema| -> Vec<String> {
+        s.fields().iter().map(|f| f.name().clone()).collect()
+    };
+    let (held, wanted) = (names(&held), names(schema));
+    if held != wanted {
+        return Err(RunError::SchemaDrift {
+            uri: uri.to_string(),
+            message: format!(
+                "gold has the columns [{}] and the pipeline now makes [{}] (its groups or measures changed): rebuild it with `tidemark run <pipeline> --full-reload`",
+                held.join(", "),
+                wanted.join(", ")
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// Gold's rows of `days`.
+pub async fn read_days(
+    ctx: &SessionContext,
+    gold: &DeltaTable,
+    uri: &str,
+    days: &Days,
+) -> Result<Vec<RecordBatch>, RunError> {
+    let provider = gold
+        .table_provider()
+        .await
+        .map_err(RunError::scan(Phase::Compare, uri))?;
+    let day = ident(EVENT_DATE);
+    ctx.read_table(provider)
+        .and_then(|df| {
+            df.filter(
+                day.clone()
+                    .gt_eq(date_lit(days.from))
+                    .and(day.lt_eq(date_lit(days.to))),
+            )
+        })
+        .map_err(RunError::query(Phase::Compare))?
+        .collect()
+        .await
+        .map_err(RunError::scan(Phase::Compare, uri))
+}
+
+/// Each row of `batches` (in `schema`) as comparable bytes, by day.
+fn by_day(
+    batches: &[RecordBatch],
+    schema: &SchemaRef,
+) -> Result<BTreeMap<NaiveDate, Vec<Vec<u8>>>, RunError> {
+    let a = |e| RunError::arrow(Phase::Compare)(e);
+    let fields: Vec<SortField> = schema
+        .fields()
+        .iter()
+        .map(|f| SortField::new(f.data_type().clone()))
+        .collect();
+    let conv = RowConverter::new(fields).map_err(a)?;
+    let mut out: BTreeMap<NaiveDate, Vec<Vec<u8>>> = BTreeMap::new();
+    for b in batches {
+        let b = cast_to(b, schema).map_err(a)?;
+        let day = arrow::compute::cast(
+            b.column_by_name(EVENT_DATE)
+                .ok_or_else(|| RunError::Internal {
+                    phase: Phase::Compare,
+                    message: "gold rows without event_date".into(),
+                })?,
+            &DataType::Date32,
+        )
+        .map_err(a)?;
+        let day = day.as_primitive::<Date32Type>();
+        let rows = conv.convert_columns(b.columns()).map_err(a)?;
+        for i in 0..b.num_rows() {
+            if let Some(d) = day.value_as_date(i) {
+                out.entry(d)
+                    .or_default()
+                    .push(rows.row(i).as_ref().to_vec());
+            }
+        }
+    }
+    for rows in out.values_mut() {
+        rows.sort_unstable();
+    }
+    Ok(out)
+}
+
+/// The days whose rows in `held` (gold) and `fresh` (the aggregate) differ.
+pub fn changed_days(
+    held: &[RecordBatch],
+    fresh: &[RecordBatch],
+    schema: &SchemaRef,
+) -> Result<BTreeSet<NaiveDate>, RunError> {
+    let held = by_day(held, schema)?;
+    let fresh = by_day(fresh, schema)?;
+    Ok(held
+        .keys()
+        .chain(fresh.keys())
+        .filter(|d| held.get(d) != fresh.get(d))
+        .copied()
+        .collect())
+}
+
+/// Replaces `days` of gold with `rows` in one commit (every day when `days` is `None`: a
+/// bootstrap or full reload); creates gold, partitioned by `event_date`, on the first run.
+pub async fn replace_days(
+    gold: Option<DeltaTable>,
+    uri: &str,
+    name: &str,
+    rows: Vec<RecordBatch>,
+    schema: &SchemaRef,
+    days: Option<&Days>,
+    props: CommitProperties,
+) -> Result<Option<u64>, RunError> {
+    let d = RunError::delta;
+    let table = match gold {
+        Some(t) => t,
+        None => lake::builder(lake::create_url(uri)?)
+            .and_then(|b| b.build())
+            .map_err(d(Phase::Write, uri))?,
+    };
+    let fresh = table.version().is_none();
+    let rows: Vec<RecordBatch> = rows
+        .iter()
+        .map(|b| cast_to(b, schema))
+        .collect::<Result<_, _>>()
+        .map_err(RunError::arrow(Phase::Write))?;
+    if rows.iter().all(|b| b.num_rows() == 0) {
+        if let (Some(days), false) = (days, fresh) {
+            // The days lost every row (all deleted): remove what gold held for them.
+            let (t, _) = table
+                .delete()
+                .with_predicate(predicate(days))
+                .with_commit_properties(props)
+                .await
+                .map_err(RunError::write(Phase::Write, uri))?;
+            return Ok(t.version());
+        }
+    }
+    let mut builder = table
+        .write(rows)
+        .with_save_mode(SaveMode::Overwrite)
+        .with_partition_columns([EVENT_DATE])
+        .with_commit_properties(props);
+    builder = match days {
+        Some(days) if !fresh => builder.with_replace_where(predicate(days)),
+        _ => builder
+            .with_schema_mode(SchemaMode::Overwrite)
+            .with_table_name(name),
+    };
+    let t = builder.await.map_err(RunError::write(Phase::Write, uri))?;
+    Ok(t.version())
+}
+
+/// `event_date` within `days`, as Delta predicate text.
+fn predicate(days: &Days) -> String {
+    format!(
+        "{EVENT_DATE} >= '{}' AND {EVENT_DATE} <= '{}'",
+        days.from, days.to
+    )
+}

@@ -1,0 +1,326 @@
+//! The `aggregate` kind's file: a gold table of per-event-day measures over a Delta source
+//! (usually a tidemark silver), restated by whole days, with finality labels and a day status
+//! table. The raw struct, the validated [`Aggregate`], and the checks between them.
+
+use std::str::FromStr;
+
+use chrono_tz::Tz;
+use serde::Deserialize;
+
+use super::build::{overlapping, Ctx};
+use super::expect::parse_expression;
+use crate::config::{ConfigError, Vars};
+
+/// The output column holding the event day.
+pub const EVENT_DATE: &str = "event_date";
+/// The output column: the latest arrival among the rows of the group.
+pub const DATA_AS_OF: &str = "data_as_of";
+/// The output column: whether the day is outside the lookback (will not be restated).
+pub const IS_FINAL: &str = "is_final";
+/// Names a measure or group may not take.
+const RESERVED: [&str; 3] = [EVENT_DATE, DATA_AS_OF, IS_FINAL];
+
+/// An aggregate function of a measure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Agg {
+    /// Rows (or, with `column`, rows where it is not null).
+    Count,
+    Sum,
+    Min,
+    Max,
+    /// Distinct non-null values of `column`.
+    CountDistinct,
+}
+
+impl Agg {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Agg::Count => "count",
+            Agg::Sum => "sum",
+            Agg::Min => "min",
+            Agg::Max => "max",
+            Agg::CountDistinct => "count_distinct",
+        }
+    }
+
+    /// Whether a day's value is the sum of its parts (so a late row's effect is a delta).
+    pub fn additive(self) -> bool {
+        matches!(self, Agg::Count | Agg::Sum)
+    }
+}
+
+/// What a run does with late rows for a day that is already final.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AfterClose {
+    /// Recompute the day (its status shows it was restated after close).
+    #[default]
+    Restate,
+    /// Never rewrite a final day: book the difference as adjustments in the open period.
+    Adjust,
+}
+
+/// One measure of the output.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measure {
+    pub name: String,
+    pub agg: Agg,
+    pub column: Option<String>,
+    /// SQL condition: only rows meeting it count (e.g. refunds).
+    pub filter: Option<String>,
+}
+
+/// A validated `aggregate` pipeline.
+#[derive(Debug, Clone)]
+pub struct Aggregate {
+    pub source_uri: String,
+    pub target_uri: String,
+    /// The day status table (default `<target>_status`).
+    pub status_uri: String,
+    /// The adjustments table (default `<target>_adjustments`; written with `after_close: adjust`).
+    pub adjustments_uri: String,
+    /// Timestamp or date column whose (local) date is the event day.
+    pub event_date: String,
+    /// The finance day's time zone (a timestamp column's instant is taken as a date there).
+    pub time_zone: Tz,
+    pub group_by: Vec<String>,
+    pub measures: Vec<Measure>,
+    /// SQL condition rows must meet to count at all.
+    pub where_sql: Option<String>,
+    /// The arrival column whose latest value per group is `data_as_of`.
+    pub data_as_of: String,
+    /// Days before the logical date that each run recomputes; older days are final.
+    pub lookback_days: u32,
+    /// Recompute only the days holding rows changed since the last run (within the lookback,
+    /// and final days per `after_close`, capped at `max_lookback_days`).
+    pub touched: bool,
+    /// How far back a changed row may reopen (restate) a final day.
+    pub max_lookback_days: u32,
+    pub after_close: AfterClose,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawAggregate {
+    pub(super) name: String,
+    #[allow(dead_code)]
+    pub(super) kind: String,
+    source: RawUri,
+    target: RawUri,
+    #[serde(default)]
+    status: Option<RawUri>,
+    #[serde(default)]
+    adjustments: Option<RawUri>,
+    event_date: RawEventDate,
+    #[serde(default)]
+    group_by: Vec<String>,
+    measures: Vec<RawMeasure>,
+    #[serde(default, rename = "where")]
+    where_sql: Option<String>,
+    #[serde(default)]
+    data_as_of: Option<String>,
+    #[serde(default)]
+    recompute: Option<RawRecompute>,
+    #[serde(default)]
+    after_close: AfterClose,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawUri {
+    uri: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEventDate {
+    column: String,
+    #[serde(default)]
+    time_zone: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMeasure {
+    name: String,
+    agg: Agg,
+    #[serde(default)]
+    column: Option<String>,
+    #[serde(default)]
+    filter: Option<String>,
+}
+
+#[derive(Debug, Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawRecompute {
+    #[serde(default)]
+    lookback: Option<String>,
+    #[serde(default)]
+    touched: bool,
+    #[serde(default)]
+    max_lookback: Option<String>,
+}
+
+/// Default `recompute.lookback`.
+pub const DEFAULT_LOOKBACK_DAYS: u32 = 3;
+/// Default `recompute.max_lookback`.
+pub const DEFAULT_MAX_LOOKBACK_DAYS: u32 = 35;
+
+impl Ctx<'_> {
+    /// Checks an `aggregate` file: the day, groups, measures, SQL, windows and locations.
+    pub(super) fn aggregate(
+        &self,
+        raw: RawAggregate,
+        vars: &Vars,
+    ) -> Result<Aggregate, ConfigError> {
+        let time_zone = match &raw.event_date.time_zone {
+            None => Tz::UTC,
+            Some(name) => Tz::from_str(name.trim()).map_err(|_| {
+                self.invalid(
+                    "time_zone",
+                    format!("`event_date.time_zone: {name}` is not a time zone; use an IANA name like Europe/Amsterdam, America/New_York or UTC"),
+                )
+            })?,
+        };
+        if raw.measures.is_empty() {
+            return Err(self.invalid(
+                "measures",
+                "`measures:` is empty; list at least one, like `{ name: payments, agg: count }`",
+            ));
+        }
+        let mut names: Vec<String> = raw.group_by.clone();
+        for g in &raw.group_by {
+            if RESERVED.contains(&g.as_str()) {
+                return Err(self.invalid_at_text(
+                    g,
+                    format!("`group_by` lists `{g}`, a column the output adds itself ({}); rename it in the source or leave it out", RESERVED.join(", ")),
+                ));
+            }
+        }
+        let mut measures = Vec::new();
+        for m in raw.measures {
+            let plain = !m.name.is_empty()
+                && m.name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_');
+            if !plain || RESERVED.contains(&m.name.as_str()) || names.contains(&m.name) {
+                return Err(self.invalid_at_text(
+                    &m.name,
+                    format!("measure name {:?} must be letters, digits or `_`, and not a group column or one of {}", m.name, RESERVED.join(", ")),
+                ));
+            }
+            names.push(m.name.clone());
+            if m.column.is_none() && m.agg != Agg::Count {
+                return Err(self.invalid_at_text(
+                    &m.name,
+                    format!("measure `{}` ({}) needs a `column`", m.name, m.agg.as_str()),
+                ));
+            }
+            if let Some(f) = &m.filter {
+                if let Err(why) = parse_expression(f) {
+                    return Err(self.invalid_at_text(
+                        f,
+                        format!("measure `{}`: filter `{f}` is not a SQL condition ({why}); write one like `status = 'refunded'`", m.name),
+                    ));
+                }
+            }
+            if raw.after_close == AfterClose::Adjust && !m.agg.additive() {
+                return Err(self.invalid_at_text(
+                    &m.name,
+                    format!("measure `{}` is {}, which cannot be adjusted: a late row's effect on it is not a difference to book. With `after_close: adjust` use count or sum measures only, or `after_close: restate`", m.name, m.agg.as_str()),
+                ));
+            }
+            measures.push(Measure {
+                name: m.name,
+                agg: m.agg,
+                column: m.column,
+                filter: m.filter,
+            });
+        }
+        if let Some(w) = &raw.where_sql {
+            if let Err(why) = parse_expression(w) {
+                return Err(self.invalid(
+                    "where",
+                    format!("`where: {w}` is not a SQL condition ({why}); write one a counted row meets, like `amount_cents IS NOT NULL`"),
+                ));
+            }
+        }
+        let recompute = raw.recompute.unwrap_or_default();
+        let lookback_days = match &recompute.lookback {
+            Some(v) => self.days("lookback", v)?,
+            None => DEFAULT_LOOKBACK_DAYS,
+        };
+        let max_lookback_days = match &recompute.max_lookback {
+            Some(v) => self.days("max_lookback", v)?,
+            None => DEFAULT_MAX_LOOKBACK_DAYS.max(lookback_days),
+        };
+        if max_lookback_days < lookback_days {
+            return Err(self.invalid(
+                "max_lookback",
+                format!("`recompute.max_lookback` ({max_lookback_days}d) is shorter than `lookback` ({lookback_days}d); it caps how far back a late row reopens a final day, so give at least the lookback"),
+            ));
+        }
+        let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
+        let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
+        let beside = |suffix: &str| format!("{}_{suffix}", target_uri.trim_end_matches('/'));
+        let status_uri = match &raw.status {
+            Some(s) => self.substitute("status.uri", &s.uri, vars)?,
+            None => beside("status"),
+        };
+        let adjustments_uri = match &raw.adjustments {
+            Some(s) => self.substitute("adjustments.uri", &s.uri, vars)?,
+            None => beside("adjustments"),
+        };
+        let tables = [
+            ("source", &source_uri),
+            ("target", &target_uri),
+            ("status", &status_uri),
+            ("adjustments", &adjustments_uri),
+        ];
+        for (i, (key, uri)) in tables.iter().enumerate() {
+            for (other_key, other) in &tables[..i] {
+                if overlapping(uri, other) {
+                    return Err(self.invalid(
+                        key,
+                        format!("`{key}.uri` ({uri}) is the same table as `{other_key}.uri` ({other}), or inside it; give each its own location"),
+                    ));
+                }
+            }
+        }
+        Ok(Aggregate {
+            source_uri,
+            target_uri,
+            status_uri,
+            adjustments_uri,
+            event_date: raw.event_date.column,
+            time_zone,
+            group_by: raw.group_by,
+            measures,
+            where_sql: raw.where_sql,
+            data_as_of: raw
+                .data_as_of
+                .unwrap_or_else(|| crate::config::pipeline::ingest::INGESTED_AT.to_string()),
+            lookback_days,
+            touched: recompute.touched,
+            max_lookback_days,
+            after_close: raw.after_close,
+        })
+    }
+
+    /// A whole number of days (`3d`, `72h`, `1w`).
+    fn days(&self, key: &str, value: &str) -> Result<u32, ConfigError> {
+        let bad = || {
+            self.invalid(
+                key,
+                format!("`recompute.{key}: {value}` is not a whole number of days; write it like 3d or 35d"),
+            )
+        };
+        let d = humantime::parse_duration(value.trim()).map_err(|_| bad())?;
+        let secs = d.as_secs();
+        if secs % 86_400 != 0 || d.subsec_nanos() != 0 || secs / 86_400 > 36_600 {
+            return Err(bad());
+        }
+        Ok((secs / 86_400) as u32)
+    }
+}

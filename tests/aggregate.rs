@@ -1,0 +1,427 @@
+//! `kind: aggregate` through the binary: whole event days restated in one commit, checked
+//! against an independent recompute of the source; the lookback window and finality (labels,
+//! `final_since`, the day status table); a rerun commits nothing; local days in a time zone
+//! with DST; `--from/--to`, `--dry-run`, config errors.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow::array::{
+    Array, AsArray, BooleanArray, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+use chrono::{NaiveDate, TimeZone, Utc};
+use common::*;
+
+/// One payment in the source (a silver table as tidemark writes it).
+#[derive(Debug, Clone)]
+struct Pay {
+    id: String,
+    created: i64,
+    merchant: &'static str,
+    amount: i64,
+    status: &'static str,
+    arrived: i64,
+    deleted: bool,
+}
+
+fn at(y: i32, m: u32, d: u32, h: u32, min: u32) -> i64 {
+    Utc.with_ymd_and_hms(y, m, d, h, min, 0)
+        .single()
+        .expect("time")
+        .timestamp_micros()
+}
+
+fn pay(id: &str, created: i64, merchant: &'static str, amount: i64) -> Pay {
+    Pay {
+        id: id.into(),
+        created,
+        merchant,
+        amount,
+        status: "captured",
+        arrived: created + 10 * MIN,
+        deleted: false,
+    }
+}
+
+async fn write_source(dir: &Path, pays: &[Pay]) {
+    write_source_as(dir, pays, false).await
+}
+
+/// The source as silver holds it after a merge: one row per payment (a correction replaces it).
+async fn replace_source(dir: &Path, pays: &[Pay]) {
+    let mut latest: BTreeMap<String, Pay> = BTreeMap::new();
+    for p in pays {
+        latest.insert(p.id.clone(), p.clone());
+    }
+    let all: Vec<Pay> = latest.into_values().collect();
+    write_source_as(dir, &all, true).await
+}
+
+async fn write_source_as(dir: &Path, pays: &[Pay], replace: bool) {
+    let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("payment_id", DataType::Utf8, false),
+        Field::new("created_at", ts.clone(), true),
+        Field::new("merchant_id", DataType::Utf8, true),
+        Field::new("amount_cents", DataType::Int64, true),
+        Field::new("status", DataType::Utf8, true),
+        Field::new("_ingested_at", ts, true),
+        Field::new("_deleted", DataType::Boolean, false),
+    ]));
+    let t = |v: Vec<i64>| Arc::new(TimestampMicrosecondArray::from(v).with_timezone("UTC"));
+    let batch = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(StringArray::from(
+                pays.iter().map(|p| p.id.clone()).collect::<Vec<_>>(),
+            )),
+            t(pays.iter().map(|p| p.created).collect()),
+            Arc::new(StringArray::from(
+                pays.iter().map(|p| p.merchant).collect::<Vec<_>>(),
+            )),
+            Arc::new(Int64Array::from(
+                pays.iter().map(|p| p.amount).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                pays.iter().map(|p| p.status).collect::<Vec<_>>(),
+            )),
+            t(pays.iter().map(|p| p.arrived).collect()),
+            Arc::new(BooleanArray::from(
+                pays.iter().map(|p| p.deleted).collect::<Vec<_>>(),
+            )),
+        ],
+    )
+    .expect("batch");
+    if !replace {
+        append_batch(&dir.join("silver"), batch).await;
+        return;
+    }
+    let url = deltalake::ensure_table_uri(dir.join("silver").to_str().expect("utf8")).expect("url");
+    deltalake::open_table(url)
+        .await
+        .expect("open")
+        .write(vec![batch])
+        .with_save_mode(deltalake::protocol::SaveMode::Overwrite)
+        .await
+        .expect("overwrite");
+}
+
+fn pipeline(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let text = format!(
+        "name: daily\nkind: aggregate\nsource: {{ uri: \"{d}/silver\" }}\ntarget: {{ uri: \"{d}/gold\" }}\nevent_date: {{ column: created_at, time_zone: Europe/Amsterdam }}\ngroup_by: [merchant_id]\nmeasures:\n  - {{ name: payments, agg: count }}\n  - {{ name: amount_cents, agg: sum, column: amount_cents }}\n  - {{ name: refunds, agg: count, filter: \"status = 'refunded'\" }}\n{extra}",
+        d = dir.display()
+    );
+    let p = dir.join("daily.yml");
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+fn run(p: &Path, logical: &str, extra: &[&str]) -> serde_json::Value {
+    let out = exec(
+        tidemark_at(at(2024, 4, 10, 12, 0))
+            .arg("run")
+            .arg(p)
+            .args(["--logical-date", logical, "--output", "json"])
+            .args(extra),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    serde_json::from_str(out.stdout.trim()).expect("json")
+}
+
+/// The local (Amsterdam) date of an instant.
+fn local_day(micros: i64) -> NaiveDate {
+    chrono::DateTime::from_timestamp_micros(micros)
+        .expect("t")
+        .with_timezone(&chrono_tz::Europe::Amsterdam)
+        .date_naive()
+}
+
+/// (day, merchant) -> (payments, amount, refunds), recomputed from the source's live rows.
+fn oracle(pays: &[Pay]) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
+    let mut latest: BTreeMap<&str, &Pay> = BTreeMap::new();
+    for p in pays {
+        latest.insert(&p.id, p); // later appends replace earlier ones (as silver would)
+    }
+    let mut out = BTreeMap::new();
+    for p in latest.values().filter(|p| !p.deleted) {
+        let e = out
+            .entry((local_day(p.created), p.merchant.to_string()))
+            .or_insert((0, 0, 0));
+        e.0 += 1;
+        e.1 += p.amount;
+        e.2 += i64::from(p.status == "refunded");
+    }
+    out
+}
+
+/// Gold as (day, merchant) -> (payments, amount, refunds, is_final).
+async fn gold(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)> {
+    let mut out = BTreeMap::new();
+    for b in read_all(&dir.join("gold")).await {
+        let day = arrow::compute::cast(
+            b.column_by_name("event_date").expect("day"),
+            &DataType::Date32,
+        )
+        .expect("date");
+        let day = day.as_primitive::<arrow::datatypes::Date32Type>();
+        let m = arrow::compute::cast(b.column_by_name("merchant_id").expect("m"), &DataType::Utf8)
+            .expect("m");
+        let m = m.as_string::<i32>();
+        let int = |c: &str| {
+            arrow::compute::cast(b.column_by_name(c).expect(c), &DataType::Int64).expect("int")
+        };
+        let (n, a, r) = (int("payments"), int("amount_cents"), int("refunds"));
+        let f = b
+            .column_by_name("is_final")
+            .expect("final")
+            .as_boolean()
+            .clone();
+        for i in 0..b.num_rows() {
+            let v = |c: &arrow::array::ArrayRef| {
+                c.as_primitive::<arrow::datatypes::Int64Type>().value(i)
+            };
+            out.insert(
+                (day.value_as_date(i).expect("d"), m.value(i).to_string()),
+                (v(&n), v(&a), v(&r), f.value(i)),
+            );
+        }
+    }
+    out
+}
+
+fn without_final(
+    g: &BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)>,
+) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
+    g.iter()
+        .map(|(k, v)| (k.clone(), (v.0, v.1, v.2)))
+        .collect()
+}
+
+fn day(s: &str) -> NaiveDate {
+    s.parse().expect("date")
+}
+
+/// The status table's rows: day -> (status, rows, final_since).
+async fn status(dir: &Path) -> BTreeMap<NaiveDate, (String, i64, Option<NaiveDate>)> {
+    let mut out = BTreeMap::new();
+    for b in read_all(&dir.join("gold_status")).await {
+        let d = b
+            .column_by_name("event_date")
+            .expect("d")
+            .as_primitive::<arrow::datatypes::Date32Type>()
+            .clone();
+        let s = arrow::compute::cast(b.column_by_name("status").expect("s"), &DataType::Utf8)
+            .expect("utf8");
+        let s = s.as_string::<i32>().clone();
+        let r = b
+            .column_by_name("rows")
+            .expect("r")
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .clone();
+        let f = b
+            .column_by_name("final_since")
+            .expect("f")
+            .as_primitive::<arrow::datatypes::Date32Type>()
+            .clone();
+        for i in 0..b.num_rows() {
+            out.insert(
+                d.value_as_date(i).expect("d"),
+                (
+                    s.value(i).to_string(),
+                    r.value(i),
+                    f.is_valid(i).then(|| f.value_as_date(i)).flatten(),
+                ),
+            );
+        }
+    }
+    out
+}
+
+#[tokio::test]
+async fn days_are_restated_whole_and_labelled_final_past_the_lookback() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    // Days 1..6 April (local), two merchants; a refund on the 5th; a deleted payment on the 4th.
+    let mut pays: Vec<Pay> = Vec::new();
+    for dd in 1..=6u32 {
+        for (j, m) in ["m1", "m2"].iter().enumerate() {
+            pays.push(pay(
+                &format!("p{dd}{j}"),
+                at(2024, 4, dd, 9, 0),
+                m,
+                100 * i64::from(dd),
+            ));
+        }
+    }
+    pays[8].status = "refunded";
+    let mut gone = pay("gone", at(2024, 4, 4, 10, 0), "m1", 999);
+    gone.deleted = true;
+    pays.push(gone);
+    write_source(d, &pays).await;
+    let p = pipeline(d, "recompute: { lookback: 2d }\n");
+
+    // The first run builds every day; the 4th..6th are open on the 6th, the rest final.
+    let s = run(&p, "2024-04-06", &[]);
+    assert_eq!(s["mode"], "bootstrap", "{s}");
+    assert!(s["target_version"].is_u64(), "{s}");
+    let g = gold(d).await;
+    assert_eq!(without_final(&g), oracle(&pays));
+    for ((dd, _), v) in &g {
+        assert_eq!(v.3, *dd < day("2024-04-04"), "is_final of {dd}");
+    }
+    let st = status(d).await;
+    assert_eq!(
+        st[&day("2024-04-03")],
+        ("final".into(), 2, Some(day("2024-04-06")))
+    );
+    assert_eq!(st[&day("2024-04-04")], ("open".into(), 2, None));
+
+    // A rerun commits nothing, to gold or to the status table.
+    let again = run(&p, "2024-04-06", &[]);
+    assert!(again["target_version"].is_null(), "{again}");
+    assert!(again["status_version"].is_null(), "{again}");
+    assert_eq!(again["num_days_changed"], 0, "{again}");
+
+    // A late payment for the 5th (open): that day alone is replaced.
+    let late = pay("late5", at(2024, 4, 5, 23, 30), "m2", 7);
+    pays.push(late.clone());
+    write_source(d, std::slice::from_ref(&late)).await;
+    let s = run(&p, "2024-04-06", &[]);
+    assert_eq!(s["num_days_changed"], 1, "{s}");
+    assert_eq!(s["num_days_recomputed"], 3, "{s}");
+    assert_eq!(without_final(&gold(d).await), oracle(&pays));
+
+    // The next day: the 4th turns final — restated one last time and labelled, final since the 7th.
+    let s = run(&p, "2024-04-07", &[]);
+    assert_eq!(s["days_from"], "2024-04-04", "{s}");
+    assert_eq!(s["num_days_final_now"], 1, "{s}");
+    let g = gold(d).await;
+    assert!(
+        g[&(day("2024-04-04"), "m1".into())].3,
+        "the 4th is final now"
+    );
+    assert!(!g[&(day("2024-04-05"), "m1".into())].3);
+    assert_eq!(
+        status(d).await[&day("2024-04-04")].2,
+        Some(day("2024-04-07"))
+    );
+
+    // --from/--to restates exactly the days asked for, labelled as of the logical date.
+    let mut fix = pays[0].clone();
+    fix.amount = 1; // a correction to a final day
+    pays.push(fix.clone());
+    replace_source(d, &pays).await;
+    let dry = run(
+        &p,
+        "2024-04-07",
+        &["--from", "2024-04-01", "--to", "2024-04-01", "--dry-run"],
+    );
+    assert_eq!(dry["num_days_changed"], 1, "{dry}");
+    assert_ne!(
+        without_final(&gold(d).await),
+        oracle(&pays),
+        "a dry run writes nothing"
+    );
+    let s = run(
+        &p,
+        "2024-04-07",
+        &["--from", "2024-04-01", "--to", "2024-04-01"],
+    );
+    assert_eq!(s["num_days_recomputed"], 1, "{s}");
+    assert_eq!(s["num_days_restated_after_close"], 1, "{s}");
+    assert_eq!(without_final(&gold(d).await), oracle(&pays));
+}
+
+#[tokio::test]
+async fn local_days_follow_the_time_zone_across_dst() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    // Amsterdam moves to summer time on 31 March 2024: 22:30Z on the 30th is 23:30 local (the
+    // 30th), 22:30Z on the 31st is 00:30 local on 1 April; 23:30Z on 26 October (still summer
+    // time) is 01:30 on the 27th.
+    let pays = vec![
+        pay("a", at(2024, 3, 30, 22, 30), "m1", 1),
+        pay("b", at(2024, 3, 31, 22, 30), "m1", 2),
+        pay("c", at(2024, 3, 31, 21, 30), "m1", 4),
+        pay("e", at(2024, 10, 26, 23, 30), "m1", 8),
+    ];
+    write_source(d, &pays).await;
+    let p = pipeline(d, "");
+    run(&p, "2024-10-30", &[]);
+    let days: Vec<(NaiveDate, i64)> = gold(d)
+        .await
+        .iter()
+        .map(|((dd, _), v)| (*dd, v.1))
+        .collect();
+    assert_eq!(
+        days,
+        vec![
+            (day("2024-03-30"), 1),
+            (day("2024-03-31"), 4),
+            (day("2024-04-01"), 2),
+            (day("2024-10-27"), 8)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn mistakes_are_refused_with_what_to_do() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    write_source(d, &[pay("a", at(2024, 4, 1, 9, 0), "m1", 1)]).await;
+    // A measure that cannot be adjusted, under after_close: adjust.
+    let p = pipeline(d, "after_close: adjust\n");
+    let text = std::fs::read_to_string(&p).expect("read").replace(
+        "{ name: refunds, agg: count,",
+        "{ name: biggest, agg: max, column: amount_cents,",
+    );
+    std::fs::write(&p, text).expect("write");
+    let out = exec(tidemark_at(at(2024, 4, 2, 0, 0)).arg("run").arg(&p));
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("measure `biggest` is max"),
+        "{}",
+        out.stderr
+    );
+    assert!(out.stderr.contains("daily.yml:10"), "{}", out.stderr);
+    // A column the source does not have.
+    let p = pipeline(d, "");
+    let text = std::fs::read_to_string(&p)
+        .expect("read")
+        .replace("[merchant_id]", "[merchant]");
+    std::fs::write(&p, text).expect("write");
+    let out = exec(tidemark_at(at(2024, 4, 2, 0, 0)).arg("run").arg(&p));
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no column `merchant`"),
+        "{}",
+        out.stderr
+    );
+    // --from after --to; --logical-date on another kind.
+    let p = pipeline(d, "");
+    let out = exec(tidemark_at(at(2024, 4, 2, 0, 0)).arg("run").arg(&p).args([
+        "--from",
+        "2024-04-02",
+        "--to",
+        "2024-04-01",
+    ]));
+    assert_eq!(out.code, 64, "{}", out.stderr);
+    let merge = write_pipeline(d, "15m", "soft", "");
+    let out = exec(
+        tidemark_at(at(2024, 4, 2, 0, 0))
+            .arg("run")
+            .arg(&merge)
+            .args(["--logical-date", "2024-04-01"]),
+    );
+    assert_eq!(out.code, 64, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("apply to aggregate pipelines"),
+        "{}",
+        out.stderr
+    );
+    assert!(version(&d.join("gold")).await.is_none(), "nothing written");
+}
