@@ -99,6 +99,17 @@ pub struct AggregateCounters {
     pub num_rows_written: u64,
     /// The status table's version this run committed (null when unchanged).
     pub status_version: Option<u64>,
+    /// The source version the previous run read (the changes since it are "touched").
+    pub previous_source_version: Option<u64>,
+    /// Event days holding rows the source changed since then.
+    pub num_days_touched: u64,
+    /// Final days the source changed that are older than `max_lookback` (not restated).
+    pub num_days_beyond_max_lookback: u64,
+    /// Final days that got adjustments (`after_close: adjust`), and the rows booked.
+    pub num_days_adjusted: u64,
+    pub num_adjustment_rows: u64,
+    /// The adjustments table's version this run committed.
+    pub adjustments_version: Option<u64>,
 }
 
 /// What an `ingest` run counts.
@@ -347,6 +358,23 @@ impl RunSummary {
                     (
                         "days final now",
                         format!("{} (open: {})", c.num_days_final_now, c.num_days_open),
+                    ),
+                    (
+                        "days touched",
+                        format!(
+                            "{} since source version {} ({} final beyond max_lookback)",
+                            c.num_days_touched,
+                            c.previous_source_version
+                                .map_or("-".into(), |v| v.to_string()),
+                            c.num_days_beyond_max_lookback
+                        ),
+                    ),
+                    (
+                        "adjustments",
+                        format!(
+                            "{} row(s) for {} closed day(s)",
+                            c.num_adjustment_rows, c.num_days_adjusted
+                        ),
                     ),
                     (
                         "status version",

@@ -425,3 +425,208 @@ async fn mistakes_are_refused_with_what_to_do() {
     );
     assert!(version(&d.join("gold")).await.is_none(), "nothing written");
 }
+
+/// Gold plus the adjustments booked, per (day, merchant): what a finance reader sums.
+async fn with_adjustments(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
+    let mut out = without_final(&gold(dir).await);
+    if version(&dir.join("gold_adjustments")).await.is_none() {
+        return out;
+    }
+    for b in read_all(&dir.join("gold_adjustments")).await {
+        let day = arrow::compute::cast(
+            b.column_by_name("event_date").expect("d"),
+            &DataType::Date32,
+        )
+        .expect("date");
+        let day = day.as_primitive::<arrow::datatypes::Date32Type>();
+        let m = arrow::compute::cast(b.column_by_name("merchant_id").expect("m"), &DataType::Utf8)
+            .expect("m");
+        let m = m.as_string::<i32>();
+        let int = |c: &str| {
+            arrow::compute::cast(b.column_by_name(c).expect(c), &DataType::Int64).expect("int")
+        };
+        let (n, a, r) = (int("payments"), int("amount_cents"), int("refunds"));
+        for i in 0..b.num_rows() {
+            let v = |c: &arrow::array::ArrayRef| {
+                c.as_primitive::<arrow::datatypes::Int64Type>().value(i)
+            };
+            let e = out
+                .entry((day.value_as_date(i).expect("d"), m.value(i).to_string()))
+                .or_insert((0, 0, 0));
+            e.0 += v(&n);
+            e.1 += v(&a);
+            e.2 += v(&r);
+        }
+    }
+    out.retain(|_, v| *v != (0, 0, 0));
+    out
+}
+
+fn six_days() -> Vec<Pay> {
+    let mut pays = Vec::new();
+    for dd in 1..=6u32 {
+        for (j, m) in ["m1", "m2"].iter().enumerate() {
+            pays.push(pay(
+                &format!("p{dd}{j}"),
+                at(2024, 4, dd, 9, 0),
+                m,
+                100 * i64::from(dd),
+            ));
+        }
+    }
+    pays
+}
+
+#[tokio::test]
+async fn a_late_row_for_a_closed_day_restates_it_or_is_booked_as_an_adjustment() {
+    for mode in ["restate", "adjust"] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        let mut pays = six_days();
+        write_source(d, &pays).await;
+        let p = pipeline(
+            d,
+            &format!("recompute: {{ lookback: 2d }}\nafter_close: {mode}\n"),
+        );
+        run(&p, "2024-04-06", &[]);
+        let published = gold(d).await;
+        // A payment for the 2nd (closed since the 6th's run) lands late, and a refund on the 1st.
+        let late = pay("late2", at(2024, 4, 2, 15, 0), "m1", 55);
+        let mut refund = pays[0].clone();
+        refund.status = "refunded";
+        pays.push(late.clone());
+        pays.push(refund);
+        replace_source(d, &pays).await;
+        let s = run(&p, "2024-04-06", &[]);
+        assert!(
+            s["num_days_touched"].as_u64().unwrap_or(0) >= 2,
+            "{mode}: {s}"
+        );
+        assert_eq!(
+            with_adjustments(d).await,
+            oracle(&pays),
+            "{mode}: published + adjustments"
+        );
+        let st = status(d).await;
+        assert_eq!(st[&day("2024-04-02")].0, "final", "{mode}");
+        if mode == "restate" {
+            assert_eq!(s["num_days_restated_after_close"], 2, "{mode}: {s}");
+            assert_eq!(without_final(&gold(d).await), oracle(&pays), "{mode}");
+        } else {
+            // The closed days are as published; the difference is booked in the open period.
+            assert_eq!(s["num_days_adjusted"], 2, "{mode}: {s}");
+            assert!(s["target_version"].is_null(), "{mode}: gold untouched: {s}");
+            let g = gold(d).await;
+            for day_ in ["2024-04-01", "2024-04-02"] {
+                for m in ["m1", "m2"] {
+                    let k = (day(day_), m.to_string());
+                    assert_eq!(g.get(&k), published.get(&k), "{mode}: {k:?} rewritten");
+                }
+            }
+            let adj = read_all(&d.join("gold_adjustments")).await;
+            let reported: Vec<String> = adj
+                .iter()
+                .flat_map(|b| {
+                    let c = arrow::compute::cast(
+                        b.column_by_name("reported_in").expect("r"),
+                        &DataType::Utf8,
+                    )
+                    .expect("s");
+                    (0..c.len())
+                        .map(|i| c.as_string::<i32>().value(i).to_string())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            assert_eq!(
+                reported,
+                vec!["2024-04-06"; 2],
+                "{mode}: booked to the open period"
+            );
+        }
+        // A rerun books and restates nothing more.
+        let again = run(&p, "2024-04-06", &[]);
+        assert_eq!(again["num_adjustment_rows"], 0, "{mode}: {again}");
+        assert!(again["target_version"].is_null(), "{mode}: {again}");
+        assert_eq!(with_adjustments(d).await, oracle(&pays), "{mode}");
+    }
+}
+
+#[test]
+fn adjust_with_a_non_additive_measure_is_refused_at_its_line() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let p = pipeline(dir.path(), "after_close: adjust\n");
+    let text = std::fs::read_to_string(&p).expect("read").replace(
+        "agg: count, filter",
+        "agg: count_distinct, column: status, filter",
+    );
+    std::fs::write(&p, text).expect("write");
+    let out = exec(tidemark_at(at(2024, 4, 2, 0, 0)).arg("run").arg(&p));
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("measure `refunds` is count_distinct, which cannot be adjusted"),
+        "{}",
+        out.stderr
+    );
+}
+
+mod invariant {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 6, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Random late arrivals (new payments, corrections, deletes) over runs on successive
+        /// logical dates, `after_close: adjust`: after every run, each closed day as published
+        /// plus its adjustments equals a fresh recompute, and open days equal it outright.
+        #[test]
+        fn published_closed_days_plus_adjustments_equal_a_recompute(
+            steps in prop::collection::vec(
+                prop::collection::vec((1u32..=9, 0usize..3, 1i64..500, 0u8..10), 0..5),
+                3..6,
+            )
+        ) {
+            let rt = tokio::runtime::Runtime::new().expect("rt");
+            rt.block_on(async {
+                let dir = tempfile::tempdir().expect("tmp");
+                let d = dir.path();
+                let mut pays = six_days();
+                write_source(d, &pays).await;
+                let p = pipeline(d, "recompute: { lookback: 1d }\nafter_close: adjust\n");
+                for (n, step) in steps.iter().enumerate() {
+                    for (k, (dd, which, amount, kind)) in step.iter().enumerate() {
+                        let m = ["m1", "m2", "m3"][*which];
+                        match kind {
+                            // a correction or a delete of an existing payment
+                            0..=2 if !pays.is_empty() => {
+                                let i = (*amount as usize) % pays.len();
+                                let mut c = pays[i].clone();
+                                if *kind == 0 { c.deleted = true } else { c.amount = *amount }
+                                pays.push(c);
+                            }
+                            _ => pays.push(pay(&format!("n{n}_{k}"), at(2024, 4, *dd, 12, 0), m, *amount)),
+                        }
+                    }
+                    replace_source(d, &pays).await;
+                    let logical = format!("2024-04-{:02}", 6 + n);
+                    run(&p, &logical, &[]);
+                    // (days after the logical date are not published yet)
+                    let mut truth = oracle(&pays);
+                    truth.retain(|k, _| k.0 <= day(&logical));
+                    let mut published = with_adjustments(d).await;
+                    published.retain(|k, _| k.0 <= day(&logical));
+                    prop_assert_eq!(published, truth.clone(), "after the run of {}", logical);
+                    let open_from = day(&logical) - chrono::Duration::days(1);
+                    let g = without_final(&gold(d).await);
+                    for (k, v) in &truth {
+                        if k.0 >= open_from {
+                            prop_assert_eq!(g.get(k), Some(v), "open day {:?}", k);
+                        }
+                    }
+                }
+                Ok(())
+            })?;
+        }
+    }
+}

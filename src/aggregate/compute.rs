@@ -86,19 +86,16 @@ pub fn grouped(
         df = df.filter(coalesce(vec![e, lit(false)])).map_err(q)?;
     }
     if let Some(d) = days {
+        let (Some(first), Some(last)) = (d.first(), d.last()) else {
+            return df.limit(0, Some(0)).map_err(q);
+        };
         df = df
-            .filter(raw.covering(&spec.event_date, d.from, d.to))
+            .filter(raw.covering(&spec.event_date, first, last))
             .map_err(q)?;
     }
     df = df.with_column(EVENT_DATE, day).map_err(q)?;
     if let Some(d) = days {
-        df = df
-            .filter(
-                ident(EVENT_DATE)
-                    .gt_eq(date_lit(d.from))
-                    .and(ident(EVENT_DATE).lt_eq(date_lit(d.to))),
-            )
-            .map_err(q)?;
+        df = df.filter(d.contains_expr(ident(EVENT_DATE))).map_err(q)?;
     }
     let mut aggs: Vec<Expr> = Vec::new();
     for m in &spec.measures {

@@ -2,6 +2,8 @@
 //! expression over the source (a timestamp's instant taken as a date in the pipeline's time
 //! zone — finance days are local days — or a date column as it is).
 
+use std::collections::BTreeSet;
+
 use arrow::datatypes::{DataType, TimeUnit};
 use chrono::{DateTime, Duration, NaiveDate, Utc};
 use datafusion::logical_expr::{cast, lit, Expr};
@@ -10,15 +12,15 @@ use datafusion::scalar::ScalarValue;
 
 use crate::config::pipeline::Aggregate;
 
-/// The days a run recomputes (inclusive), and what decides their labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// The days a run recomputes, and what decides their labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Days {
     /// The run's logical date: the newest day it considers.
     pub logical: NaiveDate,
-    pub from: NaiveDate,
-    pub to: NaiveDate,
     /// The oldest open day: days before it are final.
     pub open_from: NaiveDate,
+    /// The days to recompute.
+    pub set: BTreeSet<NaiveDate>,
 }
 
 impl Days {
@@ -27,21 +29,35 @@ impl Days {
     pub fn window(spec: &Aggregate, logical: NaiveDate, oldest_open: Option<NaiveDate>) -> Days {
         let open_from = open_from(spec, logical);
         let from = oldest_open.map_or(open_from, |o| o.min(open_from));
-        Days {
-            logical,
-            from,
-            to: logical,
-            open_from,
-        }
+        Days::range(spec, logical, from, logical)
     }
 
     /// An explicit range (`--from/--to`), labelled as of `logical`.
     pub fn range(spec: &Aggregate, logical: NaiveDate, from: NaiveDate, to: NaiveDate) -> Days {
         Days {
             logical,
-            from,
-            to,
             open_from: open_from(spec, logical),
+            set: from.iter_days().take_while(|d| *d <= to).collect(),
+        }
+    }
+
+    /// Only `days` (and the days turning final since `oldest_open`, to label them), as of
+    /// `logical`: `recompute.touched`.
+    pub fn only(
+        spec: &Aggregate,
+        logical: NaiveDate,
+        oldest_open: Option<NaiveDate>,
+        days: impl IntoIterator<Item = NaiveDate>,
+    ) -> Days {
+        let open_from = open_from(spec, logical);
+        let mut set: BTreeSet<NaiveDate> = days.into_iter().collect();
+        if let Some(o) = oldest_open {
+            set.extend(o.iter_days().take_while(|d| *d < open_from));
+        }
+        Days {
+            logical,
+            open_from,
+            set,
         }
     }
 
@@ -49,13 +65,33 @@ impl Days {
         day < self.open_from
     }
 
-    /// Every day of the range, oldest first.
+    pub fn first(&self) -> Option<NaiveDate> {
+        self.set.first().copied()
+    }
+
+    pub fn last(&self) -> Option<NaiveDate> {
+        self.set.last().copied()
+    }
+
+    /// Every day, oldest first.
     pub fn each(&self) -> impl Iterator<Item = NaiveDate> + '_ {
-        self.from.iter_days().take_while(move |d| *d <= self.to)
+        self.set.iter().copied()
     }
 
     pub fn count(&self) -> u64 {
-        (self.to - self.from).num_days().max(-1) as u64 + 1
+        self.set.len() as u64
+    }
+
+    /// `event_date` is one of the days (a range when they are consecutive).
+    pub fn contains_expr(&self, column: Expr) -> Expr {
+        match (self.first(), self.last()) {
+            (Some(a), Some(b)) if (b - a).num_days() + 1 == self.set.len() as i64 => column
+                .clone()
+                .gt_eq(date_lit(a))
+                .and(column.lt_eq(date_lit(b))),
+            (Some(_), Some(_)) => column.in_list(self.each().map(date_lit).collect(), false),
+            _ => lit(false),
+        }
     }
 }
 

@@ -12,9 +12,11 @@
 //! A rerun with nothing new commits nothing; a crash between the two commits is repaired by the
 //! next run (gold then compares equal, the status does not).
 
+mod adjust;
 pub mod compute;
 pub mod days;
 pub mod status;
+mod touched;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -23,6 +25,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use datafusion::prelude::SessionContext;
 use tracing::{info, info_span, Instrument};
 
+use crate::config::pipeline::aggregate::{AfterClose, EVENT_DATE};
 use crate::config::pipeline::{Aggregate, Kind};
 use crate::config::Pipeline;
 use crate::lake;
@@ -63,6 +66,12 @@ pub(crate) async fn run_once(
     Ok(run.finish())
 }
 
+/// What a run recomputes (gold's days) and adjusts (closed days, `after_close: adjust`).
+struct Plan {
+    days: Days,
+    adjust: BTreeSet<NaiveDate>,
+}
+
 struct Run<'a> {
     p: &'a Pipeline,
     spec: &'a Aggregate,
@@ -90,6 +99,7 @@ impl Run<'_> {
         self.summary.source_version = source.version();
         let gold = lake::open_if_exists(&spec.target_uri).await?;
         let status_table = lake::open_if_exists(&spec.status_uri).await?;
+        let adjustments = lake::open_if_exists(&spec.adjustments_uri).await?;
         let old_status = status::read(&self.ctx, status_table.as_ref(), &spec.status_uri).await?;
         let logical = days::logical_date(spec, self.opts.logical_date, self.now);
         let full = self.opts.full_reload || gold.is_none();
@@ -98,25 +108,23 @@ impl Run<'_> {
             (true, true) => RunMode::FullReload,
             (true, false) => RunMode::Incremental,
         };
-        let window = match (self.opts.restate_from, self.opts.restate_to) {
-            (Some(from), Some(to)) => Days::range(spec, logical, from, to),
-            _ => {
-                let oldest_open = old_status
-                    .values()
-                    .find(|s| !s.is_final() && s.event_date <= logical)
-                    .map(|s| s.event_date);
-                Days::window(spec, logical, oldest_open)
-            }
-        };
-        let days = (!full).then_some(window);
-        self.c.logical_date = Some(logical);
-        source
-            .update_datafusion_session(&self.ctx.state())
-            .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?;
-        if let Some(g) = &gold {
-            g.update_datafusion_session(&self.ctx.state())
-                .map_err(RunError::delta(Phase::Plan, &spec.target_uri))?;
+        for t in [Some(&source), gold.as_ref(), adjustments.as_ref()]
+            .into_iter()
+            .flatten()
+        {
+            t.update_datafusion_session(&self.ctx.state())
+                .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?;
         }
+        let plan = self
+            .plan_days(
+                &source,
+                [gold.as_ref(), status_table.as_ref()],
+                &old_status,
+                logical,
+                full,
+            )
+            .await?;
+        self.c.logical_date = Some(logical);
         self.end_phase(Phase::Plan)?;
 
         // read: the days' groups from the source's live rows
@@ -128,14 +136,16 @@ impl Run<'_> {
             .ctx
             .read_table(provider)
             .map_err(RunError::query(Phase::Read))?;
+        let mut read = plan.days.clone();
+        read.set.extend(plan.adjust.iter().copied());
         let grouped = compute::grouped(
             compute::Source {
                 p: self.p,
                 spec,
                 df,
             },
-            days.as_ref(),
-            window.open_from,
+            (!full).then_some(&read),
+            plan.days.open_from,
         )?;
         let schema = compute::gold_schema(&grouped);
         let batches = grouped
@@ -147,10 +157,10 @@ impl Run<'_> {
         self.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
         self.end_phase(Phase::Read)?;
 
-        // compare: which days gold does not hold exactly so
-        let span = match &days {
-            Some(d) => *d,
-            None => {
+        // compare: which days gold does not hold exactly so; what final days owe
+        let span = match full {
+            false => plan.days.clone(),
+            true => {
                 let first = facts.keys().next().copied().unwrap_or(logical);
                 let last = facts
                     .keys()
@@ -161,29 +171,22 @@ impl Run<'_> {
                 Days::range(spec, logical, first.min(last), last)
             }
         };
-        let changed: BTreeSet<NaiveDate> = match (&gold, &days) {
-            (Some(g), Some(d)) => {
+        let changed: BTreeSet<NaiveDate> = match (&gold, full) {
+            (Some(g), false) => {
                 write::check_schema(g, &schema, &spec.target_uri)?;
-                let held = write::read_days(&self.ctx, g, &spec.target_uri, d).await?;
-                write::changed_days(&held, &rows, &schema)?
+                let held = write::read_days(&self.ctx, g, &spec.target_uri, &plan.days).await?;
+                let fresh = write::rows_of(&rows, &plan.days.set)?;
+                write::changed_days(&held, &fresh, &schema)?
             }
             // A bootstrap or full reload writes every day.
             _ => span.each().collect(),
         };
-        self.c.days_from = Some(span.from);
-        self.c.days_to = Some(span.to);
-        self.c.num_days_recomputed = span.count();
-        self.c.num_days_changed = changed.len() as u64;
-        self.c.num_days_restated_after_close = changed
-            .iter()
-            .filter(|d| old_status.get(d).is_some_and(status::DayStatus::is_final))
-            .count() as u64;
-        self.c.num_rows_written = if changed.is_empty() {
-            0
-        } else {
-            rows.iter().map(|b| b.num_rows() as u64).sum()
-        };
-        let new_status = status::next(&old_status, &span, &facts, &changed, self.now);
+        let booked = self
+            .adjustments_due(&plan, &rows, gold.as_ref(), adjustments.as_ref())
+            .await?;
+        self.count(&plan, &span, &changed, &old_status, &rows, &booked);
+        let mut new_status = status::next(&old_status, &span, &facts, &changed, self.now);
+        status::adjusted(&mut new_status, &booked, self.now);
         self.c.num_days_final_now = new_status
             .values()
             .filter(|s| {
@@ -196,15 +199,30 @@ impl Run<'_> {
             return Ok(());
         }
 
-        // write: gold's days in one commit, then the status table
+        // write: adjustments, then gold's changed days in one commit, then the status table
+        // (in that order, a crash anywhere converges on the rerun: each compares first)
+        if !booked.is_empty() {
+            self.c.adjustments_version = adjust::book(
+                adjustments,
+                &spec.adjustments_uri,
+                booked,
+                self.commit_properties(),
+            )
+            .await?;
+        }
         if !changed.is_empty() {
+            let written = if full {
+                rows
+            } else {
+                write::rows_of(&rows, &changed)?
+            };
             let version = write::replace_days(
                 gold,
                 &spec.target_uri,
                 &self.p.name,
-                rows,
+                written,
                 &schema,
-                days.as_ref(),
+                (!full).then_some(&changed),
                 self.commit_properties(),
             )
             .await?;
@@ -224,6 +242,199 @@ impl Run<'_> {
         Ok(())
     }
 
+    /// The days to recompute and those to adjust: the lookback window (or `--from/--to`, or
+    /// with `recompute.touched` only the changed open days), the days turning final, and the
+    /// final days the source changed since the last run — restated (within `max_lookback`) or
+    /// adjusted per `after_close`.
+    async fn plan_days(
+        &mut self,
+        source: &deltalake::DeltaTable,
+        recorded_in: [Option<&deltalake::DeltaTable>; 2],
+        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
+        logical: NaiveDate,
+        full: bool,
+    ) -> Result<Plan, RunError> {
+        let spec = self.spec;
+        let oldest_open = old_status
+            .values()
+            .find(|s| !s.is_final() && s.event_date <= logical)
+            .map(|s| s.event_date);
+        let mut touched = BTreeSet::new();
+        // `--from/--to` restates days on purpose and leaves the source's changes since the last
+        // run to the next scheduled one (its commits record the version the last run read).
+        let on_purpose = self.opts.restate_from.is_some();
+        if !full {
+            let mut previous: Option<i64> = None;
+            for t in recorded_in.into_iter().flatten() {
+                let r = lake::record::read(t, &self.p.app_id())
+                    .await
+                    .map_err(RunError::delta(Phase::Plan, &spec.target_uri))?;
+                previous = previous.max(r.version);
+            }
+            let since = previous.and_then(|v| u64::try_from(v).ok());
+            self.c.previous_source_version = since;
+            if let Some(since) = since.filter(|_| !on_purpose) {
+                match touched::since(&self.ctx, source, spec, since).await? {
+                    touched::Touched::Days(d) => touched = d,
+                    touched::Touched::Unknown(why) => {
+                        let cap =
+                            logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
+                        self.warn(format!(
+                            "which days the source changed since version {since} is unknown ({why}): restating every day back to {cap} (max_lookback)"
+                        ));
+                        touched = cap.iter_days().take_while(|d| *d <= logical).collect();
+                    }
+                }
+            }
+        }
+        self.c.num_days_touched = touched.len() as u64;
+        let mut days = match (self.opts.restate_from, self.opts.restate_to) {
+            (Some(from), Some(to)) => Days::range(spec, logical, from, to),
+            _ if spec.touched => {
+                let open = days::Days::window(spec, logical, None).open_from;
+                Days::only(
+                    spec,
+                    logical,
+                    oldest_open,
+                    touched
+                        .iter()
+                        .copied()
+                        .filter(|d| *d >= open && *d <= logical),
+                )
+            }
+            _ => Days::window(spec, logical, oldest_open),
+        };
+        // A day is closed once a run labelled it final; one never published is closed when it
+        // lies before the lookback.
+        let closed = |d: &NaiveDate| {
+            old_status
+                .get(d)
+                .map_or(days.is_final(*d), status::DayStatus::is_final)
+        };
+        let cap = logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
+        let late: Vec<NaiveDate> = touched
+            .iter()
+            .copied()
+            .filter(|d| closed(d) && !days.set.contains(d))
+            .collect();
+        let mut adjust = BTreeSet::new();
+        match spec.after_close {
+            AfterClose::Restate => {
+                let (within, beyond): (Vec<NaiveDate>, Vec<NaiveDate>) =
+                    late.iter().partition(|d| **d >= cap);
+                days.set.extend(within);
+                if !beyond.is_empty() {
+                    self.c.num_days_beyond_max_lookback = beyond.len() as u64;
+                    self.warn(format!(
+                        "the source changed {} final day(s) older than max_lookback ({} days; the oldest {}): not restated",
+                        beyond.len(),
+                        spec.max_lookback_days,
+                        beyond[0]
+                    ));
+                }
+            }
+            AfterClose::Adjust => {
+                // Closed days are never rewritten: what they owe is booked instead (whatever
+                // their age), --from/--to included.
+                adjust.extend(late);
+                let closed_asked: Vec<NaiveDate> =
+                    days.set.iter().copied().filter(|d| closed(d)).collect();
+                for d in closed_asked {
+                    days.set.remove(&d);
+                    adjust.insert(d);
+                }
+            }
+        }
+        Ok(Plan { days, adjust })
+    }
+
+    /// Books what the final days to adjust owe: their fresh rows against gold's and the
+    /// adjustments already booked.
+    async fn adjustments_due(
+        &mut self,
+        plan: &Plan,
+        rows: &[arrow::array::RecordBatch],
+        gold: Option<&deltalake::DeltaTable>,
+        adjustments: Option<&deltalake::DeltaTable>,
+    ) -> Result<Vec<arrow::array::RecordBatch>, RunError> {
+        if plan.adjust.is_empty() {
+            return Ok(Vec::new());
+        }
+        let spec = self.spec;
+        let set = Days {
+            logical: plan.days.logical,
+            open_from: plan.days.open_from,
+            set: plan.adjust.clone(),
+        };
+        let keep = set.contains_expr(datafusion::prelude::ident(EVENT_DATE));
+        let fresh = write::rows_of(rows, &plan.adjust)?;
+        let published = match gold {
+            Some(g) => {
+                let provider = g
+                    .table_provider()
+                    .await
+                    .map_err(RunError::scan(Phase::Compare, &spec.target_uri))?;
+                Some(
+                    self.ctx
+                        .read_table(provider)
+                        .and_then(|df| df.filter(keep.clone()))
+                        .map_err(RunError::query(Phase::Compare))?,
+                )
+            }
+            None => None,
+        };
+        let booked = adjust::booked(&self.ctx, adjustments, &spec.adjustments_uri, keep).await?;
+        adjust::deltas(
+            &self.ctx,
+            spec,
+            fresh,
+            published,
+            booked,
+            plan.days.logical,
+            &self.summary.run_id,
+            self.now,
+        )
+        .await
+    }
+
+    fn warn(&mut self, message: String) {
+        tracing::warn!("{message}");
+        self.summary.warnings.push(message);
+    }
+
+    /// The summary's counts of what the compare decided.
+    fn count(
+        &mut self,
+        plan: &Plan,
+        span: &Days,
+        changed: &BTreeSet<NaiveDate>,
+        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
+        rows: &[arrow::array::RecordBatch],
+        booked: &[arrow::array::RecordBatch],
+    ) {
+        self.c.days_from = span.first();
+        self.c.days_to = span.last();
+        self.c.num_days_recomputed = span.count();
+        self.c.num_days_changed = changed.len() as u64;
+        self.c.num_days_restated_after_close = changed
+            .iter()
+            .filter(|d| old_status.get(d).is_some_and(status::DayStatus::is_final))
+            .count() as u64;
+        self.c.num_days_adjusted = {
+            let days: BTreeSet<NaiveDate> = status::days_of(booked).into_iter().collect();
+            days.len() as u64
+        };
+        self.c.num_adjustment_rows = booked.iter().map(|b| b.num_rows() as u64).sum();
+        self.c.num_rows_written = if changed.is_empty() {
+            0
+        } else {
+            write::rows_of(rows, changed)
+                .map(|b| b.iter().map(|b| b.num_rows() as u64).sum())
+                .unwrap_or(0)
+        };
+        let _ = plan;
+    }
+
     /// The run's facts in each commit, and the source version read (the pipeline's `txn`).
     fn commit_properties(&self) -> deltalake::kernel::transaction::CommitProperties {
         let (s, c) = (&self.summary, &self.c);
@@ -239,10 +450,17 @@ impl Run<'_> {
             "num_days_changed": c.num_days_changed,
             "num_days_restated_after_close": c.num_days_restated_after_close,
             "num_rows_written": c.num_rows_written,
+            "num_days_adjusted": c.num_days_adjusted,
+            "num_adjustment_rows": c.num_adjustment_rows,
+            "previous_source_version": c.previous_source_version,
         });
         let mut props = deltalake::kernel::transaction::CommitProperties::default()
             .with_metadata([(lake::COMMIT_INFO_KEY.to_string(), facts)]);
-        if let Some(v) = s.source_version {
+        let recorded = match self.opts.restate_from {
+            Some(_) => c.previous_source_version,
+            None => s.source_version,
+        };
+        if let Some(v) = recorded {
             props = props.with_application_transaction(deltalake::kernel::Transaction::new(
                 self.p.app_id(),
                 v as i64,

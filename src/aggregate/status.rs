@@ -42,8 +42,11 @@ pub struct DayStatus {
     pub last_recomputed: Option<i64>,
     /// The logical date of the run that first labelled the day final.
     pub final_since: Option<NaiveDate>,
-    /// Times the day was recomputed after it had become final (`after_close: restate`).
+    /// Runs that recomputed the day after it had become final (`after_close: restate`).
     pub restated_after_close: i64,
+    /// Runs that booked adjustments for the day after it had become final (`after_close:
+    /// adjust`).
+    pub adjusted_after_close: i64,
 }
 
 fn ser_micros<S: serde::Serializer>(v: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
@@ -92,6 +95,7 @@ pub fn next(
             final_since,
             restated_after_close: before.map_or(0, |b| b.restated_after_close)
                 + i64::from(was_final && changed_days.contains(&day)),
+            adjusted_after_close: before.map_or(0, |b| b.adjusted_after_close),
         };
         let same = before.is_some_and(|b| {
             b.status == s.status
@@ -104,6 +108,37 @@ pub fn next(
             s.last_recomputed = Some(now.timestamp_micros());
         }
         out.insert(day, s);
+    }
+    out
+}
+
+/// Counts the adjustments booked this run against their (closed) days.
+pub fn adjusted(
+    rows: &mut BTreeMap<NaiveDate, DayStatus>,
+    booked: &[RecordBatch],
+    now: DateTime<Utc>,
+) {
+    let days: std::collections::BTreeSet<NaiveDate> = days_of(booked).into_iter().collect();
+    for d in days {
+        if let Some(s) = rows.get_mut(&d) {
+            s.adjusted_after_close += 1;
+            s.last_recomputed = Some(now.timestamp_micros());
+        }
+    }
+}
+
+/// The `event_date` of every row of `batches`.
+pub fn days_of(batches: &[RecordBatch]) -> Vec<NaiveDate> {
+    let mut out = Vec::new();
+    for b in batches {
+        let Some(c) = b.column_by_name("event_date") else {
+            continue;
+        };
+        let Ok(c) = arrow::compute::cast(c, &DataType::Date32) else {
+            continue;
+        };
+        let c = c.as_primitive::<Date32Type>();
+        out.extend((0..c.len()).filter_map(|i| c.value_as_date(i)));
     }
     out
 }
@@ -121,6 +156,7 @@ fn schema() -> SchemaRef {
         Field::new("last_recomputed", ts, true),
         Field::new("final_since", DataType::Date32, true),
         Field::new("restated_after_close", DataType::Int64, false),
+        Field::new("adjusted_after_close", DataType::Int64, false),
     ]))
 }
 
@@ -160,6 +196,9 @@ fn to_batch(name: &str, rows: &BTreeMap<NaiveDate, DayStatus>) -> Result<RecordB
         )),
         Arc::new(Int64Array::from(
             v.iter().map(|s| s.restated_after_close).collect::<Vec<_>>(),
+        )),
+        Arc::new(Int64Array::from(
+            v.iter().map(|s| s.adjusted_after_close).collect::<Vec<_>>(),
         )),
     ];
     RecordBatch::try_new(schema(), columns).map_err(RunError::arrow(Phase::Write))
@@ -208,6 +247,7 @@ pub async fn read(
         let rows = cast("rows", &DataType::Int64)?;
         let groups = cast("groups", &DataType::Int64)?;
         let restated = cast("restated_after_close", &DataType::Int64)?;
+        let adjusted = cast("adjusted_after_close", &DataType::Int64)?;
         let arrival = micros("last_arrival")?;
         let recomputed = micros("last_recomputed")?;
         let since = cast("final_since", &DataType::Date32)?;
@@ -235,6 +275,7 @@ pub async fn read(
                     last_recomputed: int(&recomputed, i),
                     final_since: since.is_valid(i).then(|| since.value_as_date(i)).flatten(),
                     restated_after_close: int(&restated, i).unwrap_or(0),
+                    adjusted_after_close: int(&adjusted, i).unwrap_or(0),
                 },
             );
         }

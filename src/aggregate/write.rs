@@ -14,7 +14,7 @@ use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
-use super::days::{date_lit, Days};
+use super::days::Days;
 use crate::config::pipeline::aggregate::EVENT_DATE;
 use crate::lake;
 use crate::lake::storage::cast_to;
@@ -57,15 +57,8 @@ pub async fn read_days(
         .table_provider()
         .await
         .map_err(RunError::scan(Phase::Compare, uri))?;
-    let day = ident(EVENT_DATE);
     ctx.read_table(provider)
-        .and_then(|df| {
-            df.filter(
-                day.clone()
-                    .gt_eq(date_lit(days.from))
-                    .and(day.lt_eq(date_lit(days.to))),
-            )
-        })
+        .and_then(|df| df.filter(days.contains_expr(ident(EVENT_DATE))))
         .map_err(RunError::query(Phase::Compare))?
         .collect()
         .await
@@ -128,15 +121,41 @@ pub fn changed_days(
         .collect())
 }
 
-/// Replaces `days` of gold with `rows` in one commit (every day when `days` is `None`: a
-/// bootstrap or full reload); creates gold, partitioned by `event_date`, on the first run.
+/// The rows of `batches` whose day is in `days`.
+pub fn rows_of(
+    batches: &[RecordBatch],
+    days: &BTreeSet<NaiveDate>,
+) -> Result<Vec<RecordBatch>, RunError> {
+    let a = |e| RunError::arrow(Phase::Write)(e);
+    batches
+        .iter()
+        .map(|b| {
+            let day = b
+                .column_by_name(EVENT_DATE)
+                .map(|c| arrow::compute::cast(c, &DataType::Date32))
+                .transpose()
+                .map_err(a)?;
+            let Some(day) = day else {
+                return Ok(b.clone());
+            };
+            let day = day.as_primitive::<Date32Type>();
+            let keep: arrow::array::BooleanArray = (0..b.num_rows())
+                .map(|i| Some(day.value_as_date(i).is_some_and(|d| days.contains(&d))))
+                .collect();
+            arrow::compute::filter_record_batch(b, &keep).map_err(a)
+        })
+        .collect()
+}
+
+/// Replaces the `days` of gold (every day when `None`: a bootstrap or full reload) with
+/// `rows` in one commit; creates gold, partitioned by `event_date`, on the first run.
 pub async fn replace_days(
     gold: Option<DeltaTable>,
     uri: &str,
     name: &str,
     rows: Vec<RecordBatch>,
     schema: &SchemaRef,
-    days: Option<&Days>,
+    days: Option<&BTreeSet<NaiveDate>>,
     props: CommitProperties,
 ) -> Result<Option<u64>, RunError> {
     let d = RunError::delta;
@@ -179,10 +198,8 @@ pub async fn replace_days(
     Ok(t.version())
 }
 
-/// `event_date` within `days`, as Delta predicate text.
-fn predicate(days: &Days) -> String {
-    format!(
-        "{EVENT_DATE} >= '{}' AND {EVENT_DATE} <= '{}'",
-        days.from, days.to
-    )
+/// `event_date` is one of `days`, as Delta predicate text.
+fn predicate(days: &BTreeSet<NaiveDate>) -> String {
+    let list: Vec<String> = days.iter().map(|d| format!("'{d}'")).collect();
+    format!("{EVENT_DATE} IN ({})", list.join(", "))
 }

@@ -51,7 +51,7 @@ pub async fn status(args: StatusArgs) -> Result<String, AppError> {
                 "last_arrival",
                 "last_recomputed",
                 "final_since",
-                "restated after close",
+                "restated / adjusted after close",
             ]);
             for s in days.values().rev().take(args.days) {
                 t.add_row(vec![
@@ -66,7 +66,7 @@ pub async fn status(args: StatusArgs) -> Result<String, AppError> {
                     micros(s.last_arrival),
                     micros(s.last_recomputed),
                     s.final_since.map_or("-".into(), |d| d.to_string()),
-                    s.restated_after_close.to_string(),
+                    format!("{} / {}", s.restated_after_close, s.adjusted_after_close),
                 ]);
             }
             out.push_str(&t.to_string());

@@ -1,0 +1,153 @@
+//! `after_close: adjust` — a final day is never rewritten; what arrives for it after the books
+//! closed is booked as an **adjustment** in the open period (seed 002's side output, made
+//! durable): per day and group, the difference between a fresh recompute and what is published
+//! so far (gold's rows plus the adjustments already booked), for the additive measures.
+//!
+//! So *published closed day + its adjustments == a fresh recompute of that day* after every run,
+//! and booking is idempotent: a rerun finds the difference already booked and adds nothing.
+
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use chrono::{DateTime, NaiveDate, Utc};
+use datafusion::datasource::MemTable;
+use datafusion::functions_aggregate::expr_fn::{max, sum};
+use datafusion::logical_expr::{cast, lit, Expr};
+use datafusion::prelude::{coalesce, ident, DataFrame, SessionContext};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+
+use super::days::date_lit;
+use crate::config::pipeline::aggregate::{DATA_AS_OF, EVENT_DATE};
+use crate::config::pipeline::Aggregate;
+use crate::lake;
+use crate::run::{Phase, RunError};
+
+/// The adjustments table's column: the open day the adjustment is booked to.
+pub const REPORTED_IN: &str = "reported_in";
+/// ... when the late data behind it arrived (the latest arrival among the day's group).
+pub const ARRIVED_AT: &str = "arrived_at";
+/// ... the run that booked it.
+pub const RUN_ID: &str = "run_id";
+
+/// The adjustment rows for the days of `fresh` (a recompute of final days, in gold's columns):
+/// per group, fresh minus published (`gold`'s rows of those days) minus booked (`booked`'s).
+#[allow(clippy::too_many_arguments)]
+pub async fn deltas(
+    ctx: &SessionContext,
+    spec: &Aggregate,
+    fresh: Vec<RecordBatch>,
+    gold: Option<DataFrame>,
+    booked: Option<DataFrame>,
+    reported_in: NaiveDate,
+    run_id: &str,
+    now: DateTime<Utc>,
+) -> Result<Vec<RecordBatch>, RunError> {
+    let q = |e| RunError::query(Phase::Compare)(e);
+    let Some(schema) = fresh.first().map(|b| b.schema()) else {
+        return Ok(Vec::new());
+    };
+    let mut keys: Vec<String> = vec![EVENT_DATE.to_string()];
+    keys.extend(spec.group_by.iter().cloned());
+    let measures: Vec<&str> = spec.measures.iter().map(|m| m.name.as_str()).collect();
+    let ts = schema
+        .field_with_name(DATA_AS_OF)
+        .map(|f| f.data_type().clone())
+        .map_err(|e| RunError::arrow(Phase::Compare)(e))?;
+    // Each side in one shape: the keys, the measures (negated for what is published), arrival.
+    let shape = |df: DataFrame, sign: i64, arrival: bool| -> Result<DataFrame, RunError> {
+        let mut cols: Vec<Expr> = keys.iter().map(ident).collect();
+        for m in &measures {
+            let v = coalesce(vec![ident(*m), lit(0i64)]);
+            cols.push(if sign < 0 {
+                (lit(0i64) - v).alias(*m)
+            } else {
+                v.alias(*m)
+            });
+        }
+        cols.push(if arrival {
+            ident(DATA_AS_OF).alias(ARRIVED_AT)
+        } else {
+            cast(lit(datafusion::scalar::ScalarValue::Null), ts.clone()).alias(ARRIVED_AT)
+        });
+        df.select(cols).map_err(q)
+    };
+    let mem = MemTable::try_new(schema.clone(), vec![fresh]).map_err(q)?;
+    let mut all = shape(ctx.read_table(Arc::new(mem)).map_err(q)?, 1, true)?;
+    for side in [gold, booked].into_iter().flatten() {
+        all = all.union(shape(side, -1, false)?).map_err(q)?;
+    }
+    let mut aggs: Vec<Expr> = measures.iter().map(|m| sum(ident(*m)).alias(*m)).collect();
+    aggs.push(max(ident(ARRIVED_AT)).alias(ARRIVED_AT));
+    let nonzero = measures
+        .iter()
+        .map(|m| ident(*m).not_eq(lit(0i64)))
+        .reduce(Expr::or)
+        .unwrap_or_else(|| lit(false));
+    let mut out: Vec<Expr> = vec![ident(EVENT_DATE), date_lit(reported_in).alias(REPORTED_IN)];
+    out.extend(spec.group_by.iter().map(ident));
+    out.extend(measures.iter().map(|m| ident(*m)));
+    let now_lit = lit(datafusion::scalar::ScalarValue::TimestampMicrosecond(
+        Some(now.timestamp_micros()),
+        Some("UTC".into()),
+    ));
+    out.push(coalesce(vec![ident(ARRIVED_AT), cast(now_lit, ts.clone())]).alias(ARRIVED_AT));
+    out.push(lit(run_id.to_string()).alias(RUN_ID));
+    let order: Vec<_> = keys.iter().map(|k| ident(k).sort(true, true)).collect();
+    all.aggregate(keys.iter().map(ident).collect(), aggs)
+        .and_then(|df| df.filter(nonzero))
+        .and_then(|df| df.select(out))
+        .and_then(|df| df.sort(order))
+        .map_err(q)?
+        .collect()
+        .await
+        .map_err(q)
+}
+
+/// The adjustments booked so far for the days `keep` selects (`None` when there are none).
+pub async fn booked(
+    ctx: &SessionContext,
+    table: Option<&DeltaTable>,
+    uri: &str,
+    keep: Expr,
+) -> Result<Option<DataFrame>, RunError> {
+    let Some(t) = table else {
+        return Ok(None);
+    };
+    t.update_datafusion_session(&ctx.state())
+        .map_err(RunError::delta(Phase::Compare, uri))?;
+    let provider = t
+        .table_provider()
+        .await
+        .map_err(RunError::scan(Phase::Compare, uri))?;
+    Ok(Some(
+        ctx.read_table(provider)
+            .and_then(|df| df.filter(keep))
+            .map_err(RunError::query(Phase::Compare))?,
+    ))
+}
+
+/// Appends `rows` to the adjustments table in one commit (created on first use).
+pub async fn book(
+    table: Option<DeltaTable>,
+    uri: &str,
+    rows: Vec<RecordBatch>,
+    props: CommitProperties,
+) -> Result<Option<u64>, RunError> {
+    let table = match table {
+        Some(t) => t,
+        None => lake::builder(lake::create_url(uri)?)
+            .and_then(|b| b.build())
+            .map_err(RunError::delta(Phase::Write, uri))?,
+    };
+    let t = table
+        .write(rows)
+        .with_save_mode(SaveMode::Append)
+        .with_schema_mode(SchemaMode::Merge)
+        .with_commit_properties(props)
+        .await
+        .map_err(RunError::write(Phase::Write, uri))?;
+    Ok(t.version())
+}
