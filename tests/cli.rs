@@ -970,7 +970,8 @@ fn demo_bootstraps_then_runs_incrementally() {
     let job = one_json(&demo("json"));
     assert_eq!(job["job"], "payments_hourly", "{job}");
     assert_eq!(job["status"], "succeeded", "{job}");
-    // ingest_events, ingest_partner (landing -> bronze), then merge_payments (bronze -> silver).
+    // ingest_events, ingest_partner (landing -> bronze), merge_payments (bronze -> silver), then
+    // daily_payments (silver -> gold).
     let keys: Vec<&str> = job["tasks"]
         .as_array()
         .expect("tasks")
@@ -979,9 +980,19 @@ fn demo_bootstraps_then_runs_incrementally() {
         .collect();
     assert_eq!(
         keys,
-        vec!["ingest_events", "ingest_partner", "merge_payments"],
+        vec![
+            "ingest_events",
+            "ingest_partner",
+            "merge_payments",
+            "daily_payments"
+        ],
         "{job}"
     );
+    let gold = job["tasks"][3]["attempts"][0]["summary"].clone();
+    assert_eq!(gold["kind"], "aggregate", "{gold}");
+    assert_eq!(gold["mode"], "bootstrap", "{gold}");
+    assert_eq!(gold["logical_date"], "2024-01-31", "the demo's clock: {gold}");
+    assert!(num(&gold, "num_days_open") > 0, "{gold}");
     let ingest = job["tasks"][0]["attempts"][0]["summary"].clone();
     assert_eq!(ingest["kind"], "ingest", "{ingest}");
     assert!(num(&ingest, "num_rows_written") > 0, "{ingest}");
@@ -999,6 +1010,10 @@ fn demo_bootstraps_then_runs_incrementally() {
         "{text}"
     );
     assert!(text.contains("payments incremental run"), "{text}");
+    // ... and ends with gold's day status: open days, final days.
+    assert!(text.contains("daily_payments: day status"), "{text}");
+    assert!(text.contains("open (may change)"), "{text}");
+    assert!(text.contains("final"), "{text}");
     let job = one_json(&demo("json"));
     let third = &job["tasks"][2]["attempts"][0]["summary"];
     assert_eq!(third["mode"], "incremental", "{third}");

@@ -146,6 +146,13 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     let clock: Arc<dyn Clock> = Arc::new(FixedClock(landed.frontier + Duration::minutes(5)));
     let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
     out.push_str(&result.stdout);
+    let gold = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
+        Spec::Aggregate(a) => Some((t.pipeline.name.clone(), a.clone())),
+        _ => None,
+    });
+    if let (true, None, Some((name, spec))) = (text, &result.failure, gold) {
+        out.push_str(&gold_story(&name, &spec).await?);
+    }
     if text && result.failure.is_none() {
         out.push_str(&format!(
             "\nRun `{demo_again}` again to land the next hour, ingest it and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger; `tidemark lateness {}{bundle_flag}` shows how late the data runs (add `--plot lateness.svg` for the curve).\n",
@@ -154,4 +161,25 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     }
     result.stdout = out;
     Ok(result)
+}
+
+/// Gold after the hour: the last week's day status, and what is open, final and adjusted.
+async fn gold_story(
+    name: &str,
+    spec: &crate::config::pipeline::Aggregate,
+) -> Result<String, AppError> {
+    let days = crate::aggregate::day_status(spec).await?;
+    let mut out = String::from("\n");
+    out.push_str(&super::status_command::render(name, spec, &days, 7));
+    let adjustments = match lake::open_if_exists(&spec.adjustments_uri).await? {
+        Some(t) => lake::row_count_from_stats(&t).ok().flatten().unwrap_or(0),
+        None => 0,
+    };
+    let open = days.values().filter(|d| !d.is_final()).count();
+    out.push_str(&format!(
+        "{open} day(s) open: each hour restates them whole as late payments land (`days changed` above); a day becomes final {lookback} days after it ends, and late data for it is then booked as an adjustment in the open period ({adjustments} adjustment row(s) so far in {uri}) instead of rewriting it.\n",
+        lookback = spec.lookback_days,
+        uri = spec.adjustments_uri,
+    ));
+    Ok(out)
 }
