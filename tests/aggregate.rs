@@ -630,3 +630,45 @@ mod invariant {
         }
     }
 }
+
+/// A run killed between its commits (after the adjustments, after gold) or before any: the
+/// rerun converges — nothing booked twice, gold and the status table complete.
+#[tokio::test]
+async fn a_run_killed_between_its_commits_converges_on_the_rerun() {
+    for point in [
+        "incremental.after_compare",
+        "aggregate.after_adjustments",
+        "aggregate.after_gold",
+    ] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        let mut pays = six_days();
+        write_source(d, &pays).await;
+        let p = pipeline(d, "recompute: { lookback: 2d }\nafter_close: adjust\n");
+        run(&p, "2024-04-06", &[]);
+        // Late rows for a closed day (an adjustment) and an open one (a restatement).
+        pays.push(pay("late2", at(2024, 4, 2, 15, 0), "m1", 55));
+        pays.push(pay("late5", at(2024, 4, 5, 15, 0), "m2", 66));
+        replace_source(d, &pays).await;
+        let killed = exec(
+            tidemark_at(at(2024, 4, 10, 12, 0))
+                .env("TIDEMARK_FAILPOINTS", format!("{point}=abort"))
+                .arg("run")
+                .arg(&p)
+                .args(["--logical-date", "2024-04-06"]),
+        );
+        assert_ne!(killed.code, 0, "{point}: the run was killed");
+        let s = run(&p, "2024-04-06", &[]);
+        assert_eq!(with_adjustments(d).await, oracle(&pays), "{point}: {s}");
+        let st = status(d).await;
+        assert_eq!(
+            st[&day("2024-04-05")].1,
+            3,
+            "{point}: the open day's status is current"
+        );
+        let again = run(&p, "2024-04-06", &[]);
+        assert!(again["status_version"].is_null(), "{point}: {again}");
+        assert_eq!(again["num_adjustment_rows"], 0, "{point}: {again}");
+        assert_eq!(with_adjustments(d).await, oracle(&pays), "{point}");
+    }
+}

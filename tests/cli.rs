@@ -991,7 +991,10 @@ fn demo_bootstraps_then_runs_incrementally() {
     let gold = job["tasks"][3]["attempts"][0]["summary"].clone();
     assert_eq!(gold["kind"], "aggregate", "{gold}");
     assert_eq!(gold["mode"], "bootstrap", "{gold}");
-    assert_eq!(gold["logical_date"], "2024-01-31", "the demo's clock: {gold}");
+    assert_eq!(
+        gold["logical_date"], "2024-01-31",
+        "the demo's clock: {gold}"
+    );
     assert!(num(&gold, "num_days_open") > 0, "{gold}");
     let ingest = job["tasks"][0]["attempts"][0]["summary"].clone();
     assert_eq!(ingest["kind"], "ingest", "{ingest}");

@@ -116,13 +116,7 @@ impl Run<'_> {
                 .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?;
         }
         let plan = self
-            .plan_days(
-                &source,
-                [gold.as_ref(), status_table.as_ref()],
-                &old_status,
-                logical,
-                full,
-            )
+            .plan_days(&source, status_table.as_ref(), &old_status, logical, full)
             .await?;
         self.c.logical_date = Some(logical);
         self.end_phase(Phase::Plan)?;
@@ -210,6 +204,7 @@ impl Run<'_> {
             )
             .await?;
         }
+        crate::failpoint::hit("aggregate.after_adjustments")?;
         if !changed.is_empty() {
             let written = if full {
                 rows
@@ -228,6 +223,7 @@ impl Run<'_> {
             .await?;
             self.summary.target_version = version;
         }
+        crate::failpoint::hit("aggregate.after_gold")?;
         if new_status != old_status {
             self.c.status_version = status::write(
                 status_table,
@@ -249,7 +245,7 @@ impl Run<'_> {
     async fn plan_days(
         &mut self,
         source: &deltalake::DeltaTable,
-        recorded_in: [Option<&deltalake::DeltaTable>; 2],
+        recorded_in: Option<&deltalake::DeltaTable>,
         old_status: &BTreeMap<NaiveDate, status::DayStatus>,
         logical: NaiveDate,
         full: bool,
@@ -264,12 +260,15 @@ impl Run<'_> {
         // run to the next scheduled one (its commits record the version the last run read).
         let on_purpose = self.opts.restate_from.is_some();
         if !full {
+            // The status table is committed last: the version it records was fully applied
+            // (a crash after gold's commit leaves it behind, and the rerun reads the changes
+            // again — comparing, it writes only what is missing).
             let mut previous: Option<i64> = None;
-            for t in recorded_in.into_iter().flatten() {
+            if let Some(t) = recorded_in {
                 let r = lake::record::read(t, &self.p.app_id())
                     .await
-                    .map_err(RunError::delta(Phase::Plan, &spec.target_uri))?;
-                previous = previous.max(r.version);
+                    .map_err(RunError::delta(Phase::Plan, &spec.status_uri))?;
+                previous = r.version;
             }
             let since = previous.and_then(|v| u64::try_from(v).ok());
             self.c.previous_source_version = since;
