@@ -672,3 +672,25 @@ async fn a_run_killed_between_its_commits_converges_on_the_rerun() {
         assert_eq!(with_adjustments(d).await, oracle(&pays), "{point}");
     }
 }
+
+/// `recompute.touched`: only the open days the source changed are restated; nothing changed,
+/// nothing recomputed (and no error).
+#[tokio::test]
+async fn touched_restates_only_the_changed_open_days() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let mut pays = six_days();
+    write_source(d, &pays).await;
+    let p = pipeline(d, "recompute: { lookback: 3d, touched: true }\n");
+    run(&p, "2024-04-06", &[]);
+    let idle = run(&p, "2024-04-06", &[]);
+    assert_eq!(idle["num_days_recomputed"], 0, "{idle}");
+    assert!(idle["target_version"].is_null(), "{idle}");
+    let late = pay("late5", at(2024, 4, 5, 15, 0), "m2", 66);
+    pays.push(late.clone());
+    write_source(d, std::slice::from_ref(&late)).await; // one new file: the 5th alone
+    let s = run(&p, "2024-04-06", &[]);
+    assert_eq!(s["num_days_recomputed"], 1, "{s}");
+    assert_eq!(s["num_days_changed"], 1, "{s}");
+    assert_eq!(without_final(&gold(d).await), oracle(&pays));
+}

@@ -86,12 +86,12 @@ pub fn grouped(
         df = df.filter(coalesce(vec![e, lit(false)])).map_err(q)?;
     }
     if let Some(d) = days {
-        let (Some(first), Some(last)) = (d.first(), d.last()) else {
-            return df.limit(0, Some(0)).map_err(q);
+        // (no day to recompute: the same plan, over no rows)
+        let covering = match (d.first(), d.last()) {
+            (Some(first), Some(last)) => raw.covering(&spec.event_date, first, last),
+            _ => lit(false),
         };
-        df = df
-            .filter(raw.covering(&spec.event_date, first, last))
-            .map_err(q)?;
+        df = df.filter(covering).map_err(q)?;
     }
     df = df.with_column(EVENT_DATE, day).map_err(q)?;
     if let Some(d) = days {
