@@ -157,8 +157,16 @@ pub struct DayFacts {
 
 /// Sums the grouped batches per day.
 pub fn day_facts(batches: &[RecordBatch]) -> Result<BTreeMap<NaiveDate, DayFacts>, RunError> {
-    let a = |e| RunError::arrow(Phase::Read)(e);
     let mut out: BTreeMap<NaiveDate, DayFacts> = BTreeMap::new();
+    add_day_facts(&mut out, batches).map_err(RunError::arrow(Phase::Read))?;
+    Ok(out)
+}
+
+/// Adds the grouped batches' rows to `out`, per day.
+pub fn add_day_facts(
+    out: &mut BTreeMap<NaiveDate, DayFacts>,
+    batches: &[RecordBatch],
+) -> Result<(), arrow::error::ArrowError> {
     for b in batches {
         let (Some(day), Some(rows), Some(arrival)) = (
             b.column_by_name(EVENT_DATE),
@@ -167,14 +175,13 @@ pub fn day_facts(batches: &[RecordBatch]) -> Result<BTreeMap<NaiveDate, DayFacts
         ) else {
             continue;
         };
-        let day = arrow::compute::cast(day, &DataType::Date32).map_err(a)?;
+        let day = arrow::compute::cast(day, &DataType::Date32)?;
         let day = day.as_primitive::<Date32Type>();
-        let rows = arrow::compute::cast(rows, &DataType::Int64).map_err(a)?;
+        let rows = arrow::compute::cast(rows, &DataType::Int64)?;
         let rows = rows.as_primitive::<Int64Type>();
         let arrival =
             arrow::compute::cast(arrival, &DataType::Timestamp(TimeUnit::Microsecond, None))
-                .and_then(|c| arrow::compute::cast(&c, &DataType::Int64))
-                .map_err(a)?;
+                .and_then(|c| arrow::compute::cast(&c, &DataType::Int64))?;
         let arrival = arrival.as_primitive::<Int64Type>();
         for i in 0..b.num_rows() {
             let Some(d) = day.value_as_date(i) else {
@@ -188,20 +195,23 @@ pub fn day_facts(batches: &[RecordBatch]) -> Result<BTreeMap<NaiveDate, DayFacts
             }
         }
     }
-    Ok(out)
+    Ok(())
 }
 
 /// The batches without the helper column, as gold stores them.
 pub fn without_helpers(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>, RunError> {
     batches
         .iter()
-        .map(|b| {
-            let keep: Vec<usize> = (0..b.num_columns())
-                .filter(|i| b.schema().field(*i).name() != ROWS)
-                .collect();
-            b.project(&keep).map_err(RunError::arrow(Phase::Read))
-        })
+        .map(|b| without_helper(b).map_err(RunError::arrow(Phase::Read)))
         .collect()
+}
+
+/// One batch without the helper column.
+pub fn without_helper(b: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let keep: Vec<usize> = (0..b.num_columns())
+        .filter(|i| b.schema().field(*i).name() != ROWS)
+        .collect();
+    b.project(&keep)
 }
 
 /// The output schema of gold (without the helper column).

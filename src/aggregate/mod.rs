@@ -16,10 +16,14 @@ mod adjust;
 pub mod compute;
 pub mod days;
 pub mod status;
+mod stream;
 mod touched;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use futures::StreamExt;
 
 use chrono::{DateTime, NaiveDate, Utc};
 use datafusion::prelude::SessionContext;
@@ -130,6 +134,18 @@ impl Run<'_> {
             .ctx
             .read_table(provider)
             .map_err(RunError::query(Phase::Read))?;
+        if full {
+            return self
+                .restate_all(
+                    df,
+                    gold,
+                    status_table,
+                    &old_status,
+                    logical,
+                    plan.days.open_from,
+                )
+                .await;
+        }
         let mut read = plan.days.clone();
         read.set.extend(plan.adjust.iter().copied());
         let grouped = compute::grouped(
@@ -235,6 +251,132 @@ impl Run<'_> {
             .await?;
         }
         self.end_phase(Phase::Write)?;
+        Ok(())
+    }
+
+    /// A bootstrap or full reload: every day, streamed from the aggregate into gold's one
+    /// overwrite commit (the day facts for the status table noted on the way).
+    async fn restate_all(
+        &mut self,
+        df: datafusion::prelude::DataFrame,
+        gold: Option<deltalake::DeltaTable>,
+        status_table: Option<deltalake::DeltaTable>,
+        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
+        logical: NaiveDate,
+        open_from: NaiveDate,
+    ) -> Result<(), RunError> {
+        let spec = self.spec;
+        let q = |e| RunError::query(Phase::Read)(e);
+        let grouped = compute::grouped(
+            compute::Source {
+                p: self.p,
+                spec,
+                df,
+            },
+            None,
+            open_from,
+        )?;
+        let schema = compute::gold_schema(&grouped);
+        let input = grouped.execute_stream().await.map_err(q)?;
+        let observed = Arc::new(stream::Observed::new(schema.clone(), input));
+        let seen = observed.seen();
+        if self.opts.dry_run {
+            let mut s = datafusion::physical_plan::streaming::PartitionStream::execute(
+                observed.as_ref(),
+                self.ctx.task_ctx(),
+            );
+            while let Some(b) = s.next().await {
+                b.map_err(RunError::scan(Phase::Read, &spec.source_uri))?;
+            }
+        } else {
+            let table = datafusion::catalog::streaming::StreamingTable::try_new(
+                observed.schema_ref(),
+                vec![observed],
+            )
+            .map_err(q)?;
+            let plan = self
+                .ctx
+                .read_table(Arc::new(table))
+                .map_err(q)?
+                .into_unoptimized_plan();
+            let facts_seen = seen.clone();
+            let facts: lake::facts::FinalFacts = Arc::new(move || {
+                let days = facts_seen.lock().ok()?;
+                let mut m = serde_json::Map::new();
+                m.insert("num_days_changed".into(), days.len().into());
+                m.insert(
+                    "num_rows_written".into(),
+                    days.values().map(|f| f.groups).sum::<i64>().into(),
+                );
+                Some(m)
+            });
+            self.summary.target_version = write::overwrite_all(
+                &self.ctx,
+                gold,
+                &spec.target_uri,
+                &self.p.name,
+                plan,
+                facts,
+                self.commit_properties(),
+            )
+            .await?;
+        }
+        // Under `after_close: adjust` the closed days now hold everything booked for them: the
+        // adjustments are folded in, and cleared (after gold's commit; an interrupted reload is
+        // run again).
+        if !self.opts.dry_run && self.spec.after_close == AfterClose::Adjust {
+            if let Some(t) = lake::open_if_exists(&spec.adjustments_uri).await? {
+                if lake::row_count_from_stats(&t).ok().flatten().unwrap_or(1) > 0 {
+                    let (t, _) = t
+                        .delete()
+                        .with_commit_properties(self.commit_properties())
+                        .await
+                        .map_err(RunError::write(Phase::Write, &spec.adjustments_uri))?;
+                    self.c.adjustments_version = t.version();
+                    self.warn(format!(
+                        "the closed days were rebuilt from the source, so the adjustments booked for them are now in gold: {} was cleared",
+                        spec.adjustments_uri
+                    ));
+                }
+            }
+        }
+        let facts = seen.lock().map(|d| d.clone()).unwrap_or_default();
+        self.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
+        let first = facts.keys().next().copied().unwrap_or(logical);
+        let last = facts
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(logical)
+            .max(logical);
+        let span = Days::range(spec, logical, first.min(last), last);
+        let changed: BTreeSet<NaiveDate> = facts.keys().copied().collect();
+        self.c.days_from = span.first();
+        self.c.days_to = span.last();
+        self.c.num_days_recomputed = span.count();
+        self.c.num_days_changed = changed.len() as u64;
+        self.c.num_rows_written = facts.values().map(|f| f.groups.max(0) as u64).sum();
+        // Days gold held that the source no longer has are gone from gold too.
+        let mut new_status = status::next(old_status, &span, &facts, &changed, self.now);
+        new_status.retain(|d, _| facts.contains_key(d));
+        self.c.num_days_final_now = new_status
+            .values()
+            .filter(|s| {
+                s.is_final() && !old_status.get(&s.event_date).is_some_and(|o| o.is_final())
+            })
+            .count() as u64;
+        self.c.num_days_open = new_status.values().filter(|s| !s.is_final()).count() as u64;
+        self.end_phase(Phase::Write)?;
+        if !self.opts.dry_run && new_status != *old_status {
+            self.c.status_version = status::write(
+                status_table,
+                &spec.status_uri,
+                &self.p.name,
+                &new_status,
+                self.commit_properties(),
+            )
+            .await?;
+        }
         Ok(())
     }
 

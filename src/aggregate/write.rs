@@ -203,3 +203,36 @@ fn predicate(days: &BTreeSet<NaiveDate>) -> String {
     let list: Vec<String> = days.iter().map(|d| format!("'{d}'")).collect();
     format!("{EVENT_DATE} IN ({})", list.join(", "))
 }
+
+/// Replaces all of gold with the rows of `plan` in one commit (streamed: a bootstrap or full
+/// reload); creates gold, partitioned by `event_date`, on the first run. `facts` completes the
+/// commit's run facts once the rows are written.
+pub async fn overwrite_all(
+    ctx: &SessionContext,
+    gold: Option<DeltaTable>,
+    uri: &str,
+    name: &str,
+    plan: datafusion::logical_expr::LogicalPlan,
+    facts: lake::facts::FinalFacts,
+    props: CommitProperties,
+) -> Result<Option<u64>, RunError> {
+    let table = match gold {
+        Some(t) => t,
+        None => lake::builder(lake::create_url(uri)?)
+            .and_then(|b| b.build())
+            .map_err(RunError::delta(Phase::Write, uri))?,
+    };
+    let table = lake::facts::with_final_facts(table, facts);
+    let t = table
+        .write(std::iter::empty())
+        .with_input_plan(plan)
+        .with_session_state(std::sync::Arc::new(ctx.state()))
+        .with_save_mode(SaveMode::Overwrite)
+        .with_schema_mode(SchemaMode::Overwrite)
+        .with_partition_columns([EVENT_DATE])
+        .with_table_name(name)
+        .with_commit_properties(props)
+        .await
+        .map_err(RunError::write(Phase::Write, uri))?;
+    Ok(t.version())
+}
