@@ -146,6 +146,40 @@ pub fn grouped(
         .map_err(q)
 }
 
+/// The first and last event day of the source's rows (`None` when it has none): a full
+/// restatement aggregates the days between in chunks, so one hash table never holds every
+/// day's groups.
+pub async fn day_bounds(s: Source<'_>) -> Result<Option<(NaiveDate, NaiveDate)>, RunError> {
+    let q = |e| RunError::query(Phase::Read)(e);
+    let spec = s.spec;
+    let Ok((_, field)) =
+        s.df.schema()
+            .qualified_field_with_unqualified_name(&spec.event_date)
+    else {
+        return Ok(None); // `grouped` names the missing column
+    };
+    let (day, _) = super::days::event_day(spec, field.data_type())
+        .map_err(|m| RunError::Config(s.p.error_at("column", m)))?;
+    let b =
+        s.df.aggregate(
+            vec![],
+            vec![min(day.clone()).alias("lo"), max(day).alias("hi")],
+        )
+        .map_err(q)?
+        .collect()
+        .await
+        .map_err(RunError::scan(Phase::Read, &spec.source_uri))?;
+    let Some(b) = b.iter().find(|b| b.num_rows() > 0) else {
+        return Ok(None);
+    };
+    let get = |i: usize| {
+        arrow::compute::cast(b.column(i), &DataType::Date32)
+            .ok()
+            .and_then(|c| c.as_primitive::<Date32Type>().value_as_date(0))
+    };
+    Ok(get(0).zip(get(1)))
+}
+
 /// Per event day: source rows, output groups and the latest arrival.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DayFacts {

@@ -23,7 +23,7 @@ mod write;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 
 use chrono::{DateTime, NaiveDate, Utc};
 use datafusion::prelude::SessionContext;
@@ -69,6 +69,9 @@ pub(crate) async fn run_once(
     run.execute().instrument(info_span!("aggregate")).await?;
     Ok(run.finish())
 }
+
+/// Days per aggregate of a full restatement: a month of groups in one hash table at a time.
+const FULL_CHUNK_DAYS: i64 = 31;
 
 /// What a run recomputes (gold's days) and adjusts (closed days, `after_close: adjust`).
 struct Plan {
@@ -267,17 +270,43 @@ impl Run<'_> {
     ) -> Result<(), RunError> {
         let spec = self.spec;
         let q = |e| RunError::query(Phase::Read)(e);
+        let source = |df: datafusion::prelude::DataFrame| compute::Source {
+            p: self.p,
+            spec,
+            df,
+        };
+        // The days in chunks, one aggregate after the other (the source is clustered by time
+        // when it is a tidemark silver: each chunk's files are pruned by their statistics).
+        let mut chunks = Vec::new();
+        if let Some((first, last)) = compute::day_bounds(source(df.clone())).await? {
+            let mut from = first;
+            while from <= last {
+                let to = (from + chrono::Duration::days(FULL_CHUNK_DAYS - 1)).min(last);
+                let days = Days::range(spec, logical, from, to);
+                chunks.push(compute::grouped(
+                    source(df.clone()),
+                    Some(&days),
+                    open_from,
+                )?);
+                from = to + chrono::Duration::days(1);
+            }
+        }
         let grouped = compute::grouped(
-            compute::Source {
-                p: self.p,
-                spec,
-                df,
-            },
-            None,
+            source(df),
+            Some(&Days::only(spec, logical, None, [])),
             open_from,
         )?;
         let schema = compute::gold_schema(&grouped);
-        let input = grouped.execute_stream().await.map_err(q)?;
+        let with_helper: arrow::datatypes::SchemaRef =
+            Arc::new(grouped.schema().as_arrow().clone());
+        let input: datafusion::execution::SendableRecordBatchStream = Box::pin(
+            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
+                with_helper,
+                futures::stream::iter(chunks)
+                    .then(|df| df.execute_stream())
+                    .try_flatten(),
+            ),
+        );
         let observed = Arc::new(stream::Observed::new(schema.clone(), input));
         let seen = observed.seen();
         if self.opts.dry_run {

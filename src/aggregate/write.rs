@@ -186,6 +186,7 @@ pub async fn replace_days(
     let mut builder = table
         .write(rows)
         .with_save_mode(SaveMode::Overwrite)
+        .with_writer_properties(lake::datafile::writer_properties(ROW_GROUP_ROWS))
         .with_partition_columns([EVENT_DATE])
         .with_commit_properties(props);
     builder = match days {
@@ -197,6 +198,11 @@ pub async fn replace_days(
     let t = builder.await.map_err(RunError::write(Phase::Write, uri))?;
     Ok(t.version())
 }
+
+/// Rows per row group in gold's files: a day's file is written (and flushed, compressed) in
+/// row groups of this size, so a restatement of many days holds the encoded pages of the open
+/// row group per day, not every day's rows.
+const ROW_GROUP_ROWS: usize = 8192;
 
 /// `event_date` is one of `days`, as Delta predicate text.
 fn predicate(days: &BTreeSet<NaiveDate>) -> String {
@@ -229,6 +235,7 @@ pub async fn overwrite_all(
         .with_session_state(std::sync::Arc::new(ctx.state()))
         .with_save_mode(SaveMode::Overwrite)
         .with_schema_mode(SchemaMode::Overwrite)
+        .with_writer_properties(lake::datafile::writer_properties(ROW_GROUP_ROWS))
         .with_partition_columns([EVENT_DATE])
         .with_table_name(name)
         .with_commit_properties(props)
