@@ -241,6 +241,27 @@ async fn status(dir: &Path) -> BTreeMap<NaiveDate, (String, i64, Option<NaiveDat
     out
 }
 
+/// The status table's `late_rows_after_close` by day.
+async fn late_after_close(dir: &Path) -> BTreeMap<NaiveDate, i64> {
+    let mut out = BTreeMap::new();
+    for b in read_all(&dir.join("gold_status")).await {
+        let d = b
+            .column_by_name("event_date")
+            .expect("d")
+            .as_primitive::<arrow::datatypes::Date32Type>()
+            .clone();
+        let n = b
+            .column_by_name("late_rows_after_close")
+            .expect("late")
+            .as_primitive::<arrow::datatypes::Int64Type>()
+            .clone();
+        for i in 0..b.num_rows() {
+            out.insert(d.value_as_date(i).expect("d"), n.value(i));
+        }
+    }
+    out
+}
+
 #[tokio::test]
 async fn days_are_restated_whole_and_labelled_final_past_the_lookback() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -491,7 +512,8 @@ async fn a_late_row_for_a_closed_day_restates_it_or_is_booked_as_an_adjustment()
         run(&p, "2024-04-06", &[]);
         let published = gold(d).await;
         // A payment for the 2nd (closed since the 6th's run) lands late, and a refund on the 1st.
-        let late = pay("late2", at(2024, 4, 2, 15, 0), "m1", 55);
+        let mut late = pay("late2", at(2024, 4, 2, 15, 0), "m1", 55);
+        late.arrived = at(2024, 4, 6, 11, 0); // after the 2nd closed (the 6th, 00:00 local)
         let mut refund = pays[0].clone();
         refund.status = "refunded";
         pays.push(late.clone());
@@ -509,6 +531,12 @@ async fn a_late_row_for_a_closed_day_restates_it_or_is_booked_as_an_adjustment()
         );
         let st = status(d).await;
         assert_eq!(st[&day("2024-04-02")].0, "final", "{mode}");
+        assert_eq!(late_after_close(d).await[&day("2024-04-02")], 1, "{mode}");
+        assert_eq!(
+            late_after_close(d).await[&day("2024-04-01")],
+            0,
+            "{mode}: arrived before close"
+        );
         if mode == "restate" {
             assert_eq!(s["num_days_restated_after_close"], 2, "{mode}: {s}");
             assert_eq!(without_final(&gold(d).await), oracle(&pays), "{mode}");

@@ -255,3 +255,69 @@ fn the_ingest_reference_loads_and_runs_and_names_real_summary_fields() {
     }
     assert!(named >= 9, "only {named} summary fields named");
 }
+
+#[test]
+fn the_aggregate_reference_loads_and_runs_and_names_real_summary_fields() {
+    let text = readme();
+    let (_, yaml) = blocks(&text)
+        .into_iter()
+        .find(|(info, body)| info == "yaml" && body.contains("kind: aggregate"))
+        .expect("the aggregate reference block");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lake = dir.path().join("lake");
+    let path = dir.path().join("daily_payments.yml");
+    std::fs::write(&path, &yaml).expect("write");
+    // A silver payments table, as the merge writes it: the chain's own pipeline builds it.
+    let merge = root().join("pipelines/payments.yml");
+    let bronze = lake.join("bronze/payments_raw");
+    let out = exec(
+        tidemark_at(T0)
+            .args(["generate", "--payments", "500", "--days", "5", "--out"])
+            .arg(&bronze),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let var = format!("lake={}", lake.display());
+    let out = exec(tidemark_at(T0).arg("run").arg(&merge).args(["--var", &var]));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let out = exec(tidemark_at(T0).arg("run").arg(&path).args([
+        "--var",
+        &var,
+        "--logical-date",
+        "2024-01-05",
+        "--output",
+        "json",
+    ]));
+    assert_eq!(
+        out.code, 0,
+        "the README's aggregate reference does not run: {}",
+        out.stderr
+    );
+    let summary: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert!(
+        summary["num_rows_written"].as_u64().unwrap_or(0) > 0,
+        "{summary}"
+    );
+    let start = text
+        .find("the summary (`--output json`) has the same counts plus")
+        .expect("the aggregate summary sentence");
+    let sentence = &text[start..start + text[start..].find(". ").unwrap_or(600)];
+    let mut named = 0;
+    for (i, part) in sentence.split('`').enumerate() {
+        if i % 2 == 1 && (part.starts_with("num_") || part.ends_with("_version")) {
+            assert!(
+                summary.get(part).is_some(),
+                "the README names `{part}`, not in the summary: {summary}"
+            );
+            named += 1;
+        }
+    }
+    assert!(named >= 8, "only {named} summary fields named");
+    let status = exec(
+        tidemark_at(T0)
+            .arg("status")
+            .arg(&path)
+            .args(["--var", &var]),
+    );
+    assert_eq!(status.code, 0, "{}", status.stderr);
+    assert!(status.stdout.contains("day status"), "{}", status.stdout);
+}

@@ -18,12 +18,19 @@ use crate::run::{Phase, RunError};
 
 /// Rows per output group (not written to gold: summed per day for the status table).
 pub const ROWS: &str = "__tidemark_rows";
+/// Of those, rows that arrived after their (closed) day was first labelled final.
+pub const LATE: &str = "__tidemark_late";
+/// The prefix of the helper columns gold does not store.
+const HELPER: &str = "__tidemark_";
 
 /// What the read needs to know about the source.
 pub struct Source<'a> {
     pub p: &'a Pipeline,
     pub spec: &'a Aggregate,
     pub df: DataFrame,
+    /// Closed days and when they closed (µs, UTC: the start of their `final_since` day):
+    /// their rows arriving later are counted as late after close.
+    pub closed: &'a BTreeMap<NaiveDate, i64>,
 }
 
 /// The grouped rows for `days` (every day when `None`), sorted by day and groups, with the
@@ -132,6 +139,7 @@ pub fn grouped(
     }
     aggs.push(max(ident(&spec.data_as_of)).alias(DATA_AS_OF));
     aggs.push(count(lit(1i64)).alias(ROWS));
+    aggs.push(late_after_close(s.closed, days, &spec.data_as_of)?.alias(LATE));
     let mut groups: Vec<Expr> = vec![ident(EVENT_DATE)];
     groups.extend(spec.group_by.iter().map(ident));
     let mut out: Vec<Expr> = groups.clone();
@@ -139,6 +147,7 @@ pub fn grouped(
     out.push(ident(DATA_AS_OF));
     out.push(ident(EVENT_DATE).lt(date_lit(open_from)).alias(IS_FINAL));
     out.push(ident(ROWS));
+    out.push(ident(LATE));
     let order: Vec<SortExpr> = groups.iter().map(|g| g.clone().sort(true, true)).collect();
     df.aggregate(groups, aggs)
         .and_then(|df| df.select(out))
@@ -180,6 +189,44 @@ pub async fn day_bounds(s: Source<'_>) -> Result<Option<(NaiveDate, NaiveDate)>,
     Ok(get(0).zip(get(1)))
 }
 
+/// The rows whose arrival is at or after their closed day's close (0 for open days).
+fn late_after_close(
+    closed: &BTreeMap<NaiveDate, i64>,
+    days: Option<&Days>,
+    arrival: &str,
+) -> Result<Expr, RunError> {
+    let q = |e| RunError::query(Phase::Read)(e);
+    let mut relevant = closed
+        .iter()
+        .filter(|(d, _)| days.is_none_or(|days| days.set.contains(d)));
+    let Some((d, t)) = relevant.next() else {
+        return Ok(sum(lit(0i64)));
+    };
+    let at = |t: i64| {
+        lit(datafusion::scalar::ScalarValue::TimestampMicrosecond(
+            Some(t),
+            Some("UTC".into()),
+        ))
+    };
+    let day = ident(EVENT_DATE);
+    let mut close = when(day.clone().eq(date_lit(*d)), at(*t));
+    for (d, t) in relevant {
+        close = close.when(day.clone().eq(date_lit(*d)), at(*t));
+    }
+    let close = close.end().map_err(q)?;
+    let late = coalesce(vec![
+        datafusion::logical_expr::cast(
+            ident(arrival),
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+        )
+        .gt_eq(close),
+        lit(false),
+    ]);
+    Ok(sum(when(late, lit(1i64))
+        .otherwise(lit(0i64))
+        .map_err(q)?))
+}
+
 /// Per event day: source rows, output groups and the latest arrival.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DayFacts {
@@ -187,6 +234,8 @@ pub struct DayFacts {
     pub groups: i64,
     /// Microseconds (UTC).
     pub last_arrival: Option<i64>,
+    /// Rows that arrived after the (closed) day was first labelled final.
+    pub late_rows: i64,
 }
 
 /// Sums the grouped batches per day.
@@ -202,13 +251,16 @@ pub fn add_day_facts(
     batches: &[RecordBatch],
 ) -> Result<(), arrow::error::ArrowError> {
     for b in batches {
-        let (Some(day), Some(rows), Some(arrival)) = (
+        let (Some(day), Some(rows), Some(arrival), Some(late)) = (
             b.column_by_name(EVENT_DATE),
             b.column_by_name(ROWS),
             b.column_by_name(DATA_AS_OF),
+            b.column_by_name(LATE),
         ) else {
             continue;
         };
+        let late = arrow::compute::cast(late, &DataType::Int64)?;
+        let late = late.as_primitive::<Int64Type>();
         let day = arrow::compute::cast(day, &DataType::Date32)?;
         let day = day.as_primitive::<Date32Type>();
         let rows = arrow::compute::cast(rows, &DataType::Int64)?;
@@ -224,6 +276,9 @@ pub fn add_day_facts(
             let f = out.entry(d).or_default();
             f.rows += rows.value(i);
             f.groups += 1;
+            if late.is_valid(i) {
+                f.late_rows += late.value(i);
+            }
             if arrival.is_valid(i) {
                 f.last_arrival = f.last_arrival.max(Some(arrival.value(i)));
             }
@@ -243,7 +298,7 @@ pub fn without_helpers(batches: &[RecordBatch]) -> Result<Vec<RecordBatch>, RunE
 /// One batch without the helper column.
 pub fn without_helper(b: &RecordBatch) -> Result<RecordBatch, arrow::error::ArrowError> {
     let keep: Vec<usize> = (0..b.num_columns())
-        .filter(|i| b.schema().field(*i).name() != ROWS)
+        .filter(|i| !b.schema().field(*i).name().starts_with(HELPER))
         .collect();
     b.project(&keep)
 }
@@ -254,7 +309,7 @@ pub fn gold_schema(df: &DataFrame) -> SchemaRef {
     std::sync::Arc::new(arrow::datatypes::Schema::new(
         s.fields()
             .iter()
-            .filter(|f| f.name() != ROWS)
+            .filter(|f| !f.name().starts_with(HELPER))
             .cloned()
             .collect::<Vec<_>>(),
     ))

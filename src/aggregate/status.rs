@@ -47,6 +47,9 @@ pub struct DayStatus {
     /// Runs that booked adjustments for the day after it had become final (`after_close:
     /// adjust`).
     pub adjusted_after_close: i64,
+    /// The day's rows that arrived after it was first labelled final (as of the last run that
+    /// restated or adjusted it).
+    pub late_rows_after_close: i64,
 }
 
 fn ser_micros<S: serde::Serializer>(v: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
@@ -96,6 +99,10 @@ pub fn next(
             restated_after_close: before.map_or(0, |b| b.restated_after_close)
                 + i64::from(was_final && changed_days.contains(&day)),
             adjusted_after_close: before.map_or(0, |b| b.adjusted_after_close),
+            late_rows_after_close: match before.and_then(|b| b.final_since) {
+                Some(_) => f.late_rows,
+                None => 0,
+            },
         };
         let same = before.is_some_and(|b| {
             b.status == s.status
@@ -103,6 +110,7 @@ pub fn next(
                 && b.groups == s.groups
                 && b.last_arrival == s.last_arrival
                 && b.final_since == s.final_since
+                && b.late_rows_after_close == s.late_rows_after_close
         });
         if !same || changed_days.contains(&day) {
             s.last_recomputed = Some(now.timestamp_micros());
@@ -116,6 +124,7 @@ pub fn next(
 pub fn adjusted(
     rows: &mut BTreeMap<NaiveDate, DayStatus>,
     booked: &[RecordBatch],
+    facts: &BTreeMap<NaiveDate, DayFacts>,
     now: DateTime<Utc>,
 ) {
     let days: std::collections::BTreeSet<NaiveDate> = days_of(booked).into_iter().collect();
@@ -123,8 +132,26 @@ pub fn adjusted(
         if let Some(s) = rows.get_mut(&d) {
             s.adjusted_after_close += 1;
             s.last_recomputed = Some(now.timestamp_micros());
+            if let Some(f) = facts.get(&d) {
+                s.late_rows_after_close = f.late_rows;
+            }
         }
     }
+}
+
+/// When each closed day closed: the start (in `tz`) of the day it was first labelled final.
+pub fn closes(
+    rows: &BTreeMap<NaiveDate, DayStatus>,
+    tz: chrono_tz::Tz,
+) -> BTreeMap<NaiveDate, i64> {
+    rows.values()
+        .filter_map(|s| {
+            let since = s.final_since?;
+            let local = since.and_hms_opt(0, 0, 0)?;
+            let at = local.and_local_timezone(tz).earliest()?;
+            Some((s.event_date, at.timestamp_micros()))
+        })
+        .collect()
 }
 
 /// The `event_date` of every row of `batches`.
@@ -157,6 +184,7 @@ fn schema() -> SchemaRef {
         Field::new("final_since", DataType::Date32, true),
         Field::new("restated_after_close", DataType::Int64, false),
         Field::new("adjusted_after_close", DataType::Int64, false),
+        Field::new("late_rows_after_close", DataType::Int64, false),
     ]))
 }
 
@@ -199,6 +227,11 @@ fn to_batch(name: &str, rows: &BTreeMap<NaiveDate, DayStatus>) -> Result<RecordB
         )),
         Arc::new(Int64Array::from(
             v.iter().map(|s| s.adjusted_after_close).collect::<Vec<_>>(),
+        )),
+        Arc::new(Int64Array::from(
+            v.iter()
+                .map(|s| s.late_rows_after_close)
+                .collect::<Vec<_>>(),
         )),
     ];
     RecordBatch::try_new(schema(), columns).map_err(RunError::arrow(Phase::Write))
@@ -248,6 +281,7 @@ pub async fn read(
         let groups = cast("groups", &DataType::Int64)?;
         let restated = cast("restated_after_close", &DataType::Int64)?;
         let adjusted = cast("adjusted_after_close", &DataType::Int64)?;
+        let late = cast("late_rows_after_close", &DataType::Int64)?;
         let arrival = micros("last_arrival")?;
         let recomputed = micros("last_recomputed")?;
         let since = cast("final_since", &DataType::Date32)?;
@@ -276,6 +310,7 @@ pub async fn read(
                     final_since: since.is_valid(i).then(|| since.value_as_date(i)).flatten(),
                     restated_after_close: int(&restated, i).unwrap_or(0),
                     adjusted_after_close: int(&adjusted, i).unwrap_or(0),
+                    late_rows_after_close: int(&late, i).unwrap_or(0),
                 },
             );
         }

@@ -62,6 +62,7 @@ pub fn render(
         "last_arrival",
         "last_recomputed",
         "final_since",
+        "late rows after close",
         "restated / adjusted after close",
     ]);
     for s in days.values().rev().take(limit) {
@@ -77,6 +78,7 @@ pub fn render(
             micros(s.last_arrival),
             micros(s.last_recomputed),
             s.final_since.map_or("-".into(), |d| d.to_string()),
+            s.late_rows_after_close.to_string(),
             format!("{} / {}", s.restated_after_close, s.adjusted_after_close),
         ]);
     }

@@ -1,0 +1,169 @@
+//! Which days a run recomputes, and which closed days it adjusts instead.
+
+use super::*;
+
+/// What a run recomputes (gold's days) and adjusts (closed days, `after_close: adjust`).
+pub(super) struct Plan {
+    pub(super) days: Days,
+    pub(super) adjust: BTreeSet<NaiveDate>,
+}
+
+impl Run<'_> {
+    /// The days to recompute and those to adjust: the lookback window (or `--from/--to`, or
+    /// with `recompute.touched` only the changed open days), the days turning final, and the
+    /// final days the source changed since the last run — restated (within `max_lookback`) or
+    /// adjusted per `after_close`.
+    pub(super) async fn plan_days(
+        &mut self,
+        source: &deltalake::DeltaTable,
+        recorded_in: Option<&deltalake::DeltaTable>,
+        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
+        logical: NaiveDate,
+        full: bool,
+    ) -> Result<Plan, RunError> {
+        let spec = self.spec;
+        let oldest_open = old_status
+            .values()
+            .find(|s| !s.is_final() && s.event_date <= logical)
+            .map(|s| s.event_date);
+        let mut touched = BTreeSet::new();
+        // `--from/--to` restates days on purpose and leaves the source's changes since the last
+        // run to the next scheduled one (its commits record the version the last run read).
+        let on_purpose = self.opts.restate_from.is_some();
+        if !full {
+            // The status table is committed last: the version it records was fully applied
+            // (a crash after gold's commit leaves it behind, and the rerun reads the changes
+            // again — comparing, it writes only what is missing).
+            let mut previous: Option<i64> = None;
+            if let Some(t) = recorded_in {
+                let r = lake::record::read(t, &self.p.app_id())
+                    .await
+                    .map_err(RunError::delta(Phase::Plan, &spec.status_uri))?;
+                previous = r.version;
+            }
+            let since = previous.and_then(|v| u64::try_from(v).ok());
+            self.c.previous_source_version = since;
+            if let Some(since) = since.filter(|_| !on_purpose) {
+                match touched::since(&self.ctx, source, spec, since).await? {
+                    touched::Touched::Days(d) => touched = d,
+                    touched::Touched::Unknown(why) => {
+                        let cap =
+                            logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
+                        self.warn(format!(
+                            "which days the source changed since version {since} is unknown ({why}): restating every day back to {cap} (max_lookback)"
+                        ));
+                        touched = cap.iter_days().take_while(|d| *d <= logical).collect();
+                    }
+                }
+            }
+        }
+        self.c.num_days_touched = touched.len() as u64;
+        let mut days = match (self.opts.restate_from, self.opts.restate_to) {
+            (Some(from), Some(to)) => Days::range(spec, logical, from, to),
+            _ if spec.touched => {
+                let open = days::Days::window(spec, logical, None).open_from;
+                Days::only(
+                    spec,
+                    logical,
+                    oldest_open,
+                    touched
+                        .iter()
+                        .copied()
+                        .filter(|d| *d >= open && *d <= logical),
+                )
+            }
+            _ => Days::window(spec, logical, oldest_open),
+        };
+        // A day is closed once a run labelled it final; one never published is closed when it
+        // lies before the lookback.
+        let closed = |d: &NaiveDate| {
+            old_status
+                .get(d)
+                .map_or(days.is_final(*d), status::DayStatus::is_final)
+        };
+        let cap = logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
+        let late: Vec<NaiveDate> = touched
+            .iter()
+            .copied()
+            .filter(|d| closed(d) && !days.set.contains(d))
+            .collect();
+        let mut adjust = BTreeSet::new();
+        match spec.after_close {
+            AfterClose::Restate => {
+                let (within, beyond): (Vec<NaiveDate>, Vec<NaiveDate>) =
+                    late.iter().partition(|d| **d >= cap);
+                days.set.extend(within);
+                if !beyond.is_empty() {
+                    self.c.num_days_beyond_max_lookback = beyond.len() as u64;
+                    self.warn(format!(
+                        "the source changed {} final day(s) older than max_lookback ({} days; the oldest {}): not restated",
+                        beyond.len(),
+                        spec.max_lookback_days,
+                        beyond[0]
+                    ));
+                }
+            }
+            AfterClose::Adjust => {
+                // Closed days are never rewritten: what they owe is booked instead (whatever
+                // their age), --from/--to included.
+                adjust.extend(late);
+                let closed_asked: Vec<NaiveDate> =
+                    days.set.iter().copied().filter(|d| closed(d)).collect();
+                for d in closed_asked {
+                    days.set.remove(&d);
+                    adjust.insert(d);
+                }
+            }
+        }
+        Ok(Plan { days, adjust })
+    }
+
+    /// Books what the final days to adjust owe: their fresh rows against gold's and the
+    /// adjustments already booked.
+    pub(super) async fn adjustments_due(
+        &mut self,
+        plan: &Plan,
+        rows: &[arrow::array::RecordBatch],
+        gold: Option<&deltalake::DeltaTable>,
+        adjustments: Option<&deltalake::DeltaTable>,
+    ) -> Result<Vec<arrow::array::RecordBatch>, RunError> {
+        if plan.adjust.is_empty() {
+            return Ok(Vec::new());
+        }
+        let spec = self.spec;
+        let set = Days {
+            logical: plan.days.logical,
+            open_from: plan.days.open_from,
+            set: plan.adjust.clone(),
+        };
+        let keep = set.contains_expr(datafusion::prelude::ident(EVENT_DATE));
+        let fresh = write::rows_of(rows, &plan.adjust)?;
+        let published = match gold {
+            Some(g) => {
+                let provider = g
+                    .table_provider()
+                    .await
+                    .map_err(RunError::scan(Phase::Compare, &spec.target_uri))?;
+                Some(
+                    self.ctx
+                        .read_table(provider)
+                        .and_then(|df| df.filter(keep.clone()))
+                        .map_err(RunError::query(Phase::Compare))?,
+                )
+            }
+            None => None,
+        };
+        let booked = adjust::booked(&self.ctx, adjustments, &spec.adjustments_uri, keep).await?;
+        adjust::deltas(
+            &self.ctx,
+            spec,
+            fresh,
+            published,
+            booked,
+            plan.days.logical,
+            &self.summary.run_id,
+            self.now,
+        )
+        .await
+    }
+}
