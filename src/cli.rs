@@ -270,13 +270,13 @@ pub struct RunArgs {
     pub spill_dir: Option<PathBuf>,
     /// `aggregate` pipelines: the run's logical date (YYYY-MM-DD; default: today in the
     /// pipeline's time zone). Decides the lookback window and which days are final.
-    #[arg(long, value_name = "DATE")]
+    #[arg(long, value_name = "DATE", value_parser = parse_date)]
     pub logical_date: Option<chrono::NaiveDate>,
     /// `aggregate` pipelines: restate the event days from this date (with --to), on purpose.
-    #[arg(long = "from", value_name = "DATE", requires = "restate_to")]
+    #[arg(long = "from", value_name = "DATE", requires = "restate_to", value_parser = parse_date)]
     pub restate_from: Option<chrono::NaiveDate>,
     /// `aggregate` pipelines: ... up to and including this date.
-    #[arg(long = "to", value_name = "DATE", requires = "restate_from")]
+    #[arg(long = "to", value_name = "DATE", requires = "restate_from", value_parser = parse_date)]
     pub restate_to: Option<chrono::NaiveDate>,
 }
 
@@ -483,6 +483,13 @@ pub struct LatenessArgs {
 
 /// `--limit` of `history` and `runs`: a listing of zero rows is never what was meant, so 0 is
 /// refused (exit 64) instead of being read as "all" or silently raised to 1.
+/// A calendar date, `YYYY-MM-DD`.
+fn parse_date(text: &str) -> Result<chrono::NaiveDate, String> {
+    chrono::NaiveDate::parse_from_str(text.trim(), "%Y-%m-%d").map_err(|e| {
+        format!("{text:?} is not a date ({e}); write it as YYYY-MM-DD, e.g. 2024-01-31")
+    })
+}
+
 fn parse_limit(text: &str) -> Result<usize, String> {
     match text.parse::<usize>() {
         Ok(0) => Err("the limit must be at least 1 (it is how many rows to show)".into()),

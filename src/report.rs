@@ -270,10 +270,24 @@ impl RunSummary {
             (false, None) if matches!(self.counters, Counters::Ingest(_)) => {
                 "no new landing files: no commit".to_string()
             }
-            (false, None) if matches!(self.counters, Counters::Aggregate(_)) => {
-                "the days are published as recomputed: no commit".to_string()
-            }
-            (false, None) => "nothing to change: no commit".to_string(),
+            (false, None) => match &self.counters {
+                Counters::Aggregate(c)
+                    if c.adjustments_version.is_some() || c.status_version.is_some() =>
+                {
+                    let mut parts = Vec::new();
+                    if let Some(v) = c.adjustments_version {
+                        parts.push(format!("adjustments version {v}"));
+                    }
+                    if let Some(v) = c.status_version {
+                        parts.push(format!("day status version {v}"));
+                    }
+                    format!("gold unchanged; committed {}", parts.join(" and "))
+                }
+                Counters::Aggregate(_) => {
+                    "the days are published as recomputed: no commit".to_string()
+                }
+                _ => "nothing to change: no commit".to_string(),
+            },
         };
         let _ = writeln!(
             out,
@@ -339,12 +353,12 @@ impl RunSummary {
                     ("logical date", day(c.logical_date)),
                     (
                         "days recomputed",
-                        format!(
-                            "{} ({} .. {})",
-                            c.num_days_recomputed,
-                            day(c.days_from),
-                            day(c.days_to)
-                        ),
+                        match (c.days_from, c.days_to) {
+                            (Some(a), Some(b)) => {
+                                format!("{} ({a} .. {b})", c.num_days_recomputed)
+                            }
+                            _ => c.num_days_recomputed.to_string(),
+                        },
                     ),
                     ("rows read", self.num_source_rows_read.to_string()),
                     (

@@ -422,6 +422,31 @@ async fn mistakes_are_refused_with_what_to_do() {
         "{}",
         out.stderr
     );
+    // A sum over text, a filter that is not a condition: config errors at the line, not bugs.
+    for (from, to, says) in [
+        (
+            "{ name: amount_cents, agg: sum, column: amount_cents }",
+            "{ name: amount_cents, agg: sum, column: status }",
+            "`sum` needs a number column",
+        ),
+        (
+            "filter: \"status = 'refunded'\"",
+            "filter: \"amount_cents\"",
+            "not a condition",
+        ),
+    ] {
+        let p = pipeline(d, "");
+        let text = std::fs::read_to_string(&p).expect("read").replace(from, to);
+        std::fs::write(&p, text).expect("write");
+        let out = exec(tidemark_at(at(2024, 4, 2, 0, 0)).arg("run").arg(&p));
+        assert_eq!(out.code, 78, "{to}: {}", out.stderr);
+        assert!(out.stderr.contains(says), "{to}: {}", out.stderr);
+        assert!(out.stderr.contains("daily.yml:"), "{to}: {}", out.stderr);
+    }
+    // `tidemark status` before any run (or on a wrong lake): the table is missing, exit 66.
+    let p = pipeline(d, "");
+    let out = exec(tidemark_at(at(2024, 4, 2, 0, 0)).arg("status").arg(&p));
+    assert_eq!(out.code, 66, "{}", out.stderr);
     // --from after --to; --logical-date on another kind.
     let p = pipeline(d, "");
     let out = exec(tidemark_at(at(2024, 4, 2, 0, 0)).arg("run").arg(&p).args([
@@ -513,7 +538,8 @@ async fn a_late_row_for_a_closed_day_restates_it_or_is_booked_as_an_adjustment()
         let published = gold(d).await;
         // A payment for the 2nd (closed since the 6th's run) lands late, and a refund on the 1st.
         let mut late = pay("late2", at(2024, 4, 2, 15, 0), "m1", 55);
-        late.arrived = at(2024, 4, 6, 11, 0); // after the 2nd closed (the 6th, 00:00 local)
+        // (after the run that closed the 2nd, which ran at the tests' clock, the 10th at noon)
+        late.arrived = at(2024, 4, 10, 13, 0);
         let mut refund = pays[0].clone();
         refund.status = "refunded";
         pays.push(late.clone());
@@ -729,4 +755,41 @@ async fn touched_restates_only_the_changed_open_days() {
     assert_eq!(s["num_days_recomputed"], 1, "{s}");
     assert_eq!(s["num_days_changed"], 1, "{s}");
     assert_eq!(without_final(&gold(d).await), oracle(&pays));
+}
+
+/// A change to a closed day older than `max_lookback`: under `restate` it is counted and warned
+/// about, not restated (a stray old row does not reopen an old period); under `adjust` it is
+/// booked whatever its age.
+#[tokio::test]
+async fn max_lookback_caps_restatement_but_not_adjustment() {
+    for mode in ["restate", "adjust"] {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        let mut pays = six_days();
+        write_source(d, &pays).await;
+        let p = pipeline(
+            d,
+            &format!("recompute: {{ lookback: 1d, max_lookback: 2d }}\nafter_close: {mode}\n"),
+        );
+        run(&p, "2024-04-06", &[]);
+        let before = gold(d).await;
+        let old = pay("stray", at(2024, 4, 1, 15, 0), "m1", 5);
+        pays.push(old.clone());
+        write_source(d, std::slice::from_ref(&old)).await;
+        let s = run(&p, "2024-04-06", &[]);
+        let key = (day("2024-04-01"), "m1".to_string());
+        if mode == "restate" {
+            assert_eq!(s["num_days_beyond_max_lookback"], 1, "{s}");
+            assert!(
+                s["warnings"]
+                    .to_string()
+                    .contains("older than max_lookback"),
+                "{s}"
+            );
+            assert_eq!(gold(d).await.get(&key), before.get(&key), "not reopened");
+        } else {
+            assert_eq!(s["num_days_adjusted"], 1, "{s}");
+            assert_eq!(with_adjustments(d).await, oracle(&pays), "{s}");
+        }
+    }
 }

@@ -170,6 +170,19 @@ async fn the_feed_is_turned_on_for_an_existing_target_and_honoured_when_set_else
     append(&bronze(d), &[Change::upsert("a", T0 + HOUR, T0 + HOUR, 10)]).await;
     let out = run(&p, T0 + 2 * HOUR);
     assert_eq!(out.code, 0, "{}", out.stderr);
+    // Versions from before the feed was on have no change files: asking for them is refused.
+    let early = exec(
+        tidemark_at(T0 + 2 * HOUR)
+            .arg("changes")
+            .arg(&p)
+            .args(["--from-version", "0"]),
+    );
+    assert_eq!(early.code, 64, "{}", early.stderr);
+    assert!(
+        early.stderr.contains("starts at version 1"),
+        "{}",
+        early.stderr
+    );
     let s: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
     assert!(
         s["warnings"]

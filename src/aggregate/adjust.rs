@@ -44,6 +44,7 @@ pub async fn deltas(
     reported_in: NaiveDate,
     run_id: &str,
     now: DateTime<Utc>,
+    closes: &std::collections::BTreeMap<NaiveDate, i64>,
 ) -> Result<Vec<RecordBatch>, RunError> {
     let q = |e| RunError::query(Phase::Compare)(e);
     let Some(schema) = fresh.first().map(|b| b.schema()) else {
@@ -68,7 +69,9 @@ pub async fn deltas(
             });
         }
         cols.push(if arrival {
-            ident(DATA_AS_OF).alias(ARRIVED_AT)
+            // Only what arrived after the day closed is behind an adjustment; a removal (a
+            // delete) has no row left to say when: the run that found it does (below).
+            late_arrival(closes, &ts).alias(ARRIVED_AT)
         } else {
             cast(lit(datafusion::scalar::ScalarValue::Null), ts.clone()).alias(ARRIVED_AT)
         });
@@ -104,6 +107,37 @@ pub async fn deltas(
         .collect()
         .await
         .map_err(q)
+}
+
+/// A row's arrival when it is after its day's close, else NULL.
+fn late_arrival(
+    closes: &std::collections::BTreeMap<NaiveDate, i64>,
+    ts: &arrow::datatypes::DataType,
+) -> Expr {
+    let mut close: Option<datafusion::logical_expr::conditional_expressions::CaseBuilder> = None;
+    for (d, t) in closes {
+        let at = cast(
+            lit(datafusion::scalar::ScalarValue::TimestampMicrosecond(
+                Some(*t),
+                Some("UTC".into()),
+            )),
+            ts.clone(),
+        );
+        let cond = ident(EVENT_DATE).eq(date_lit(*d));
+        close = Some(match close {
+            None => datafusion::logical_expr::when(cond, at),
+            Some(mut c) => c.when(cond, at),
+        });
+    }
+    let Some(close) = close else {
+        return ident(DATA_AS_OF);
+    };
+    match close.end() {
+        Ok(close) => datafusion::logical_expr::when(ident(DATA_AS_OF).gt(close), ident(DATA_AS_OF))
+            .end()
+            .unwrap_or_else(|_| ident(DATA_AS_OF)),
+        Err(_) => ident(DATA_AS_OF),
+    }
 }
 
 /// The adjustments booked so far for the days `keep` selects (`None` when there are none).

@@ -8,7 +8,7 @@ use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Date32Type, Int64Type, SchemaRef, TimeUnit};
 use chrono::NaiveDate;
 use datafusion::functions_aggregate::expr_fn::{count, count_distinct, max, min, sum};
-use datafusion::logical_expr::{lit, when, Expr, SortExpr};
+use datafusion::logical_expr::{lit, when, Expr, ExprSchemable, SortExpr};
 use datafusion::prelude::{coalesce, ident, DataFrame};
 
 use super::days::{date_lit, Days};
@@ -90,6 +90,7 @@ pub fn grouped(
         let e = df
             .parse_sql_expr(w)
             .map_err(|e| RunError::Config(s.p.error_at("where", format!("`where: {w}`: {e}"))))?;
+        condition(&e, &df, w).map_err(|m| RunError::Config(s.p.error_at("where", m)))?;
         df = df.filter(coalesce(vec![e, lit(false)])).map_err(q)?;
     }
     if let Some(d) = days {
@@ -107,13 +108,34 @@ pub fn grouped(
     let mut aggs: Vec<Expr> = Vec::new();
     for m in &spec.measures {
         let filter = match &m.filter {
-            Some(f) => Some(df.parse_sql_expr(f).map_err(|e| {
-                RunError::Config(
-                    s.p.error_at_text(f, format!("measure `{}`: filter `{f}`: {e}", m.name)),
-                )
-            })?),
+            Some(f) => {
+                let e = df.parse_sql_expr(f).map_err(|e| {
+                    RunError::Config(
+                        s.p.error_at_text(f, format!("measure `{}`: filter `{f}`: {e}", m.name)),
+                    )
+                })?;
+                condition(&e, &df, f).map_err(|msg| {
+                    RunError::Config(
+                        s.p.error_at_text(f, format!("measure `{}`: filter {msg}", m.name)),
+                    )
+                })?;
+                Some(e)
+            }
             None => None,
         };
+        if let (Agg::Sum, Some(c)) = (m.agg, &m.column) {
+            let t = df
+                .schema()
+                .qualified_field_with_unqualified_name(c)
+                .map(|(_, f)| f.data_type().clone())
+                .unwrap_or(DataType::Null);
+            if !t.is_numeric() {
+                return Err(RunError::Config(s.p.error_at_text(
+                    &m.name,
+                    format!("measure `{}` sums `{c}`, which is {t}: `sum` needs a number column (count rows with `agg: count`)", m.name),
+                )));
+            }
+        }
         // Only the rows meeting the filter: others become NULL, which every aggregate skips.
         let value = |e: Expr| -> Result<Expr, RunError> {
             match &filter {
@@ -145,7 +167,13 @@ pub fn grouped(
     let mut out: Vec<Expr> = groups.clone();
     out.extend(spec.measures.iter().map(|m| ident(&m.name)));
     out.push(ident(DATA_AS_OF));
-    out.push(ident(EVENT_DATE).lt(date_lit(open_from)).alias(IS_FINAL));
+    // Final: before the open window, or closed by an earlier run (a closed day stays closed).
+    let mut is_final = ident(EVENT_DATE).lt(date_lit(open_from));
+    if !s.closed.is_empty() {
+        is_final = is_final
+            .or(ident(EVENT_DATE).in_list(s.closed.keys().map(|d| date_lit(*d)).collect(), false));
+    }
+    out.push(is_final.alias(IS_FINAL));
     out.push(ident(ROWS));
     out.push(ident(LATE));
     let order: Vec<SortExpr> = groups.iter().map(|g| g.clone().sort(true, true)).collect();
@@ -187,6 +215,18 @@ pub async fn day_bounds(s: Source<'_>) -> Result<Option<(NaiveDate, NaiveDate)>,
             .and_then(|c| c.as_primitive::<Date32Type>().value_as_date(0))
     };
     Ok(get(0).zip(get(1)))
+}
+
+/// A condition must be true/false: a number or a text in its place is a config error, not a
+/// failed query.
+fn condition(e: &Expr, df: &DataFrame, sql: &str) -> Result<(), String> {
+    match e.get_type(df.schema()) {
+        Ok(DataType::Boolean) | Ok(DataType::Null) => Ok(()),
+        Ok(t) => Err(format!(
+            "`{sql}` is {t}, not a condition: write one that is true for the rows to count, like `status = 'refunded'`"
+        )),
+        Err(e) => Err(format!("`{sql}`: {e}")),
+    }
 }
 
 /// The rows whose arrival is at or after their closed day's close (0 for open days).

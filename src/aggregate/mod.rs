@@ -193,11 +193,17 @@ impl Run<'_> {
             _ => span.each().collect(),
         };
         let booked = self
-            .adjustments_due(&plan, &rows, gold.as_ref(), adjustments.as_ref())
+            .adjustments_due(
+                &plan,
+                &old_status,
+                &rows,
+                gold.as_ref(),
+                adjustments.as_ref(),
+            )
             .await?;
         self.count(&plan, &span, &changed, &old_status, &rows, &booked);
         let mut new_status = status::next(&old_status, &span, &facts, &changed, self.now);
-        status::adjusted(&mut new_status, &booked, &facts, self.now);
+        status::adjusted(&mut new_status, &booked, &facts, logical, self.now);
         self.c.num_days_final_now = new_status
             .values()
             .filter(|s| {
@@ -388,6 +394,10 @@ impl Run<'_> {
         // Days gold held that the source no longer has are gone from gold too.
         let mut new_status = status::next(old_status, &span, &facts, &changed, self.now);
         new_status.retain(|d, _| facts.contains_key(d));
+        // A reload rebuilds every day on purpose: not "restated after close" each.
+        for (d, s) in new_status.iter_mut() {
+            s.restated_after_close = old_status.get(d).map_or(0, |o| o.restated_after_close);
+        }
         self.c.num_days_final_now = new_status
             .values()
             .filter(|s| {
@@ -502,5 +512,9 @@ pub async fn day_status(
     spec: &Aggregate,
 ) -> Result<BTreeMap<NaiveDate, status::DayStatus>, RunError> {
     let table = lake::open_if_exists(&spec.status_uri).await?;
+    if table.is_none() {
+        // (gold missing too: a wrong path, or the pipeline never ran)
+        lake::open_required(&spec.target_uri, "target").await?;
+    }
     status::read(&SessionContext::new(), table.as_ref(), &spec.status_uri).await
 }

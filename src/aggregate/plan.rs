@@ -22,6 +22,7 @@ impl Run<'_> {
         full: bool,
     ) -> Result<Plan, RunError> {
         let spec = self.spec;
+        self.check_logical_date(old_status, logical);
         let oldest_open = old_status
             .values()
             .find(|s| !s.is_final() && s.event_date <= logical)
@@ -118,11 +119,55 @@ impl Run<'_> {
         Ok(Plan { days, adjust })
     }
 
+    /// Warns when the logical date closes days it should not: far past every arrival gold has
+    /// seen (a clock ahead, or today's date on old data), or before days an earlier run closed
+    /// (which stay closed), or `--to` after it.
+    fn check_logical_date(
+        &mut self,
+        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
+        logical: NaiveDate,
+    ) {
+        let spec = self.spec;
+        let newest = old_status
+            .values()
+            .filter_map(|s| s.last_arrival)
+            .max()
+            .and_then(chrono::DateTime::from_timestamp_micros)
+            .map(|t| t.with_timezone(&spec.time_zone).date_naive());
+        let open: Vec<NaiveDate> = old_status
+            .values()
+            .filter(|s| !s.is_final())
+            .map(|s| s.event_date)
+            .collect();
+        if let Some(newest) = newest {
+            let gap = (logical - newest).num_days();
+            if gap > i64::from(spec.lookback_days) + 1 && !open.is_empty() {
+                self.warn(format!(
+                    "the logical date {logical} is {gap} days after the newest arrival gold has seen ({newest}): the {} open day(s) close now, final since {logical}. If the clock or --logical-date is wrong, restore gold and its status table (`tidemark restore`) and run with the right --logical-date",
+                    open.len()
+                ));
+            }
+        }
+        if let Some(last) = old_status.values().filter_map(|s| s.final_since).max() {
+            if logical < last {
+                self.warn(format!(
+                    "the logical date {logical} is before {last}, when an earlier run closed days: those stay closed (a closed day is not reopened by an older logical date)"
+                ));
+            }
+        }
+        if let Some(to) = self.opts.restate_to.filter(|to| *to > logical) {
+            self.warn(format!(
+                "--to {to} is after the logical date {logical}: those days are labelled open as of {logical}"
+            ));
+        }
+    }
+
     /// Books what the final days to adjust owe: their fresh rows against gold's and the
     /// adjustments already booked.
     pub(super) async fn adjustments_due(
         &mut self,
         plan: &Plan,
+        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
         rows: &[arrow::array::RecordBatch],
         gold: Option<&deltalake::DeltaTable>,
         adjustments: Option<&deltalake::DeltaTable>,
@@ -163,6 +208,7 @@ impl Run<'_> {
             plan.days.logical,
             &self.summary.run_id,
             self.now,
+            &status::closes(old_status, spec.time_zone),
         )
         .await
     }

@@ -30,6 +30,7 @@ pub struct DayStatus {
     pub event_date: NaiveDate,
     /// `open` or `final`.
     pub status: &'static str,
+    pub is_final: bool,
     /// Source rows counted that day.
     pub rows: i64,
     /// Output rows (groups) that day.
@@ -42,6 +43,9 @@ pub struct DayStatus {
     pub last_recomputed: Option<i64>,
     /// The logical date of the run that first labelled the day final.
     pub final_since: Option<NaiveDate>,
+    /// When that run ran (µs): rows arriving later are late after close.
+    #[serde(serialize_with = "ser_micros")]
+    pub closed_at: Option<i64>,
     /// Runs that recomputed the day after it had become final (`after_close: restate`).
     pub restated_after_close: i64,
     /// Runs that booked adjustments for the day after it had become final (`after_close:
@@ -81,16 +85,24 @@ pub fn next(
         if f.rows == 0 && before.is_none() {
             continue; // never published, still empty
         }
-        let is_final = days.is_final(day);
+        // (a day an earlier run closed stays closed, whatever the logical date)
+        let is_final = days.is_final(day) || before.is_some_and(DayStatus::is_final);
         let final_since = match before.and_then(|b| b.final_since) {
             Some(since) if is_final => Some(since),
             _ if is_final => Some(days.logical),
             _ => None,
         };
         let was_final = before.is_some_and(DayStatus::is_final);
+        let closed_at = match before.and_then(|b| b.closed_at.filter(|_| b.final_since.is_some())) {
+            Some(t) if is_final => Some(t),
+            _ if is_final => Some(now.timestamp_micros()),
+            _ => None,
+        };
         let mut s = DayStatus {
             event_date: day,
             status: if is_final { "final" } else { "open" },
+            is_final,
+            closed_at,
             rows: f.rows,
             groups: f.groups,
             last_arrival: f.last_arrival,
@@ -99,10 +111,7 @@ pub fn next(
             restated_after_close: before.map_or(0, |b| b.restated_after_close)
                 + i64::from(was_final && changed_days.contains(&day)),
             adjusted_after_close: before.map_or(0, |b| b.adjusted_after_close),
-            late_rows_after_close: match before.and_then(|b| b.final_since) {
-                Some(_) => f.late_rows,
-                None => 0,
-            },
+            late_rows_after_close: if was_final { f.late_rows } else { 0 },
         };
         let same = before.is_some_and(|b| {
             b.status == s.status
@@ -110,6 +119,7 @@ pub fn next(
                 && b.groups == s.groups
                 && b.last_arrival == s.last_arrival
                 && b.final_since == s.final_since
+                && b.closed_at == s.closed_at
                 && b.late_rows_after_close == s.late_rows_after_close
         });
         if !same || changed_days.contains(&day) {
@@ -125,21 +135,39 @@ pub fn adjusted(
     rows: &mut BTreeMap<NaiveDate, DayStatus>,
     booked: &[RecordBatch],
     facts: &BTreeMap<NaiveDate, DayFacts>,
+    logical: NaiveDate,
     now: DateTime<Utc>,
 ) {
     let days: std::collections::BTreeSet<NaiveDate> = days_of(booked).into_iter().collect();
+    let at = Some(now.timestamp_micros());
     for d in days {
-        if let Some(s) = rows.get_mut(&d) {
-            s.adjusted_after_close += 1;
-            s.last_recomputed = Some(now.timestamp_micros());
-            if let Some(f) = facts.get(&d) {
-                s.late_rows_after_close = f.late_rows;
-            }
-        }
+        let f = facts.get(&d).copied().unwrap_or_default();
+        // (a closed day never published before, or older than max_lookback: its row starts here)
+        let s = rows.entry(d).or_insert_with(|| DayStatus {
+            event_date: d,
+            status: "final",
+            is_final: true,
+            rows: f.rows,
+            groups: f.groups,
+            last_arrival: f.last_arrival,
+            last_recomputed: at,
+            final_since: Some(logical),
+            closed_at: at,
+            restated_after_close: 0,
+            adjusted_after_close: 0,
+            late_rows_after_close: 0,
+        });
+        s.adjusted_after_close += 1;
+        s.last_recomputed = at;
+        s.rows = f.rows;
+        s.groups = f.groups;
+        s.last_arrival = f.last_arrival;
+        s.late_rows_after_close = f.late_rows;
     }
 }
 
-/// When each closed day closed: the start (in `tz`) of the day it was first labelled final.
+/// When each closed day closed: the time of the run that first labelled it final (for rows
+/// written before that was recorded: the start, in `tz`, of its `final_since` day).
 pub fn closes(
     rows: &BTreeMap<NaiveDate, DayStatus>,
     tz: chrono_tz::Tz,
@@ -147,9 +175,15 @@ pub fn closes(
     rows.values()
         .filter_map(|s| {
             let since = s.final_since?;
-            let local = since.and_hms_opt(0, 0, 0)?;
-            let at = local.and_local_timezone(tz).earliest()?;
-            Some((s.event_date, at.timestamp_micros()))
+            let at = match s.closed_at {
+                Some(t) => t,
+                None => since
+                    .and_hms_opt(0, 0, 0)?
+                    .and_local_timezone(tz)
+                    .earliest()?
+                    .timestamp_micros(),
+            };
+            Some((s.event_date, at))
         })
         .collect()
 }
@@ -170,6 +204,10 @@ pub fn days_of(batches: &[RecordBatch]) -> Vec<NaiveDate> {
     out
 }
 
+fn ts_type() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
 fn schema() -> SchemaRef {
     let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
     Arc::new(Schema::new(vec![
@@ -182,6 +220,7 @@ fn schema() -> SchemaRef {
         Field::new("last_arrival", ts.clone(), true),
         Field::new("last_recomputed", ts, true),
         Field::new("final_since", DataType::Date32, true),
+        Field::new("closed_at", ts_type(), true),
         Field::new("restated_after_close", DataType::Int64, false),
         Field::new("adjusted_after_close", DataType::Int64, false),
         Field::new("late_rows_after_close", DataType::Int64, false),
@@ -222,6 +261,7 @@ fn to_batch(name: &str, rows: &BTreeMap<NaiveDate, DayStatus>) -> Result<RecordB
                 .map(|s| s.final_since.map(days_since_epoch))
                 .collect::<Vec<_>>(),
         )),
+        ts(&|s| s.closed_at),
         Arc::new(Int64Array::from(
             v.iter().map(|s| s.restated_after_close).collect::<Vec<_>>(),
         )),
@@ -280,10 +320,21 @@ pub async fn read(
         let rows = cast("rows", &DataType::Int64)?;
         let groups = cast("groups", &DataType::Int64)?;
         let restated = cast("restated_after_close", &DataType::Int64)?;
-        let adjusted = cast("adjusted_after_close", &DataType::Int64)?;
-        let late = cast("late_rows_after_close", &DataType::Int64)?;
+        // (counters a table written by an earlier version lacks: zero)
+        let counter = |name: &str| -> Result<ArrayRef, RunError> {
+            match b.column_by_name(name) {
+                Some(_) => cast(name, &DataType::Int64),
+                None => Ok(Arc::new(Int64Array::from(vec![0i64; b.num_rows()])) as ArrayRef),
+            }
+        };
+        let adjusted = counter("adjusted_after_close")?;
+        let late = counter("late_rows_after_close")?;
         let arrival = micros("last_arrival")?;
         let recomputed = micros("last_recomputed")?;
+        let closed_at = match b.column_by_name("closed_at") {
+            Some(_) => Some(micros("closed_at")?),
+            None => None,
+        };
         let since = cast("final_since", &DataType::Date32)?;
         let since = since.as_primitive::<Date32Type>();
         let int = |a: &ArrayRef, i: usize| {
@@ -303,6 +354,8 @@ pub async fn read(
                     } else {
                         "open"
                     },
+                    is_final: status.value(i) == "final",
+                    closed_at: closed_at.as_ref().and_then(|c| int(c, i)),
                     rows: int(&rows, i).unwrap_or(0),
                     groups: int(&groups, i).unwrap_or(0),
                     last_arrival: int(&arrival, i),
@@ -336,6 +389,8 @@ pub async fn write(
     let written = table
         .write(vec![batch])
         .with_save_mode(SaveMode::Overwrite)
+        // (a table written by an earlier version may lack the newer counters)
+        .with_schema_mode(deltalake::operations::write::SchemaMode::Overwrite)
         .with_commit_properties(props)
         .await
         .map_err(RunError::write(Phase::Write, uri))?;

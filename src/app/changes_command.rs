@@ -39,8 +39,41 @@ struct VersionChanges {
     counts: BTreeMap<&'static str, u64>,
 }
 
+/// `Some(v)`: the feed was off at `from` and turned on at version `v` (or later than `to`:
+/// `to + 1`).
+async fn feed_start(
+    table: &deltalake::DeltaTable,
+    from: u64,
+    to: u64,
+) -> Result<Option<u64>, deltalake::DeltaTableError> {
+    let mut at_from = table.clone();
+    at_from.load_version(from).await?;
+    if lake::datafile::change_data_feed(&at_from) {
+        return Ok(None);
+    }
+    let store = table.log_store();
+    for v in (from + 1)..=to {
+        let Some(bytes) = store.read_commit_entry(v).await? else {
+            continue;
+        };
+        for action in deltalake::logstore::get_actions(v, &bytes)? {
+            if let deltalake::kernel::Action::Metadata(m) = action {
+                let on = m
+                    .configuration()
+                    .get(lake::datafile::CHANGE_DATA_FEED)
+                    .is_some_and(|v| v.eq_ignore_ascii_case("true"));
+                if on {
+                    return Ok(Some(v));
+                }
+            }
+        }
+    }
+    Ok(Some(to + 1))
+}
+
 /// `tidemark changes`.
 pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
+    let mut is_gold = false;
     let (uri, mut keys, pipeline) =
         match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
             Ok(_) => {
@@ -51,6 +84,7 @@ pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
                     }
                     Spec::Ingest(i) => (i.target_uri.clone(), Vec::new(), Some(p.name.clone())),
                     Spec::Aggregate(a) => {
+                        is_gold = true;
                         let mut keys =
                             vec![crate::config::pipeline::aggregate::EVENT_DATE.to_string()];
                         keys.extend(a.group_by.iter().cloned());
@@ -70,8 +104,13 @@ pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
     };
     let table = lake::open_required(&uri, role).await?;
     if !lake::datafile::change_data_feed(&table) {
+        let how = if is_gold {
+            "an aggregate's gold keeps none (each run replaces whole days: `tidemark history` lists them)"
+        } else {
+            "set `target.change_data_feed: true` in its pipeline, and the next run turns it on"
+        };
         return Err(AppError::Usage(format!(
-            "{uri} keeps no change data feed (its `delta.enableChangeDataFeed` is not true): set `target.change_data_feed: true` in its pipeline, and the next run turns it on"
+            "{uri} keeps no change data feed (its `delta.enableChangeDataFeed` is not true): {how}"
         )));
     }
     let latest = table.version().unwrap_or(0);
@@ -87,6 +126,16 @@ pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
         uri: uri.clone(),
         source: Box::new(source),
     };
+    // Versions from before the feed was turned on have no change files: a reader would take
+    // their whole files as inserted and deleted.
+    if let Some(start) = feed_start(&table, args.from_version, to)
+        .await
+        .map_err(delta)?
+    {
+        return Err(AppError::Usage(format!(
+            "the change data feed of {uri} starts at version {start} (it was turned on then): use --from-version {start} or later"
+        )));
+    }
     let ctx = SessionContext::new();
     let plan = table
         .clone()

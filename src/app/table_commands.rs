@@ -155,6 +155,7 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
         None => (None, None),
     };
     let mut table = lake::open_required(&uri, role).await?;
+    let version_before = table.version();
     // Expired tombstones first (`deletes.retain`): the compaction then packs what they leave.
     let tombstones = match &merge {
         Some(m) => {
@@ -169,7 +170,7 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
         }
         None => None,
     };
-    let report = lake::maintain(
+    let mut report = lake::maintain(
         table,
         &lake::MaintainOptions {
             compact: !args.no_compact,
@@ -181,6 +182,16 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
         },
     )
     .await?;
+    // The tombstone removal is a commit of its own, before the compaction's: the versions say
+    // so (a dry run predicts it; the files it rewrites are not in the prediction).
+    report.version_before = version_before;
+    if tombstones
+        .as_ref()
+        .is_some_and(|(e, _)| args.dry_run && e.tombstones > 0)
+    {
+        report.version_after = report.version_after.map(|v| v + 1);
+        report.checkpoint_version = report.checkpoint_version.map(|v| v + 1);
+    }
     let spill_base = args
         .spill_dir
         .clone()
@@ -214,7 +225,7 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
             };
             if let Some((e, retain)) = &tombstones {
                 out.push_str(&format!(
-                    "  tombstones (deletes.retain {}): {} older than {} {would}removed; {} key(s) {would}recorded in {}\n",
+                    "  tombstones (deletes.retain {}): {} older than {} {would}removed (in a commit of their own; the files it rewrites are not counted below); {} key(s) {would}recorded in {}\n",
                     retain.map_or("-".into(), |r| humantime::format_duration(r).to_string()),
                     e.tombstones,
                     e.horizon,

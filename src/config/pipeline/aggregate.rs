@@ -204,16 +204,26 @@ impl Ctx<'_> {
                 && m.name
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_');
-            if !plain || RESERVED.contains(&m.name.as_str()) || names.contains(&m.name) {
+            if names.contains(&m.name) {
                 return Err(self.invalid_at_text(
-                    &m.name,
-                    format!("measure name {:?} must be letters, digits or `_`, and not a group column or one of {}", m.name, RESERVED.join(", ")),
+                    &format!("name: {}", m.name),
+                    format!("`{}` is named twice (measures and group_by columns share the output): give each its own name", m.name),
+                ));
+            }
+            if !plain || RESERVED.contains(&m.name.as_str()) {
+                return Err(self.invalid_at_text(
+                    &format!("name: {}", m.name),
+                    format!(
+                        "measure name {:?} must be letters, digits or `_`, and not one of {}",
+                        m.name,
+                        RESERVED.join(", ")
+                    ),
                 ));
             }
             names.push(m.name.clone());
             if m.column.is_none() && m.agg != Agg::Count {
                 return Err(self.invalid_at_text(
-                    &m.name,
+                    &format!("name: {}", m.name),
                     format!("measure `{}` ({}) needs a `column`", m.name, m.agg.as_str()),
                 ));
             }
