@@ -94,11 +94,15 @@ pub fn grouped(
         df = df.filter(coalesce(vec![e, lit(false)])).map_err(q)?;
     }
     if let Some(d) = days {
-        // (no day to recompute: the same plan, over no rows)
-        let covering = match (d.first(), d.last()) {
-            (Some(first), Some(last)) => raw.covering(&spec.event_date, first, last),
-            _ => lit(false),
-        };
+        // One range of the raw column per run of consecutive days (late changes to closed
+        // days are scattered: files between them are pruned); no day: the same plan over no
+        // rows.
+        let covering = d
+            .runs()
+            .into_iter()
+            .map(|(a, b)| raw.covering(&spec.event_date, a, b))
+            .reduce(Expr::or)
+            .unwrap_or_else(|| lit(false));
         df = df.filter(covering).map_err(q)?;
     }
     df = df.with_column(EVENT_DATE, day).map_err(q)?;

@@ -82,6 +82,18 @@ impl Days {
         self.set.len() as u64
     }
 
+    /// The days as runs of consecutive days, `(first, last)` each.
+    pub fn runs(&self) -> Vec<(NaiveDate, NaiveDate)> {
+        let mut out: Vec<(NaiveDate, NaiveDate)> = Vec::new();
+        for d in self.each() {
+            match out.last_mut() {
+                Some((_, last)) if *last + Duration::days(1) == d => *last = d,
+                _ => out.push((d, d)),
+            }
+        }
+        out
+    }
+
     /// `event_date` is one of the days (a range when they are consecutive).
     pub fn contains_expr(&self, column: Expr) -> Expr {
         match (self.first(), self.last()) {
