@@ -40,13 +40,23 @@ pub async fn history(mut args: HistoryArgs) -> Result<String, AppError> {
                 })
                 .unwrap_or_default()
         };
-        let rows = if e.run.is_some() {
+        let has = |k: &str| e.run.as_ref().is_some_and(|r| r.get(k).is_some());
+        let rows = if has("num_inserted") {
             format!(
                 "{}/{}/{}",
                 field("num_inserted"),
                 field("num_updated"),
                 field("num_deleted")
             )
+        } else if has("num_days_changed") {
+            // an aggregate: the rows of the days it replaced, and how many days
+            format!(
+                "{} ({} days)",
+                field("num_rows_written"),
+                field("num_days_changed")
+            )
+        } else if has("num_rows_written") {
+            field("num_rows_written")
         } else {
             String::new()
         };
