@@ -48,13 +48,21 @@ pub fn grouped(
             .qualified_field_with_unqualified_name(name)
             .map(|(_, f)| f.data_type().clone())
             .map_err(|_| {
-                RunError::Config(s.p.error_at(
-                    key,
-                    format!(
-                        "the source {} has no column `{name}`{hint}",
-                        spec.source_uri
-                    ),
-                ))
+                let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+                let near = crate::config::nearest(name, names.iter().copied())
+                    .map(|n| format!(" (did you mean `{n}`?)"))
+                    .unwrap_or_default();
+                let message = format!(
+                    "the source {} has no column `{name}`{near}{hint}; its columns: {}",
+                    spec.source_uri,
+                    names.join(", ")
+                );
+                // (at the line naming it; a default such as `data_as_of`: at its key)
+                RunError::Config(if s.p.mentions(name) {
+                    s.p.error_at_text(name, message)
+                } else {
+                    s.p.error_at(key, message)
+                })
             })
     };
     let event_type = field(&spec.event_date, "column", "")?;

@@ -13,6 +13,7 @@ pub mod vars;
 
 pub use bundle::{Bundle, BundleError, Diagnostic};
 pub use error::ConfigError;
+pub(crate) use location::nearest;
 pub use pipeline::{
     DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec, SchemaChange, SourceRecreate,
 };

@@ -216,6 +216,11 @@ impl Pipeline {
         }
     }
 
+    /// Whether `fragment` is written in this pipeline's file.
+    pub fn mentions(&self, fragment: &str) -> bool {
+        self.text.contains(fragment)
+    }
+
     /// An error located at the line where `fragment` is written in this pipeline's file.
     pub fn error_at_text(&self, fragment: &str, message: impl Into<String>) -> ConfigError {
         ConfigError::Invalid {
