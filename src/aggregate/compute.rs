@@ -144,7 +144,7 @@ pub fn grouped(
             if !t.is_numeric() {
                 return Err(RunError::Config(s.p.error_at_text(
                     &m.name,
-                    format!("measure `{}` sums `{c}`, which is {t}: `sum` needs a number column (count rows with `agg: count`)", m.name),
+                    format!("measure `{}` sums `{c}`, which is {}: `sum` needs a number column (count rows with `agg: count`)", m.name, type_name(&t)),
                 )));
             }
         }
@@ -235,9 +235,24 @@ fn condition(e: &Expr, df: &DataFrame, sql: &str) -> Result<(), String> {
     match e.get_type(df.schema()) {
         Ok(DataType::Boolean) | Ok(DataType::Null) => Ok(()),
         Ok(t) => Err(format!(
-            "`{sql}` is {t}, not a condition: write one that is true for the rows to count, like `status = 'refunded'`"
+            "`{sql}` is {}, not a condition: write one that is true for the rows to count, like `status = 'refunded'`",
+            type_name(&t)
         )),
         Err(e) => Err(format!("`{sql}`: {e}")),
+    }
+}
+
+/// A column type as a person names it (not Arrow's `Utf8View`, `Int64`, ...).
+fn type_name(t: &DataType) -> &'static str {
+    match t {
+        DataType::Utf8 | DataType::Utf8View | DataType::LargeUtf8 => "text",
+        DataType::Boolean => "a boolean",
+        t if t.is_integer() => "an integer",
+        t if t.is_floating() => "a floating-point number",
+        DataType::Decimal128(..) | DataType::Decimal256(..) => "a decimal",
+        DataType::Timestamp(..) => "a timestamp",
+        DataType::Date32 | DataType::Date64 => "a date",
+        _ => "not a number",
     }
 }
 

@@ -177,9 +177,13 @@ async fn gold_story(
     };
     let open = days.values().filter(|d| !d.is_final()).count();
     out.push_str(&format!(
-        "{open} day(s) open: each hour restates them whole as late payments land (`days changed` above); a day becomes final {lookback} days after it ends, and late data for it is then booked as an adjustment in the open period ({adjustments} adjustment row(s) so far in {uri}) instead of rewriting it.\n",
+        "{open} day(s) open: each hour restates them whole as late payments land (`days changed` above); a day becomes final {lookback} days after it ends, and late data for it is then booked as an adjustment in the open period instead of rewriting it ({booked}).\n",
         lookback = spec.lookback_days,
-        uri = spec.adjustments_uri,
+        booked = if adjustments == 0 {
+            format!("none yet; they go to {}", spec.adjustments_uri)
+        } else {
+            format!("{adjustments} adjustment row(s) so far in {}", spec.adjustments_uri)
+        },
     ));
     Ok(out)
 }
