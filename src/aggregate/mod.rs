@@ -201,7 +201,7 @@ impl Run<'_> {
                 adjustments.as_ref(),
             )
             .await?;
-        self.count(&plan, &span, &changed, &old_status, &rows, &booked);
+        self.count(&span, &changed, &old_status, &rows, &booked);
         let mut new_status = status::next(&old_status, &span, &facts, &changed, self.now);
         status::adjusted(&mut new_status, &booked, &facts, logical, self.now);
         self.c.num_days_final_now = new_status
@@ -427,7 +427,6 @@ impl Run<'_> {
     /// The summary's counts of what the compare decided.
     fn count(
         &mut self,
-        plan: &Plan,
         span: &Days,
         changed: &BTreeSet<NaiveDate>,
         old_status: &BTreeMap<NaiveDate, status::DayStatus>,
@@ -454,7 +453,6 @@ impl Run<'_> {
                 .map(|b| b.iter().map(|b| b.num_rows() as u64).sum())
                 .unwrap_or(0)
         };
-        let _ = plan;
     }
 
     /// The run's facts in each commit, and the source version read (the pipeline's `txn`).
