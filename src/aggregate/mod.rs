@@ -16,7 +16,6 @@ mod adjust;
 pub mod compute;
 pub mod days;
 mod plan;
-use plan::Plan;
 pub mod status;
 mod stream;
 mod touched;
