@@ -150,15 +150,10 @@ pub async fn booked(
     let Some(t) = table else {
         return Ok(None);
     };
-    t.update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta(Phase::Compare, uri))?;
-    let provider = t
-        .table_provider()
-        .await
-        .map_err(RunError::scan(Phase::Compare, uri))?;
     Ok(Some(
-        ctx.read_table(provider)
-            .and_then(|df| df.filter(keep))
+        crate::run::frame(ctx, t, uri, Phase::Compare)
+            .await?
+            .filter(keep)
             .map_err(RunError::query(Phase::Compare))?,
     ))
 }
@@ -170,12 +165,7 @@ pub async fn book(
     rows: Vec<RecordBatch>,
     props: CommitProperties,
 ) -> Result<Option<u64>, RunError> {
-    let table = match table {
-        Some(t) => t,
-        None => lake::builder(lake::create_url(uri)?)
-            .and_then(|b| b.build())
-            .map_err(RunError::delta(Phase::Write, uri))?,
-    };
+    let table = lake::or_new(table, uri)?;
     let t = table
         .write(rows)
         .with_save_mode(SaveMode::Append)

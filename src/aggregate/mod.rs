@@ -110,13 +110,10 @@ impl Run<'_> {
             (true, true) => RunMode::FullReload,
             (true, false) => RunMode::Incremental,
         };
-        for t in [Some(&source), gold.as_ref(), adjustments.as_ref()]
-            .into_iter()
-            .flatten()
-        {
-            t.update_datafusion_session(&self.ctx.state())
-                .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?;
-        }
+        // (the source's store first: the plan reads its change data feed)
+        source
+            .update_datafusion_session(&self.ctx.state())
+            .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?;
         let plan = self
             .plan_days(&source, status_table.as_ref(), &old_status, logical, full)
             .await?;
@@ -124,14 +121,7 @@ impl Run<'_> {
         self.end_phase(Phase::Plan)?;
 
         // read: the days' groups from the source's live rows
-        let provider = source
-            .table_provider()
-            .await
-            .map_err(RunError::scan(Phase::Read, &spec.source_uri))?;
-        let df = self
-            .ctx
-            .read_table(provider)
-            .map_err(RunError::query(Phase::Read))?;
+        let df = crate::run::frame(&self.ctx, &source, &spec.source_uri, Phase::Read).await?;
         if full {
             return self
                 .restate_all(
@@ -154,7 +144,7 @@ impl Run<'_> {
                 df,
                 closed: &closed,
             },
-            (!full).then_some(&read),
+            Some(&read),
             plan.days.open_from,
         )?;
         let schema = compute::gold_schema(&grouped);
@@ -168,28 +158,16 @@ impl Run<'_> {
         self.end_phase(Phase::Read)?;
 
         // compare: which days gold does not hold exactly so; what final days owe
-        let span = match full {
-            false => plan.days.clone(),
-            true => {
-                let first = facts.keys().next().copied().unwrap_or(logical);
-                let last = facts
-                    .keys()
-                    .next_back()
-                    .copied()
-                    .unwrap_or(logical)
-                    .max(logical);
-                Days::range(spec, logical, first.min(last), last)
-            }
-        };
-        let changed: BTreeSet<NaiveDate> = match (&gold, full) {
-            (Some(g), false) => {
+        let span = plan.days.clone();
+        let changed: BTreeSet<NaiveDate> = match &gold {
+            Some(g) => {
                 write::check_schema(g, &schema, &spec.target_uri)?;
                 let held = write::read_days(&self.ctx, g, &spec.target_uri, &plan.days).await?;
                 let fresh = write::rows_of(&rows, &plan.days.set)?;
                 write::changed_days(&held, &fresh, &schema)?
             }
-            // A bootstrap or full reload writes every day.
-            _ => span.each().collect(),
+            // (no gold: a bootstrap, which `restate_all` ran)
+            None => span.each().collect(),
         };
         let booked = self
             .adjustments_due(
@@ -203,13 +181,7 @@ impl Run<'_> {
         self.count(&span, &changed, &old_status, &rows, &booked);
         let mut new_status = status::next(&old_status, &span, &facts, &changed, self.now);
         status::adjusted(&mut new_status, &booked, &facts, logical, self.now);
-        self.c.num_days_final_now = new_status
-            .values()
-            .filter(|s| {
-                s.is_final() && !old_status.get(&s.event_date).is_some_and(|o| o.is_final())
-            })
-            .count() as u64;
-        self.c.num_days_open = new_status.values().filter(|s| !s.is_final()).count() as u64;
+        self.count_status(&old_status, &new_status);
         self.end_phase(Phase::Compare)?;
         if self.opts.dry_run {
             return Ok(());
@@ -227,35 +199,21 @@ impl Run<'_> {
             .await?;
         }
         crate::failpoint::hit("aggregate.after_adjustments")?;
-        if !changed.is_empty() {
-            let written = if full {
-                rows
-            } else {
-                write::rows_of(&rows, &changed)?
-            };
+        if let (false, Some(gold)) = (changed.is_empty(), gold) {
             let version = write::replace_days(
                 gold,
                 &spec.target_uri,
-                &self.p.name,
-                written,
+                write::rows_of(&rows, &changed)?,
                 &schema,
-                (!full).then_some(&changed),
+                &changed,
                 self.commit_properties(),
             )
             .await?;
             self.summary.target_version = version;
         }
         crate::failpoint::hit("aggregate.after_gold")?;
-        if new_status != old_status {
-            self.c.status_version = status::write(
-                status_table,
-                &spec.status_uri,
-                &self.p.name,
-                &new_status,
-                self.commit_properties(),
-            )
+        self.commit_status(status_table, &old_status, &new_status)
             .await?;
-        }
         self.end_phase(Phase::Write)?;
         Ok(())
     }
@@ -397,24 +355,43 @@ impl Run<'_> {
         for (d, s) in new_status.iter_mut() {
             s.restated_after_close = old_status.get(d).map_or(0, |o| o.restated_after_close);
         }
-        self.c.num_days_final_now = new_status
-            .values()
-            .filter(|s| {
-                s.is_final() && !old_status.get(&s.event_date).is_some_and(|o| o.is_final())
-            })
-            .count() as u64;
-        self.c.num_days_open = new_status.values().filter(|s| !s.is_final()).count() as u64;
+        self.count_status(old_status, &new_status);
         self.end_phase(Phase::Write)?;
-        if !self.opts.dry_run && new_status != *old_status {
-            self.c.status_version = status::write(
-                status_table,
-                &spec.status_uri,
-                &self.p.name,
-                &new_status,
-                self.commit_properties(),
-            )
-            .await?;
+        self.commit_status(status_table, old_status, &new_status)
+            .await
+    }
+
+    /// The summary's counts of the new day status: days final for the first time, days open.
+    fn count_status(
+        &mut self,
+        old: &BTreeMap<NaiveDate, status::DayStatus>,
+        new: &BTreeMap<NaiveDate, status::DayStatus>,
+    ) {
+        self.c.num_days_final_now = new
+            .values()
+            .filter(|s| s.is_final() && !old.get(&s.event_date).is_some_and(|o| o.is_final()))
+            .count() as u64;
+        self.c.num_days_open = new.values().filter(|s| !s.is_final()).count() as u64;
+    }
+
+    /// Commits the new day status when it differs from the old (never in a dry run).
+    async fn commit_status(
+        &mut self,
+        table: Option<deltalake::DeltaTable>,
+        old: &BTreeMap<NaiveDate, status::DayStatus>,
+        new: &BTreeMap<NaiveDate, status::DayStatus>,
+    ) -> Result<(), RunError> {
+        if self.opts.dry_run || new == old {
+            return Ok(());
         }
+        self.c.status_version = status::write(
+            table,
+            &self.spec.status_uri,
+            &self.p.name,
+            new,
+            self.commit_properties(),
+        )
+        .await?;
         Ok(())
     }
 

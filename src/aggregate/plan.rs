@@ -184,18 +184,12 @@ impl Run<'_> {
         let keep = set.contains_expr(datafusion::prelude::ident(EVENT_DATE));
         let fresh = write::rows_of(rows, &plan.adjust)?;
         let published = match gold {
-            Some(g) => {
-                let provider = g
-                    .table_provider()
-                    .await
-                    .map_err(RunError::scan(Phase::Compare, &spec.target_uri))?;
-                Some(
-                    self.ctx
-                        .read_table(provider)
-                        .and_then(|df| df.filter(keep.clone()))
-                        .map_err(RunError::query(Phase::Compare))?,
-                )
-            }
+            Some(g) => Some(
+                crate::run::frame(&self.ctx, g, &spec.target_uri, Phase::Compare)
+                    .await?
+                    .filter(keep.clone())
+                    .map_err(RunError::query(Phase::Compare))?,
+            ),
             None => None,
         };
         let booked = adjust::booked(&self.ctx, adjustments, &spec.adjustments_uri, keep).await?;

@@ -286,16 +286,8 @@ pub async fn read(
     let Some(table) = table else {
         return Ok(BTreeMap::new());
     };
-    table
-        .update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta(Phase::Plan, uri))?;
-    let provider = table
-        .table_provider()
-        .await
-        .map_err(RunError::scan(Phase::Plan, uri))?;
-    let batches = ctx
-        .read_table(provider)
-        .map_err(RunError::query(Phase::Plan))?
+    let batches = crate::run::frame(ctx, table, uri, Phase::Plan)
+        .await?
         .collect()
         .await
         .map_err(RunError::scan(Phase::Plan, uri))?;
@@ -380,12 +372,7 @@ pub async fn write(
     props: CommitProperties,
 ) -> Result<Option<u64>, RunError> {
     let batch = to_batch(name, rows)?;
-    let table = match table {
-        Some(t) => t,
-        None => lake::builder(lake::create_url(uri)?)
-            .and_then(|b| b.build())
-            .map_err(RunError::delta(Phase::Write, uri))?,
-    };
+    let table = lake::or_new(table, uri)?;
     let written = table
         .write(vec![batch])
         .with_save_mode(SaveMode::Overwrite)

@@ -53,12 +53,9 @@ pub async fn read_days(
     uri: &str,
     days: &Days,
 ) -> Result<Vec<RecordBatch>, RunError> {
-    let provider = gold
-        .table_provider()
-        .await
-        .map_err(RunError::scan(Phase::Compare, uri))?;
-    ctx.read_table(provider)
-        .and_then(|df| df.filter(days.contains_expr(ident(EVENT_DATE))))
+    crate::run::frame(ctx, gold, uri, Phase::Compare)
+        .await?
+        .filter(days.contains_expr(ident(EVENT_DATE)))
         .map_err(RunError::query(Phase::Compare))?
         .collect()
         .await
@@ -147,55 +144,40 @@ pub fn rows_of(
         .collect()
 }
 
-/// Replaces the `days` of gold (every day when `None`: a bootstrap or full reload) with
-/// `rows` in one commit; creates gold, partitioned by `event_date`, on the first run.
+/// Replaces the `days` of gold with `rows` in one commit (a replace-where on the `event_date`
+/// partitions); a bootstrap or full reload is [`overwrite_all`].
 pub async fn replace_days(
-    gold: Option<DeltaTable>,
+    gold: DeltaTable,
     uri: &str,
-    name: &str,
     rows: Vec<RecordBatch>,
     schema: &SchemaRef,
-    days: Option<&BTreeSet<NaiveDate>>,
+    days: &BTreeSet<NaiveDate>,
     props: CommitProperties,
 ) -> Result<Option<u64>, RunError> {
-    let d = RunError::delta;
-    let table = match gold {
-        Some(t) => t,
-        None => lake::builder(lake::create_url(uri)?)
-            .and_then(|b| b.build())
-            .map_err(d(Phase::Write, uri))?,
-    };
-    let fresh = table.version().is_none();
     let rows: Vec<RecordBatch> = rows
         .iter()
         .map(|b| cast_to(b, schema))
         .collect::<Result<_, _>>()
         .map_err(RunError::arrow(Phase::Write))?;
     if rows.iter().all(|b| b.num_rows() == 0) {
-        if let (Some(days), false) = (days, fresh) {
-            // The days lost every row (all deleted): remove what gold held for them.
-            let (t, _) = table
-                .delete()
-                .with_predicate(predicate(days))
-                .with_commit_properties(props)
-                .await
-                .map_err(RunError::write(Phase::Write, uri))?;
-            return Ok(t.version());
-        }
+        // The days lost every row (all deleted): remove what gold held for them.
+        let (t, _) = gold
+            .delete()
+            .with_predicate(predicate(days))
+            .with_commit_properties(props)
+            .await
+            .map_err(RunError::write(Phase::Write, uri))?;
+        return Ok(t.version());
     }
-    let mut builder = table
+    let t = gold
         .write(rows)
         .with_save_mode(SaveMode::Overwrite)
         .with_writer_properties(lake::datafile::writer_properties(ROW_GROUP_ROWS))
         .with_partition_columns([EVENT_DATE])
-        .with_commit_properties(props);
-    builder = match days {
-        Some(days) if !fresh => builder.with_replace_where(predicate(days)),
-        _ => builder
-            .with_schema_mode(SchemaMode::Overwrite)
-            .with_table_name(name),
-    };
-    let t = builder.await.map_err(RunError::write(Phase::Write, uri))?;
+        .with_replace_where(predicate(days))
+        .with_commit_properties(props)
+        .await
+        .map_err(RunError::write(Phase::Write, uri))?;
     Ok(t.version())
 }
 
@@ -222,12 +204,7 @@ pub async fn overwrite_all(
     facts: lake::facts::FinalFacts,
     props: CommitProperties,
 ) -> Result<Option<u64>, RunError> {
-    let table = match gold {
-        Some(t) => t,
-        None => lake::builder(lake::create_url(uri)?)
-            .and_then(|b| b.build())
-            .map_err(RunError::delta(Phase::Write, uri))?,
-    };
+    let table = lake::or_new(gold, uri)?;
     let table = lake::facts::with_final_facts(table, facts);
     let t = table
         .write(std::iter::empty())

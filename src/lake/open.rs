@@ -145,6 +145,16 @@ pub fn builder(url: Url) -> Result<DeltaTableBuilder, DeltaTableError> {
     DeltaTableBuilder::from_url(url)
 }
 
+/// `existing`, or a table handle to create at `uri` (its first write creates it).
+pub fn or_new(existing: Option<DeltaTable>, uri: &str) -> Result<DeltaTable, LakeError> {
+    match existing {
+        Some(t) => Ok(t),
+        None => builder(create_url(uri)?)
+            .and_then(|b| b.build())
+            .map_err(|e| LakeError::delta("cannot create", uri, e)),
+    }
+}
+
 /// Opens the table at `uri`, or `None` when there is no Delta table there yet.
 pub async fn open_if_exists(uri: &str) -> Result<Option<DeltaTable>, LakeError> {
     check_scheme(uri)?;

@@ -69,13 +69,7 @@ pub async fn annotate(
         return Ok((input, None));
     };
     let q = |e| RunError::query(Phase::Validate)(e);
-    table
-        .update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta(Phase::Validate, uri))?;
-    let provider = table
-        .table_provider()
-        .await
-        .map_err(RunError::scan(Phase::Validate, uri))?;
+    let recorded = crate::run::frame(ctx, &table, uri, Phase::Validate).await?;
     let source = input.schema().clone();
     let alias = |i: usize| format!("__tidemark_removed_key{i}");
     let mut select: Vec<Expr> = Vec::new();
@@ -84,14 +78,11 @@ pub async fn annotate(
         select.push(cast(ident(k), field.data_type().clone()).alias(alias(i)));
     }
     select.push(cast(ident(REMOVED_SEQ), seq_type.clone()).alias(REMOVED_SEQ));
-    let removed = ctx
-        .read_table(provider)
-        .and_then(|df| {
-            df.aggregate(
-                roles.keys.iter().map(ident).collect(),
-                vec![max(ident(DELETE_SEQUENCE)).alias(REMOVED_SEQ)],
-            )
-        })
+    let removed = recorded
+        .aggregate(
+            roles.keys.iter().map(ident).collect(),
+            vec![max(ident(DELETE_SEQUENCE)).alias(REMOVED_SEQ)],
+        )
         .and_then(|df| df.select(select))
         .map_err(RunError::scan(Phase::Validate, uri))?;
     let left: Vec<&str> = roles.keys.iter().map(String::as_str).collect();
@@ -175,29 +166,21 @@ pub async fn expire(
     };
     let turi = &m.target_uri;
     let horizon = now - chrono::Duration::from_std(retain).unwrap_or(chrono::Duration::MAX);
-    let d = |p| RunError::delta(p, turi);
-    target
-        .update_datafusion_session(&ctx.state())
-        .map_err(d(Phase::Plan))?;
-    let provider = target
-        .table_provider()
-        .await
-        .map_err(RunError::scan(Phase::Plan, turi))?;
+    let rows = crate::run::frame(ctx, &target, turi, Phase::Plan).await?;
     let seq = &m.sequence_by;
-    let seq_type = provider
+    let seq_type = rows
         .schema()
-        .field_with_name(seq)
-        .map(|f| f.data_type().clone())
-        .map_err(|e| RunError::query(Phase::Plan)(e.into()))?;
+        .qualified_field_with_unqualified_name(seq)
+        .map(|(_, f)| f.data_type().clone())
+        .map_err(RunError::query(Phase::Plan))?;
     let expired_when = ident(DELETED_COLUMN)
         .eq(lit(true))
         .and(ident(seq).lt(timestamp_lit(&seq_type, horizon.timestamp_micros())));
     let mut columns: Vec<Expr> = m.keys.iter().map(ident).collect();
     columns.push(ident(seq).alias(DELETE_SEQUENCE));
     let scan = |e| RunError::scan(Phase::Read, turi)(e);
-    let expired: Vec<RecordBatch> = ctx
-        .read_table(provider)
-        .and_then(|df| df.filter(expired_when.clone()))
+    let expired: Vec<RecordBatch> = rows
+        .filter(expired_when.clone())
         .and_then(|df| df.select(columns))
         .map_err(scan)?
         .collect()
@@ -221,12 +204,7 @@ pub async fn expire(
     }
     if out.recorded > 0 {
         let stamped = stamp(fresh, now)?;
-        let table = match lake::open_if_exists(&uri).await? {
-            Some(t) => t,
-            None => lake::builder(lake::create_url(&uri)?)
-                .and_then(|b| b.build())
-                .map_err(RunError::delta(Phase::Write, &uri))?,
-        };
+        let table = lake::or_new(lake::open_if_exists(&uri).await?, &uri)?;
         table
             .write(stamped)
             .with_save_mode(SaveMode::Append)
@@ -254,13 +232,7 @@ async fn unrecorded(
         return Ok(expired);
     };
     let q = |e| RunError::query(Phase::Plan)(e);
-    table
-        .update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta(Phase::Plan, uri))?;
-    let provider = table
-        .table_provider()
-        .await
-        .map_err(RunError::scan(Phase::Plan, uri))?;
+    let recorded = crate::run::frame(ctx, &table, uri, Phase::Plan).await?;
     let Some(schema) = expired.first().map(|b| b.schema()) else {
         return Ok(expired);
     };
@@ -273,22 +245,19 @@ async fn unrecorded(
     let theirs_names: Vec<String> = (0..on.len())
         .map(|i| format!("__tidemark_recorded{i}"))
         .collect();
-    let theirs = ctx
-        .read_table(provider)
-        .and_then(|df| {
-            df.select(
-                on.iter()
-                    .zip(&theirs_names)
-                    .map(|(c, a)| {
-                        let dt = schema
-                            .field_with_name(c)
-                            .map(|f| f.data_type().clone())
-                            .unwrap_or(DataType::Null);
-                        cast(ident(c), dt).alias(a)
-                    })
-                    .collect::<Vec<Expr>>(),
-            )
-        })
+    let theirs = recorded
+        .select(
+            on.iter()
+                .zip(&theirs_names)
+                .map(|(c, a)| {
+                    let dt = schema
+                        .field_with_name(c)
+                        .map(|f| f.data_type().clone())
+                        .unwrap_or(DataType::Null);
+                    cast(ident(c), dt).alias(a)
+                })
+                .collect::<Vec<Expr>>(),
+        )
         .map_err(RunError::scan(Phase::Plan, uri))?;
     let left: Vec<&str> = on.iter().map(String::as_str).collect();
     let right: Vec<&str> = theirs_names.iter().map(String::as_str).collect();

@@ -23,6 +23,7 @@ pub use dedup::{winners as dedup_winners, DedupCounts, Deduper};
 pub use error::RunError;
 pub use phase::Phase;
 pub use roles::ColumnRoles;
+pub(crate) use session::frame;
 pub use session::{default_spill_base, sweep_spill_dirs, Engine, EngineError};
 
 use crate::clock::Clock;

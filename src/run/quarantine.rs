@@ -112,12 +112,7 @@ pub async fn store(
     }
     let new: u64 = fresh.iter().map(|b| b.num_rows() as u64).sum();
     if !dry_run && new > 0 {
-        let table = match existing {
-            Some(t) => t,
-            None => lake::builder(lake::create_url(uri)?)
-                .and_then(|b| b.build())
-                .map_err(RunError::delta(Phase::Quarantine, uri))?,
-        };
+        let table = lake::or_new(existing, uri)?;
         table
             .write(fresh)
             .with_save_mode(SaveMode::Append)

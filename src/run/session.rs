@@ -313,6 +313,25 @@ mod faulty_spill {
     }
 }
 
+/// A Delta table as a DataFrame of `ctx`, its store registered there first (so scans of its
+/// files resolve, on S3 too). Errors name `uri` and `phase`.
+pub(crate) async fn frame(
+    ctx: &datafusion::prelude::SessionContext,
+    table: &deltalake::DeltaTable,
+    uri: &str,
+    phase: super::Phase,
+) -> Result<datafusion::prelude::DataFrame, super::RunError> {
+    use super::RunError;
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(RunError::delta(phase, uri))?;
+    let provider = table
+        .table_provider()
+        .await
+        .map_err(RunError::scan(phase, uri))?;
+    ctx.read_table(provider).map_err(RunError::query(phase))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
