@@ -158,10 +158,13 @@ fn oracle(pays: &[Pay]) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
     out
 }
 
-/// Gold as (day, merchant) -> (payments, amount, refunds, is_final).
-async fn gold(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)> {
-    let mut out = BTreeMap::new();
-    for b in read_all(&dir.join("gold")).await {
+/// Each row of a gold-shaped table (gold, or the adjustments table): ((day, merchant),
+/// (payments, amount, refunds)), and the row's batch and index for the other columns.
+async fn measure_rows(
+    table: &Path,
+) -> Vec<((NaiveDate, String), (i64, i64, i64), RecordBatch, usize)> {
+    let mut out = Vec::new();
+    for b in read_all(table).await {
         let day = arrow::compute::cast(
             b.column_by_name("event_date").expect("day"),
             &DataType::Date32,
@@ -175,22 +178,35 @@ async fn gold(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)
             arrow::compute::cast(b.column_by_name(c).expect(c), &DataType::Int64).expect("int")
         };
         let (n, a, r) = (int("payments"), int("amount_cents"), int("refunds"));
-        let f = b
-            .column_by_name("is_final")
-            .expect("final")
-            .as_boolean()
-            .clone();
         for i in 0..b.num_rows() {
             let v = |c: &arrow::array::ArrayRef| {
                 c.as_primitive::<arrow::datatypes::Int64Type>().value(i)
             };
-            out.insert(
+            out.push((
                 (day.value_as_date(i).expect("d"), m.value(i).to_string()),
-                (v(&n), v(&a), v(&r), f.value(i)),
-            );
+                (v(&n), v(&a), v(&r)),
+                b.clone(),
+                i,
+            ));
         }
     }
     out
+}
+
+/// Gold as (day, merchant) -> (payments, amount, refunds, is_final).
+async fn gold(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)> {
+    measure_rows(&dir.join("gold"))
+        .await
+        .into_iter()
+        .map(|(k, (n, a, r), b, i)| {
+            let f = b
+                .column_by_name("is_final")
+                .expect("final")
+                .as_boolean()
+                .value(i);
+            (k, (n, a, r, f))
+        })
+        .collect()
 }
 
 fn without_final(
@@ -478,31 +494,11 @@ async fn with_adjustments(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64
     if version(&dir.join("gold_adjustments")).await.is_none() {
         return out;
     }
-    for b in read_all(&dir.join("gold_adjustments")).await {
-        let day = arrow::compute::cast(
-            b.column_by_name("event_date").expect("d"),
-            &DataType::Date32,
-        )
-        .expect("date");
-        let day = day.as_primitive::<arrow::datatypes::Date32Type>();
-        let m = arrow::compute::cast(b.column_by_name("merchant_id").expect("m"), &DataType::Utf8)
-            .expect("m");
-        let m = m.as_string::<i32>();
-        let int = |c: &str| {
-            arrow::compute::cast(b.column_by_name(c).expect(c), &DataType::Int64).expect("int")
-        };
-        let (n, a, r) = (int("payments"), int("amount_cents"), int("refunds"));
-        for i in 0..b.num_rows() {
-            let v = |c: &arrow::array::ArrayRef| {
-                c.as_primitive::<arrow::datatypes::Int64Type>().value(i)
-            };
-            let e = out
-                .entry((day.value_as_date(i).expect("d"), m.value(i).to_string()))
-                .or_insert((0, 0, 0));
-            e.0 += v(&n);
-            e.1 += v(&a);
-            e.2 += v(&r);
-        }
+    for (k, (n, a, r), _, _) in measure_rows(&dir.join("gold_adjustments")).await {
+        let e = out.entry(k).or_insert((0, 0, 0));
+        e.0 += n;
+        e.1 += a;
+        e.2 += r;
     }
     out.retain(|_, v| *v != (0, 0, 0));
     out
