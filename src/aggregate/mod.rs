@@ -170,13 +170,7 @@ impl Run<'_> {
             None => span.each().collect(),
         };
         let booked = self
-            .adjustments_due(
-                &plan,
-                &old_status,
-                &rows,
-                gold.as_ref(),
-                adjustments.as_ref(),
-            )
+            .adjustments_due(&plan, &closed, &rows, gold.as_ref(), adjustments.as_ref())
             .await?;
         self.count(&span, &changed, &old_status, &rows, &booked);
         let mut new_status = status::next(&old_status, &span, &facts, &changed, self.now);

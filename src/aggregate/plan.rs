@@ -167,7 +167,7 @@ impl Run<'_> {
     pub(super) async fn adjustments_due(
         &mut self,
         plan: &Plan,
-        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
+        closed: &BTreeMap<NaiveDate, i64>,
         rows: &[arrow::array::RecordBatch],
         gold: Option<&deltalake::DeltaTable>,
         adjustments: Option<&deltalake::DeltaTable>,
@@ -202,7 +202,7 @@ impl Run<'_> {
             plan.days.logical,
             &self.summary.run_id,
             self.now,
-            &status::closes(old_status, spec.time_zone),
+            closed,
         )
         .await
     }
