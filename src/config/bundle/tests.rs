@@ -1,5 +1,5 @@
 //! Unit tests of bundle loading; the fixture bundles under tests/fixtures/bundles are checked
-//! end to end by tests/jobs.rs.
+//! end to end by tests/it/jobs.rs.
 
 use std::path::Path;
 

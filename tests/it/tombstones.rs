@@ -4,7 +4,7 @@
 //! re-delivered delete is skipped, a newer version is a real re-creation; a rerun of
 //! `maintain` is harmless; a full reload and reconcile agree with the incremental target.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

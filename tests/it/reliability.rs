@@ -9,7 +9,7 @@
 //! `target/reliability/bad_inputs.json` for the reliability scoreboard. The format of `case.yml`
 //! is described in `tests/fixtures/bad_inputs/README.md`.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

@@ -4,7 +4,7 @@
 //! summary and the commit; a rule over an unknown column or with bad syntax is a config error at
 //! its line.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! `maintain payments` work as the README shows, without `--var`; `--target` picks the bundle
 //! target; `--var` still wins; a `--var` the pipeline never uses is refused.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! (exit 65, naming what happened and the `--full-reload` that repairs it) — never exit 0 with
 //! a wrong table. Driven through the real binary; the target is compared with the oracle.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

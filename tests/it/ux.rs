@@ -1,7 +1,7 @@
 //! Issue 10 ("Hardening"), the user-facing part, through the real binary: limits, logs, JSON
 //! output on failure, maintain's numbers, counter names, messages, getting started.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -4,7 +4,7 @@
 //! anything tidemark prints. `scripts/test.sh` installs s3s-fs; set `S3S_FS` to use another
 //! binary.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::net::TcpListener;

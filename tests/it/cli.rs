@@ -2,9 +2,9 @@
 //! case of issue 2, and every error path with its exit code and a message that says what to do.
 //!
 //! The clock of the binary is always pinned with `TIDEMARK_FAKE_NOW`; source tables are written
-//! with the shared helpers in `tests/common`.
+//! with the shared helpers in `tests/it/common`.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -3,7 +3,7 @@
 //! implementation independent of tidemark's writes), whether tidemark turned the feed on or
 //! another tool set the table property.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! bootstrap and a full reload, whose rows are streamed and counted only as the last data file
 //! is written.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -10,7 +10,7 @@
 //! Also: concurrent writers. The figures go to `target/reliability/scoreboard.json` (merged with
 //! the bad-input corpus's figures when present).
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -632,7 +632,7 @@ fn every_fault_converges_after_a_rerun() {
             board["bad_inputs_rejected_cleanly"] = bad["bad_inputs_rejected_cleanly"].clone();
         }
     }
-    // Ingest faults (tests/ingest.rs), when that suite already ran.
+    // Ingest faults (tests/it/ingest.rs), when that suite already ran.
     if let Ok(text) = std::fs::read_to_string(report_dir().join("ingest_faults.json")) {
         if let Ok(Value::Object(ingest)) = serde_json::from_str::<Value>(&text) {
             for (k, v) in ingest {
@@ -640,7 +640,7 @@ fn every_fault_converges_after_a_rerun() {
             }
         }
     }
-    // Foreign changes (tests/foreign.rs), when that suite already ran.
+    // Foreign changes (tests/it/foreign.rs), when that suite already ran.
     if let Ok(text) = std::fs::read_to_string(report_dir().join("foreign.json")) {
         if let Ok(Value::Object(foreign)) = serde_json::from_str::<Value>(&text) {
             for (k, v) in foreign {

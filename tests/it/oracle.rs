@@ -3,7 +3,7 @@
 //! rows, the target equals "newest version per key" computed independently over every valid,
 //! due row the source holds — and a rerun changes nothing.
 
-mod common;
+use crate::common;
 
 use chrono::{TimeZone, Utc};
 use common::*;

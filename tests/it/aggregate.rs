@@ -3,7 +3,7 @@
 //! `final_since`, the day status table); a rerun commits nothing; local days in a time zone
 //! with DST; `--from/--to`, `--dry-run`, config errors.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! loads as a pipeline; the `bundle validate` transcript is what the binary prints; every field
 //! of the run-summary table is in a real run's JSON summary; every path of the layout exists.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

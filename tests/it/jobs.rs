@@ -6,7 +6,7 @@
 //! Processes get a pinned clock (`TIDEMARK_FAKE_NOW`); in-process scheduler tests run on tokio's
 //! paused clock, so days pass in milliseconds and nothing depends on timing.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -5,7 +5,7 @@
 //! `quantile_cont` over a sorted vector of lateness floored to the millisecond (to the second per
 //! `--by` group — the precision the command documents), the settled window `[now-FROM, now-TO)`.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

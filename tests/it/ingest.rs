@@ -3,7 +3,7 @@
 //! drift, and a full reload that keeps each file's `_ingested_at`. The fault figures go to
 //! `target/reliability/ingest_faults.json`, which the reliability scoreboard merges.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -586,7 +586,7 @@ async fn exactly_once_through_kills_at_every_phase() {
                 }
                 injected += 1;
                 // A panic injected inside delta-rs' writer is caught there and reported as what
-                // it stands for, a bug (70), as in tests/faults.rs; any other 70 is counted.
+                // it stands for, a bug (70), as in tests/it/faults.rs; any other 70 is counted.
                 let panic_in_writer = point.starts_with("store.") && action == "panic";
                 if faulty.code == 70 && !panic_in_writer {
                     exit70 += 1;

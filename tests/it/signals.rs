@@ -3,7 +3,7 @@
 //! all), `job run` writes a ledger row with status `cancelled` and releases the job's lease, and
 //! both exit 130 (SIGINT) / 143 (SIGTERM) leaving no spill files.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

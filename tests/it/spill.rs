@@ -3,7 +3,7 @@
 //! removed by the next start, and the documented smallest memory limit really carries a full
 //! reload with two threads.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

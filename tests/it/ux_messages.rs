@@ -1,8 +1,8 @@
 //! Issue 10 ("Hardening"), through the real binary: messages that name the next step, and
 //! `tidemark demo` from any directory. (Limits, logs, JSON failures, maintain and counters are
-//! in `tests/ux.rs`.)
+//! in `tests/it/ux.rs`.)
 
-mod common;
+use crate::common;
 
 use assert_cmd::Command;
 use common::*;

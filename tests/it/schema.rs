@@ -3,7 +3,7 @@
 //! run's own commit — old rows read it as null, new rows carry it — and the result equals a full
 //! reload of the same source.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -4,12 +4,12 @@
 //! fails leaving nothing at the target location.
 //!
 //! delta-rs 1.1 reads deletion vectors but never writes them, so the DVs here come from the
-//! protocol-level generator in `tests/common/delta_fixture.rs` (its doc comment says how its
+//! protocol-level generator in `tests/it/common/delta_fixture.rs` (its doc comment says how its
 //! tables were checked with the Python `deltalake` package). Column-mapped sources are written by
 //! delta-rs itself (`delta.columnMapping.mode = name`), and the test checks that their Parquet
 //! files really use physical column names.
 
-mod common;
+use crate::common;
 #[path = "common/delta_fixture.rs"]
 mod delta_fixture;
 
