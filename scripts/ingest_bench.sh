@@ -64,10 +64,20 @@ if [ ! -d "$H/landing" ]; then
   "$py" "$here/scripts/ingest_peer.py" --landing "$H/landing" --table "$H/base_py" >/dev/null
   "$bin" generate --landing "$H/landing" --next-hour >/dev/null
 fi
+if [ ! -d "$H/base_tm_ingest_record" ]; then
+  # A base from before the record's index: rebuild it without the newest hour (it is measured).
+  newest=$(ls "$H/landing/events" | tail -1)
+  mv "$H/landing/events/$newest" "$H/$newest"
+  rm -rf "$H/base_tm" "$H/base_tm_quarantine"
+  pipeline "$H/landing" "$H/base_tm" "$H/base.yml"
+  "$bin" run "$H/base.yml" >/dev/null
+  mv "$H/$newest" "$H/landing/events/$newest"
+fi
 echo "hour: $(cat "$H"/landing/events/*.jsonl | wc -l) records in $(ls "$H"/landing/events | wc -l) files; the last hour: $(wc -l <"$(ls -t "$H"/landing/events/*.jsonl | head -1)") records"
 for i in $(seq "$reps"); do
-  rm -rf "$H/tm" "$H/py" "$H/tm_quarantine"
+  rm -rf "$H/tm" "$H/py" "$H/tm_quarantine" "$H/tm_ingest_record"
   cp -r "$H/base_tm" "$H/tm"
+  cp -r "$H/base_tm_ingest_record" "$H/tm_ingest_record"
   cp -r "$H/base_py" "$H/py"
   pipeline "$H/landing" "$H/tm" "$H/tm.yml"
   timed "hour tidemark rep=$i" "$bin" run "$H/tm.yml" --output json
@@ -81,7 +91,7 @@ if [ ! -d "$B/landing" ]; then
 fi
 echo "bulk: $(du -sb "$B/landing/events" | cut -f1) bytes of JSON lines in $(ls "$B/landing/events" | wc -l) files"
 for i in $(seq "$reps"); do
-  rm -rf "$B/tm" "$B/py" "$B/tm_quarantine"
+  rm -rf "$B/tm" "$B/py" "$B/tm_quarantine" "$B/tm_ingest_record"
   pipeline "$B/landing" "$B/tm" "$B/tm.yml"
   timed "bulk tidemark rep=$i" "$bin" run "$B/tm.yml" --output json
   timed "bulk peer rep=$i" "$py" "$here/scripts/ingest_peer.py" --landing "$B/landing" --table "$B/py"
@@ -100,14 +110,22 @@ for i in range(n):
     with open(os.path.join(d, f"f{i:06d}.jsonl"), "w") as f:
         f.write('{"payment_id":"p%d","op":"U","updated_at":"2024-01-01T00:00:00Z","amount_cents":%d}\n' % (i, i))
 PY
+    cp "$H/landing/events/$(ls "$H/landing/events" | tail -1)" "$D/landing/events/zz-new-hour.jsonl"
+  fi
+  if [ ! -d "$D/base_ingest_record" ]; then
+    # (Re)build the base without the new hour file: n one-record files recorded, compacted and
+    # checkpointed by maintain.
+    mv "$D/landing/events/zz-new-hour.jsonl" "$D/zz-new-hour.jsonl"
+    rm -rf "$D/base" "$D/base_quarantine"
     pipeline "$D/landing" "$D/base" "$D/base.yml"
     "$bin" run "$D/base.yml" >/dev/null
     "$bin" maintain "$D/base.yml" >/dev/null
-    cp "$H/landing/events/$(ls "$H/landing/events" | tail -1)" "$D/landing/events/zz-new-hour.jsonl"
+    mv "$D/zz-new-hour.jsonl" "$D/landing/events/zz-new-hour.jsonl"
   fi
   for i in $(seq "$reps"); do
-    rm -rf "$D/tm" "$D/tm_quarantine"
+    rm -rf "$D/tm" "$D/tm_quarantine" "$D/tm_ingest_record"
     cp -r "$D/base" "$D/tm"
+    cp -r "$D/base_ingest_record" "$D/tm_ingest_record"
     pipeline "$D/landing" "$D/tm" "$D/tm.yml"
     timed "record recorded=$n tidemark rep=$i" "$bin" run "$D/tm.yml" --output json
   done
@@ -120,8 +138,9 @@ if [ ! -d "$M/landing" ]; then
   cp "$R/100000/landing/events/zz-new-hour.jsonl" "$M/landing/events/"
 fi
 for i in $(seq "$reps"); do
-  rm -rf "$M/tm" "$M/tm_quarantine"
+  rm -rf "$M/tm" "$M/tm_quarantine" "$M/tm_ingest_record"
   cp -r "$R/100000/base" "$M/tm"
+  cp -r "$R/100000/base_ingest_record" "$M/tm_ingest_record"
   pipeline "$M/landing" "$M/tm" "$M/tm.yml"
   timed "record recorded=100000 archived tidemark rep=$i" "$bin" run "$M/tm.yml" --output json
 done

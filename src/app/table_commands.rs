@@ -130,6 +130,7 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
 /// `tidemark maintain`.
 pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let mut merge = None;
+    let mut record_index = None;
     let (uri, file_size, row_group_rows) =
         match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
             Ok(_) => {
@@ -143,7 +144,10 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                             m.target_row_group_rows,
                         )
                     }
-                    Spec::Ingest(i) => (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
+                    Spec::Ingest(i) => {
+                        record_index = Some(i.record_uri.clone());
+                        (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS)
+                    }
                     Spec::Aggregate(a) => {
                         (a.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS)
                     }
@@ -202,6 +206,24 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
         report.version_after = report.version_after.map(|v| v + 1);
         report.checkpoint_version = report.checkpoint_version.map(|v| v + 1);
     }
+    // An ingest's record index gets one file per run: compacted and checkpointed with bronze.
+    let index = match &record_index {
+        Some(uri) => match lake::open_if_exists(uri).await? {
+            Some(t) => {
+                let options = lake::MaintainOptions {
+                    compact: !args.no_compact,
+                    target_file_size: None,
+                    cluster_keys: None,
+                    row_group_rows: lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+                    retention: args.retention,
+                    dry_run: args.dry_run,
+                };
+                Some((uri.clone(), lake::maintain(t, &options).await?))
+            }
+            None => None,
+        },
+        None => None,
+    };
     let spill_base = args
         .spill_dir
         .clone()
@@ -213,6 +235,10 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
             v["tombstones"] = tombstones
                 .as_ref()
                 .map(|(e, _)| serde_json::to_value(e).unwrap_or_default())
+                .unwrap_or_default();
+            v["ingest_record"] = index
+                .as_ref()
+                .map(|(_, r)| serde_json::to_value(r).unwrap_or_default())
                 .unwrap_or_default();
             v["stale_spill_dirs"] = spill_dirs
                 .iter()
@@ -257,6 +283,16 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                 report.files_vacuumed,
                 report.files_unreferenced_within_retention
             ));
+            if let Some((uri, r)) = &index {
+                out.push_str(&format!(
+                    "  ingest record {uri}: version {} -> {}; {} small files {would}compacted into {}; {} files {would}deleted\n",
+                    r.version_before.map_or("-".into(), |v| v.to_string()),
+                    r.version_after.map_or("-".into(), |v| v.to_string()),
+                    r.files_compacted,
+                    r.files_written,
+                    r.files_vacuumed,
+                ));
+            }
             out.push_str(&format!(
                 "  spill: {} stale spill director{} of processes that no longer exist {}under {}\n",
                 spill_dirs.len(),

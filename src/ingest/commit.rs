@@ -1,5 +1,6 @@
 //! Bronze's side of an ingest: its schema, the checks before writing, and the one commit that
-//! appends the rows together with the ingest record of their files.
+//! appends the rows together with the ingest record of their files (the run's number and its
+//! files, `record.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -10,24 +11,26 @@ use arrow::array::{
 use arrow::datatypes::{DataType, Field, Schema};
 use arrow::error::ArrowError;
 use chrono::{DateTime, Utc};
+use datafusion::common::ScalarValue;
 use datafusion::logical_expr::{col, lit};
 use datafusion::prelude::SessionContext;
 use deltalake::kernel::transaction::CommitProperties;
-use deltalake::kernel::Transaction;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
 use super::landing::{Landing, LandingFile};
+use super::record::{self, Entry};
 use super::rows::Parsed;
 use super::schema::{arrow_type, Col};
-use super::{file_app_prefix, IngestError, Recorded};
+use super::{IngestError, Recorded};
 use crate::config::pipeline::ingest::{ColumnType, Ingest, INGESTED_AT, RESCUED, SOURCE_FILE};
 use crate::lake::{self, COMMIT_INFO_KEY};
 use crate::run::validate::REASON_COLUMN;
 use crate::run::{Phase, RunError};
 
-/// Refuses a bronze table whose `txn` actions expire (the record of old files would vanish).
+/// Refuses a bronze table whose `txn` actions expire (the run number that ties bronze to its
+/// record would vanish).
 pub fn check_retention(table: &DeltaTable, uri: &str) -> Result<(), RunError> {
     let snapshot = table
         .snapshot()
@@ -58,7 +61,9 @@ pub fn table_schema(table: &DeltaTable, uri: &str) -> Result<Arc<Schema>, RunErr
 /// The rows a full reload replaces: those of this pipeline's files — under its landing location
 /// and matching its glob, or recorded by it — which must all still be there, or the reload would
 /// drop their rows. Rows of other pipelines (another glob over the same folder) and of backfills
-/// are not in scope. Returns the `_source_file` values to replace (the listed files included).
+/// are not in scope. Returns the `_source_file` values to replace (the listed files included),
+/// and the earliest `_ingested_at` (milliseconds) bronze's rows hold per `_source_file`: a file
+/// the record misses keeps that arrival time.
 pub async fn reload_scope(
     ctx: &SessionContext,
     table: &DeltaTable,
@@ -66,23 +71,37 @@ pub async fn reload_scope(
     landing: &Landing,
     listed: &[LandingFile],
     record: &HashMap<String, Recorded>,
-) -> Result<Vec<String>, RunError> {
+) -> Result<(Vec<String>, HashMap<String, i64>), RunError> {
     let uri = &spec.target_uri;
     let mut scope: Vec<String> = listed.iter().map(|f| f.uri.clone()).collect();
+    let mut arrived = HashMap::new();
     let q = RunError::query(Phase::Plan);
     table
         .update_datafusion_session(&ctx.state())
         .map_err(RunError::delta(Phase::Plan, uri))?;
     let provider = table.table_provider().await.map_err(q)?;
     if provider.schema().field_with_name(SOURCE_FILE).is_err() {
-        return Ok(scope);
+        return Ok((scope, arrived));
     }
+    let has_arrival = provider.schema().field_with_name(INGESTED_AT).is_ok();
     let prefix = format!("{}/", landing.root_uri);
+    let first_arrival = if has_arrival {
+        datafusion::functions_aggregate::expr_fn::min(datafusion::logical_expr::cast(
+            col(INGESTED_AT),
+            DataType::Int64,
+        ))
+    } else {
+        datafusion::functions_aggregate::expr_fn::min(lit(ScalarValue::Int64(None)))
+    };
     let batches = ctx
         .read_table(provider)
         .and_then(|df| df.filter(starts_with(&prefix)))
-        .and_then(|df| df.select(vec![col(SOURCE_FILE)]))
-        .and_then(|df| df.distinct())
+        .and_then(|df| {
+            df.aggregate(
+                vec![col(SOURCE_FILE)],
+                vec![first_arrival.alias("first_us")],
+            )
+        })
         .map_err(RunError::query(Phase::Plan))?
         .collect()
         .await
@@ -96,7 +115,17 @@ pub async fn reload_scope(
         let Some(s) = c.as_any().downcast_ref::<StringArray>() else {
             continue;
         };
-        for file in s.iter().flatten() {
+        let first = b
+            .column(1)
+            .as_any()
+            .downcast_ref::<Int64Array>()
+            .cloned()
+            .unwrap_or_else(|| Int64Array::new_null(b.num_rows()));
+        for (i, file) in s.iter().enumerate() {
+            let Some(file) = file else { continue };
+            if first.is_valid(i) {
+                arrived.insert(file.to_string(), first.value(i).div_euclid(1000));
+            }
             let rel = &file[prefix.len()..];
             let mine = record.contains_key(rel)
                 || glob
@@ -118,7 +147,7 @@ pub async fn reload_scope(
         .into());
     }
     scope.sort();
-    Ok(scope)
+    Ok((scope, arrived))
 }
 
 fn starts_with(prefix: &str) -> datafusion::logical_expr::Expr {
@@ -169,6 +198,10 @@ pub struct Write<'a> {
     pub cols: &'a [Col],
     pub parsed: Vec<(LandingFile, Parsed)>,
     pub record: &'a HashMap<String, Recorded>,
+    /// A full reload: the earliest `_ingested_at` of each `_source_file` in bronze's rows.
+    pub arrived: &'a HashMap<String, i64>,
+    /// The run's number in the record.
+    pub run: i64,
     pub now: DateTime<Utc>,
     /// A full reload: replace the rows of `scope` (this pipeline's files) instead of appending.
     pub whole: bool,
@@ -178,7 +211,12 @@ pub struct Write<'a> {
 
 /// What the commit did.
 pub struct Written {
+    /// Bronze after the commit.
+    pub table: DeltaTable,
     pub version: u64,
+    pub run: i64,
+    /// The files the commit recorded.
+    pub entries: Vec<Entry>,
     pub files_added: u64,
     pub files_removed: u64,
 }
@@ -254,20 +292,29 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         .as_ref()
         .is_some_and(|b| b.fields().len() != schema.fields().len());
     let now_ms = w.now.timestamp_millis();
-    let prefix = file_app_prefix(w.pipeline);
     let mut batches = Vec::with_capacity(w.parsed.len());
-    let mut txns = Vec::with_capacity(w.parsed.len());
+    let mut entries = Vec::with_capacity(w.parsed.len());
     for (f, p) in &w.parsed {
-        // A full reload keeps the time each file first arrived; everything else arrives now.
-        let ingested_ms = match (w.whole, w.record.get(&f.rel)) {
-            (true, Some(r)) => r.last_updated.unwrap_or(now_ms),
+        // A full reload keeps the time each file first arrived (from the record, else from its
+        // rows in bronze); everything else arrives now.
+        let recorded = w.record.get(&f.rel);
+        let ingested_ms = match (w.whole, recorded) {
+            (true, Some(r)) => r.ingested_ms,
+            (true, None) => w.arrived.get(&f.uri).copied().unwrap_or(now_ms),
             _ => now_ms,
         };
-        txns.push(Transaction::new_with_last_update(
-            format!("{prefix}{}", f.rel),
-            f.fingerprint,
-            Some(ingested_ms),
-        ));
+        let entry = Entry {
+            file: f.rel.clone(),
+            fingerprint: f.fingerprint,
+            ingested_ms,
+        };
+        // A full reload records again only what the record does not already say.
+        let known = recorded.is_some_and(|r| {
+            r.fingerprint == entry.fingerprint && r.ingested_ms == entry.ingested_ms
+        });
+        if !(w.whole && known) {
+            entries.push(entry);
+        }
         if p.batch.num_rows() > 0 {
             batches.push(
                 file_batch(&schema, &p.batch, ingested_ms * 1000, &f.uri)
@@ -280,9 +327,10 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         // still makes the commit.
         batches.push(RecordBatch::new_empty(schema.clone()));
     }
+    let (txn, files) = record::commit_parts(w.pipeline, w.run, now_ms, entries.clone())?;
     let props = CommitProperties::default()
-        .with_metadata([(COMMIT_INFO_KEY.to_string(), w.facts)])
-        .with_application_transactions(txns);
+        .with_metadata([(COMMIT_INFO_KEY.to_string(), w.facts), files])
+        .with_application_transactions(vec![txn]);
     let phase = if w.whole { Phase::Write } else { Phase::Commit };
     let new_dirs = match &w.target {
         Some(_) => lake::NewDirs::default(),
@@ -349,7 +397,10 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         Err(_) => (0, 0),
     };
     Ok(Written {
+        table,
         version,
+        run: w.run,
+        entries,
         files_added,
         files_removed,
     })

@@ -35,6 +35,15 @@ pub enum IngestError {
     /// Bronze keeps `txn` actions only for a while: files would be ingested twice.
     #[error("{uri} sets `delta.setTransactionRetentionDuration`, so the ingest record of old files would expire and they would be ingested again; remove the property from the table (ALTER TABLE … UNSET TBLPROPERTIES) before ingesting into it")]
     RecordExpires { uri: String },
+    /// The ingest record's index misses runs whose commits bronze's log no longer holds.
+    #[error("the ingest record {record} holds this pipeline's runs up to {indexed}, but {bronze} committed runs up to {committed} and its log no longer holds run {missing}'s commit (cleaned up by log retention), so which files those runs ingested is unknown; nothing was written. Run the pipeline with `--full-reload`: it rebuilds bronze from the landing files and records them again, each file keeping the `_ingested_at` its rows in bronze hold")]
+    RecordBehind {
+        record: String,
+        bronze: String,
+        indexed: i64,
+        committed: i64,
+        missing: i64,
+    },
     /// The files' columns changed in a way `on_schema_change` does not allow.
     #[error("schema change in the landing files of {pipeline}: {message}")]
     Schema { pipeline: String, message: String },
@@ -78,7 +87,8 @@ impl Classify for IngestError {
             IngestError::ChangedWhileRead { .. } => ErrorClass::Retryable,
             IngestError::FileChanged { .. }
             | IngestError::Schema { .. }
-            | IngestError::ReloadWouldDrop { .. } => ErrorClass::BadData,
+            | IngestError::ReloadWouldDrop { .. }
+            | IngestError::RecordBehind { .. } => ErrorClass::BadData,
         }
     }
 }

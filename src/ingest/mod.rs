@@ -1,14 +1,15 @@
 //! The `ingest` kind: landing files appended to a bronze table with their arrival time.
 //!
-//! plan → read → validate → commit. The plan lists the landing location and reads the ingest
-//! record from bronze's log (one `txn` per file ingested: app id `tidemark/<pipeline>/file:<path>`,
-//! version = a fingerprint of the file's size and modification time or ETag, `lastUpdated` = its
-//! `_ingested_at`), and picks the files not recorded yet, oldest first, within the run's limits.
+//! plan → read → validate → commit. The plan lists the landing location, looks the listed files
+//! up in the ingest record (`record.rs`: each file's fingerprint — size and modification time or
+//! ETag — and `_ingested_at`), and picks the files not recorded yet, oldest first, within the
+//! run's limits.
 //! The read parses them (JSON lines, CSV, Parquet) into the schema; records that do not fit go
 //! to the quarantine table with their file, line and reason. The commit appends the rows, each
-//! with `_ingested_at` (the run's time, one per run) and `_source_file`, together with the
-//! files' `txn` actions: rows and record land in one commit or not at all, so a file is
-//! ingested exactly once across crashes and reruns. A full reload replaces the rows of this
+//! with `_ingested_at` (the run's time, one per run) and `_source_file`, together with the run's
+//! number and its files: rows and record land in one commit or not at all, so a file is
+//! ingested exactly once across crashes and reruns. The record's index beside bronze is
+//! appended after that commit (and completed from bronze's log by the next run after a crash). A full reload replaces the rows of this
 //! landing location in one commit, each file keeping the `_ingested_at` it was first given.
 
 mod commit;
@@ -18,10 +19,11 @@ mod json;
 pub mod landing;
 mod parquet;
 mod plan;
+pub mod record;
 mod rows;
 pub mod schema;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, TimeZone, Utc};
 use datafusion::prelude::SessionContext;
@@ -101,14 +103,7 @@ struct Run<'a> {
     c: IngestCounters,
 }
 
-/// The ingest record's app-id prefix of a pipeline's files.
-pub fn file_app_prefix(pipeline: &str) -> String {
-    format!("tidemark/{pipeline}/file:")
-}
-
-/// What bronze recorded about one landing file: the fingerprint (`version`) and the
-/// `_ingested_at` in milliseconds (`last_updated`) of its newest `txn`.
-pub type Recorded = lake::txns::Txn;
+pub use record::Recorded;
 
 impl Run<'_> {
     fn path(&self) -> phase::Path {
@@ -133,21 +128,23 @@ impl Run<'_> {
         let started = std::time::Instant::now();
         let target = lake::open_if_exists(&spec.target_uri).await?;
         let opened_ms = started.elapsed().as_millis();
-        let mut record = HashMap::new();
         if let Some(t) = &target {
             commit::check_retention(t, &spec.target_uri)?;
-            let prefix = file_app_prefix(&self.p.name);
-            record = lake::txns::with_prefix(t, &prefix)
-                .await
-                .map_err(RunError::delta(Phase::Plan, &spec.target_uri))?;
         }
+        let book = record::Record::open(
+            &spec.record_uri,
+            target.as_ref(),
+            &spec.target_uri,
+            &self.p.name,
+            self.opts.full_reload,
+        )
+        .await?;
         info!(
             opened_ms,
             record_ms = started.elapsed().as_millis() - opened_ms,
-            recorded = record.len(),
             "bronze opened and its ingest record read"
         );
-        if let Some(latest) = record.values().filter_map(|r| r.last_updated).max() {
+        if let Some(latest) = book.latest_ms {
             if latest > self.now.timestamp_millis() {
                 self.warn(format!(
                     "the clock is behind this pipeline's latest arrival ({}): files ingested now are stamped earlier than files ingested before, which makes their lateness look shorter; check the machine's clock (and TIDEMARK_FAKE_NOW)",
@@ -173,6 +170,12 @@ impl Run<'_> {
             (Some(_), false) => RunMode::Incremental,
         };
         let whole = self.summary.mode == RunMode::FullReload;
+        let record = if whole {
+            book.lookup(&self.ctx, None).await?
+        } else {
+            let names: Vec<&str> = listed.iter().map(|f| f.rel.as_str()).collect();
+            book.lookup(&self.ctx, Some(&names)).await?
+        };
         let plan = plan::choose(listed, &record, spec, whole);
         self.c.num_files_listed = plan.listed;
         self.c.num_files_skipped = plan.skipped;
@@ -182,8 +185,7 @@ impl Run<'_> {
             let first = &plan.changed[0];
             let at = record
                 .get(&first.rel)
-                .and_then(|r| r.last_updated)
-                .and_then(crate::report::rfc3339_ms)
+                .and_then(|r| crate::report::rfc3339_ms(r.ingested_ms))
                 .unwrap_or_else(|| "an unknown time".to_string());
             return Err(IngestError::FileChanged {
                 count: plan.changed.len(),
@@ -199,14 +201,18 @@ impl Run<'_> {
                 plan.pending
             ));
         }
-        let scope = match (&target, whole) {
+        let (scope, arrived) = match (&target, whole) {
             (Some(t), true) => {
                 commit::reload_scope(&self.ctx, t, spec, &landing, &plan.files, &record).await?
             }
-            _ => Vec::new(),
+            _ => Default::default(),
         };
         self.end_phase(Phase::Plan)?;
         if plan.files.is_empty() && !whole {
+            if !self.opts.dry_run {
+                // Runs a crash kept out of the index: complete it (bronze already holds them).
+                book.append(&self.ctx, None).await?;
+            }
             info!(
                 listed = plan.listed,
                 skipped = plan.skipped,
@@ -315,6 +321,8 @@ impl Run<'_> {
             cols: &cols,
             parsed,
             record: &record,
+            arrived: &arrived,
+            run: book.next_run(),
             now: self.now,
             whole,
             scope,
@@ -322,6 +330,21 @@ impl Run<'_> {
         })
         .await?;
         self.summary.target_version = Some(written.version);
+        crate::failpoint::hit("ingest.after_bronze")?;
+        if let Err(e) = book
+            .append(
+                &self.ctx,
+                Some((&written.table, written.run, written.entries)),
+            )
+            .await
+        {
+            // Bronze holds the rows and the record of their files; the next run completes the
+            // index from bronze's commit.
+            self.warn(format!(
+                "bronze committed version {}, but its ingest record's index {} was not updated ({e}); the next run completes it from bronze's log",
+                written.version, spec.record_uri
+            ));
+        }
         self.c.ingested_at = Some(self.now);
         if whole && written.files_removed > 0 {
             self.warn(format!(

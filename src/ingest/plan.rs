@@ -38,7 +38,7 @@ pub fn choose(
             .filter(|f| {
                 record
                     .get(&f.rel)
-                    .is_some_and(|r| r.version != f.fingerprint)
+                    .is_some_and(|r| r.fingerprint != f.fingerprint)
             })
             .cloned()
             .collect();
@@ -49,7 +49,7 @@ pub fn choose(
     let mut full = false;
     for f in listed {
         match record.get(&f.rel) {
-            Some(r) if r.version == f.fingerprint => {
+            Some(r) if r.fingerprint == f.fingerprint => {
                 plan.skipped += 1;
                 continue;
             }

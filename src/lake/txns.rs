@@ -2,8 +2,8 @@
 //! pass over the log.
 //!
 //! delta-rs answers "the version of app id X" one id at a time, each answer a replay of the log;
-//! an ingest records one `txn` per landing file and has to know all of them at once (a run
-//! checks every listed file). This reads the newest checkpoint's `txn` column (a projection of
+//! an ingest wants all of its pipeline's at once (its run number and, on bronze written before
+//! the ingest record's index, the one `txn` per landing file it migrates). This reads the newest checkpoint's `txn` column (a projection of
 //! one column of a Parquet file) and the JSON commits after it, up to the snapshot's version:
 //! the same replay the kernel does, once. The cost is the checkpoint's txn column plus at most a
 //! checkpoint interval of commits, whatever the number of commits in the table's past.

@@ -552,6 +552,7 @@ async fn exactly_once_through_kills_at_every_phase() {
         "incremental.after_validate",
         "incremental.before_commit",
         "incremental.after_commit",
+        "ingest.after_bronze",
         "store.put_data",
         "store.put_commit",
     ];
@@ -561,6 +562,7 @@ async fn exactly_once_through_kills_at_every_phase() {
         "full_reload.after_validate",
         "full_reload.before_write",
         "full_reload.after_write",
+        "ingest.after_bronze",
     ];
     let (mut injected, mut survived, mut lost, mut duplicated, mut exit70) = (0, 0, 0, 0, 0);
     for (points, reload) in [(INCREMENTAL, false), (RELOAD, true)] {
@@ -733,5 +735,204 @@ async fn a_wrong_delimiter_and_a_clock_behind_are_said_out_loud() {
     assert!(
         w.contains("bronze was rewritten") && w.contains("--full-reload"),
         "{w}"
+    );
+}
+
+/// The `txn` app ids of every commit in a table's log.
+fn log_txns(table: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(table.join("_delta_log")).expect("log") {
+        let p = e.expect("entry").path();
+        if p.extension().and_then(|x| x.to_str()) != Some("json") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&p).expect("read").lines() {
+            let v: serde_json::Value = serde_json::from_str(line).expect("action");
+            if let Some(app) = v["txn"]["appId"].as_str() {
+                out.push(app.to_string());
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The index's rows: (file, run), sorted.
+async fn index_rows(dir: &Path) -> Vec<(String, i64)> {
+    let path = dir.join("lake/bronze_ingest_record");
+    if version(&path).await.is_none() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for b in read_all(&path).await {
+        let file = arrow::compute::cast(
+            b.column_by_name("file").expect("file"),
+            &arrow::datatypes::DataType::Utf8,
+        )
+        .expect("cast");
+        let file = file.as_string::<i32>();
+        let run = b.column_by_name("run").expect("run");
+        let run = run.as_primitive::<Int64Type>();
+        for i in 0..b.num_rows() {
+            out.push((file.value(i).to_string(), run.value(i)));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The record of ingested files is an index beside bronze, not one `txn` per file in bronze's
+/// log (which every reader of bronze would replay): bronze's commits carry one `txn` per run.
+/// A crash between the bronze commit and the index append leaves the index behind; the next
+/// run completes it from bronze's commit and ingests nothing twice.
+#[tokio::test]
+async fn the_record_index_is_completed_after_a_crash_between_the_two_commits() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    pipeline(d, "");
+    land(d, "a.jsonl", &[("p1", 1)]);
+    land(d, "b.jsonl", &[("p2", 2)]);
+    assert_eq!(run(d, T0, &[]).code, 0);
+    assert_eq!(
+        index_rows(d).await,
+        vec![("a.jsonl".to_string(), 1), ("b.jsonl".to_string(), 1)]
+    );
+    land(d, "c.jsonl", &[("p3", 3)]);
+    let crashed = exec(
+        tidemark_at(T0 + HOUR)
+            .arg("run")
+            .arg(d.join("ingest.yml"))
+            .env("TIDEMARK_FAILPOINTS", "ingest.after_bronze=abort"),
+    );
+    assert_ne!(crashed.code, 0, "{}", crashed.stderr);
+    let bronze_version = version(&d.join("lake/bronze")).await;
+    assert_eq!(index_rows(d).await.len(), 2, "the index missed run 2");
+    assert_eq!(without_time(&bronze(d).await), oracle(d), "bronze has c");
+    // Nothing new: no bronze commit, the index completed from bronze's commit of run 2.
+    let out = run(d, T0 + 2 * HOUR, &["--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(json(&out)["num_files_skipped"], 3, "{}", out.stdout);
+    assert_eq!(version(&d.join("lake/bronze")).await, bronze_version);
+    assert_eq!(
+        index_rows(d).await,
+        vec![
+            ("a.jsonl".to_string(), 1),
+            ("b.jsonl".to_string(), 1),
+            ("c.jsonl".to_string(), 2)
+        ]
+    );
+    assert_eq!(without_time(&bronze(d).await), oracle(d));
+    // One `txn` per run in bronze's log, none per file.
+    assert_eq!(
+        log_txns(&d.join("lake/bronze")),
+        vec!["tidemark/events/ingest".to_string(); 2]
+    );
+    // Bronze deleted to start over, the index left behind: its rows belong to the old table
+    // (another table id), so every file lands in the new bronze.
+    std::fs::remove_dir_all(d.join("lake/bronze")).expect("rm bronze");
+    let out = run(d, T0 + 3 * HOUR, &["--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(json(&out)["num_files_ingested"], 3, "{}", out.stdout);
+    assert_eq!(without_time(&bronze(d).await), oracle(d));
+    let out = run(d, T0 + 4 * HOUR, &["--output", "json"]);
+    assert_eq!(json(&out)["num_files_skipped"], 3, "{}", out.stdout);
+}
+
+/// When the index misses runs whose commits bronze's log no longer holds (the index deleted,
+/// the log cleaned up), which files those runs took is unknown: the run refuses (65) and says
+/// what repairs it; a full reload rebuilds bronze and the record, each file keeping the
+/// `_ingested_at` its rows hold.
+#[tokio::test]
+async fn an_index_behind_a_cleaned_log_is_refused_and_a_full_reload_rebuilds_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    pipeline(d, "");
+    land(d, "a.jsonl", &[("p1", 1)]);
+    assert_eq!(run(d, T0, &[]).code, 0);
+    land(d, "b.jsonl", &[("p2", 2)]);
+    assert_eq!(run(d, T0 + HOUR, &[]).code, 0);
+    let before = bronze(d).await;
+    let bronze_path = d.join("lake/bronze");
+    let url = deltalake::table::builder::parse_table_uri(bronze_path.to_str().expect("utf8"))
+        .expect("url");
+    let table = deltalake::open_table(url).await.expect("open");
+    deltalake::checkpoints::create_checkpoint(&table, None)
+        .await
+        .expect("checkpoint");
+    std::fs::remove_file(bronze_path.join("_delta_log/00000000000000000000.json")).expect("rm");
+    std::fs::remove_dir_all(d.join("lake/bronze_ingest_record")).expect("rm index");
+    land(d, "c.jsonl", &[("p3", 3)]);
+    let out = run(d, T0 + 2 * HOUR, &[]);
+    assert_eq!(out.code, 65, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("no longer holds run 1") && out.stderr.contains("--full-reload"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(bronze(d).await, before, "nothing written");
+    let out = run(d, T0 + 3 * HOUR, &["--full-reload"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let after = bronze(d).await;
+    assert_eq!(without_time(&after), oracle(d));
+    for row in &before {
+        assert!(
+            after.contains(row),
+            "{row:?} keeps its _ingested_at: {after:?}"
+        );
+    }
+    let out = run(d, T0 + 4 * HOUR, &["--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(json(&out)["num_files_skipped"], 3, "{}", out.stdout);
+}
+
+/// Bronze written before the index (one `txn` per file, `tidemark/<pipeline>/file:<path>`) is
+/// migrated on its first run: those files are the record (here with a fingerprint the file no
+/// longer has, so it counts as changed), and the index holds them from then on.
+#[tokio::test]
+async fn per_file_txns_of_an_older_bronze_are_migrated_into_the_index() {
+    use deltalake::kernel::transaction::CommitProperties;
+    use deltalake::kernel::Transaction;
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    pipeline(d, "");
+    land(d, "a.jsonl", &[("p1", 1)]);
+    // Bronze as an older tidemark left it: a's rows and a's `txn` (with a fingerprint the file
+    // does not have), no run number, no index.
+    assert_eq!(run(d, T0, &[]).code, 0);
+    let bronze_path = d.join("lake/bronze");
+    let rows = read_all(&bronze_path).await;
+    std::fs::remove_dir_all(&bronze_path).expect("rm bronze");
+    std::fs::remove_dir_all(d.join("lake/bronze_ingest_record")).expect("rm index");
+    let url = deltalake::ensure_table_uri(bronze_path.to_str().expect("utf8")).expect("url");
+    let legacy =
+        Transaction::new_with_last_update("tidemark/events/file:a.jsonl", 12345, Some(T0 / 1000));
+    deltalake::DeltaTableBuilder::from_url(url)
+        .expect("builder")
+        .build()
+        .expect("table")
+        .write(rows)
+        .with_commit_properties(
+            CommitProperties::default().with_application_transactions(vec![legacy]),
+        )
+        .await
+        .expect("legacy bronze");
+    let out = run(d, T0 + HOUR, &[]);
+    assert_eq!(out.code, 65, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("a.jsonl") && out.stderr.contains("changed after"),
+        "{}",
+        out.stderr
+    );
+    pipeline(d, "on_file_change: reingest\n");
+    let out = run(d, T0 + HOUR, &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = index_rows(d).await;
+    assert!(
+        rows.contains(&("a.jsonl".to_string(), 0)),
+        "migrated: {rows:?}"
+    );
+    assert!(
+        rows.contains(&("a.jsonl".to_string(), 1)),
+        "re-ingested: {rows:?}"
     );
 }

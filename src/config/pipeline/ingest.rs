@@ -119,6 +119,9 @@ pub struct Ingest {
     pub format: Format,
     pub csv: CsvOptions,
     pub target_uri: String,
+    /// The ingest record's index (`target.record`, default `<target>_ingest_record`): which
+    /// files bronze holds, looked up by the files a run lists.
+    pub record_uri: String,
     /// Declared columns, in order; empty when inferred from the first files.
     pub schema: Vec<DeclaredColumn>,
     pub rescue: bool,
@@ -177,6 +180,7 @@ pub(super) struct RawCsv {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawIngestTarget {
     pub(super) uri: String,
+    pub(super) record: Option<String>,
 }
 
 impl Ctx<'_> {
@@ -251,15 +255,26 @@ impl Ctx<'_> {
         let landing_uri = self.substitute("landing.uri", &raw.landing.uri, vars)?;
         let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
         let quarantine_uri = self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?;
+        let record_uri = match &raw.target.record {
+            Some(r) => self.substitute("target.record", r, vars)?,
+            None => format!("{}_ingest_record", target_uri.trim_end_matches('/')),
+        };
         for (key, uri, other_key, other) in [
             ("target", &target_uri, "landing", &landing_uri),
             ("quarantine", &quarantine_uri, "landing", &landing_uri),
             ("quarantine", &quarantine_uri, "target", &target_uri),
+            ("record", &record_uri, "landing", &landing_uri),
+            ("record", &record_uri, "target", &target_uri),
+            ("record", &record_uri, "quarantine", &quarantine_uri),
         ] {
             if overlapping(uri, other) {
+                let name = |k: &str| match k {
+                    "record" => "target.record".to_string(),
+                    k => format!("{k}.uri"),
+                };
                 return Err(self.invalid(
                     key,
-                    format!("`{key}.uri` ({uri}) is the same location as `{other_key}.uri` ({other}), or inside it; give each its own location"),
+                    format!("`{}` ({uri}) is the same location as `{}` ({other}), or inside it; give each its own location", name(key), name(other_key)),
                 ));
             }
         }
@@ -269,6 +284,7 @@ impl Ctx<'_> {
             format: raw.format,
             csv,
             target_uri,
+            record_uri,
             schema,
             rescue: raw.rescue,
             on_schema_change: raw.on_schema_change,
