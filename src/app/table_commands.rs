@@ -208,7 +208,7 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
     }
     // An ingest's record index gets one file per run: compacted and checkpointed with bronze.
     let index = match &record_index {
-        Some(uri) => match lake::open_if_exists(uri).await? {
+        Some(uri) => match crate::ingest::record::open_index(uri).await? {
             Some(t) => {
                 let options = lake::MaintainOptions {
                     compact: !args.no_compact,

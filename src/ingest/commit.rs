@@ -299,7 +299,10 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         // rows in bronze); everything else arrives now.
         let recorded = w.record.get(&f.rel);
         let ingested_ms = match (w.whole, recorded) {
-            (true, Some(r)) => r.ingested_ms,
+            // Contents the record holds keep their arrival; a file that changed since arrives
+            // now (`on_file_change: reingest`).
+            (true, Some(r)) if r.fingerprint == f.fingerprint => r.ingested_ms,
+            (true, Some(_)) => now_ms,
             (true, None) => w.arrived.get(&f.uri).copied().unwrap_or(now_ms),
             _ => now_ms,
         };

@@ -36,14 +36,19 @@ pub enum IngestError {
     #[error("{uri} sets `delta.setTransactionRetentionDuration`, so the ingest record of old files would expire and they would be ingested again; remove the property from the table (ALTER TABLE … UNSET TBLPROPERTIES) before ingesting into it")]
     RecordExpires { uri: String },
     /// The ingest record's index misses runs whose commits bronze's log no longer holds.
-    #[error("the ingest record {record} holds this pipeline's runs up to {indexed}, but {bronze} committed runs up to {committed} and its log no longer holds run {missing}'s commit (cleaned up by log retention), so which files those runs ingested is unknown; nothing was written. Run the pipeline with `--full-reload`: it rebuilds bronze from the landing files and records them again, each file keeping the `_ingested_at` its rows in bronze hold")]
+    #[error("the ingest record {record} {held}, but {bronze} committed runs up to {committed} and its log no longer holds the commit of {runs} (cleaned up by log retention), so which files those runs ingested is unknown; nothing was written. Run the pipeline with `--full-reload`: it rebuilds bronze from the landing files and records them again, each file keeping the `_ingested_at` its rows in bronze hold")]
     RecordBehind {
         record: String,
         bronze: String,
-        indexed: i64,
+        /// "holds this pipeline's runs up to N" or "holds none of this pipeline's runs".
+        held: String,
         committed: i64,
-        missing: i64,
+        /// "run N" or "runs A to B".
+        runs: String,
     },
+    /// `target.record` names a Delta table that is not an ingest record.
+    #[error("`target.record` ({uri}) is a Delta table that is not an ingest record (it has no column `{column}`); nothing was written. Point `target.record` at a location of its own (or leave it out: the default is `<target>_ingest_record`)")]
+    NotARecord { uri: String, column: String },
     /// The files' columns changed in a way `on_schema_change` does not allow.
     #[error("schema change in the landing files of {pipeline}: {message}")]
     Schema { pipeline: String, message: String },
@@ -73,9 +78,9 @@ impl Classify for IngestError {
     fn class(&self) -> ErrorClass {
         match self {
             IngestError::LandingMissing { .. } => ErrorClass::Unavailable,
-            IngestError::LandingUri { .. } | IngestError::RecordExpires { .. } => {
-                ErrorClass::Config
-            }
+            IngestError::LandingUri { .. }
+            | IngestError::RecordExpires { .. }
+            | IngestError::NotARecord { .. } => ErrorClass::Config,
             IngestError::Landing { source, .. } => match source.as_ref() {
                 object_store::Error::NotFound { .. } => ErrorClass::Retryable,
                 object_store::Error::PermissionDenied { .. }

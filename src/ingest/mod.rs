@@ -144,6 +144,13 @@ impl Run<'_> {
             record_ms = started.elapsed().as_millis() - opened_ms,
             "bronze opened and its ingest record read"
         );
+        if let Some(runs) = book.rebuilt {
+            self.warn(format!(
+                "the ingest record {} held nothing of bronze's {runs} ingest run(s) (deleted?); it is rebuilt from bronze's log{}",
+                spec.record_uri,
+                if self.opts.dry_run { " (not written: dry run)" } else { "" }
+            ));
+        }
         if let Some(latest) = book.latest_ms {
             if latest > self.now.timestamp_millis() {
                 self.warn(format!(
@@ -181,7 +188,8 @@ impl Run<'_> {
         self.c.num_files_skipped = plan.skipped;
         self.c.num_files_pending = plan.pending;
         self.c.num_files_changed = plan.changed.len() as u64;
-        if !whole && !plan.changed.is_empty() && spec.on_file_change == FileChange::Fail {
+        // A full reload too: it would replace the rows a file delivered with its new contents.
+        if !plan.changed.is_empty() && spec.on_file_change == FileChange::Fail {
             let first = &plan.changed[0];
             let at = record
                 .get(&first.rel)

@@ -111,6 +111,9 @@ pub struct Record {
     /// The newest run bronze committed, and its `_ingested_at` (milliseconds).
     committed: Option<i64>,
     pub latest_ms: Option<i64>,
+    /// The index held nothing of this bronze table though bronze has runs (deleted, or never
+    /// written): how many runs were read back from bronze's log.
+    pub rebuilt: Option<usize>,
     /// Runs bronze holds that the index does not (yet): appended before the next run's own.
     behind: Vec<(i64, Option<i64>, Vec<Entry>)>,
 }
@@ -130,9 +133,10 @@ impl Record {
             uri: uri.to_string(),
             pipeline: pipeline.to_string(),
             bronze_id: None,
-            index: lake::open_if_exists(uri).await?,
+            index: open_index(uri).await?,
             committed: None,
             latest_ms: None,
+            rebuilt: None,
             behind: Vec::new(),
         };
         let Some(bronze) = bronze else {
@@ -180,14 +184,26 @@ impl Record {
         let from = indexed.unwrap_or(0) + 1;
         if let Some(to) = record.committed.filter(|c| *c >= from) {
             match runs_in_log(bronze, bronze_uri, pipeline, from, to).await? {
-                Ok(mut runs) => record.behind.append(&mut runs),
+                Ok(mut runs) => {
+                    if indexed.is_none() {
+                        record.rebuilt = Some(runs.len());
+                    }
+                    record.behind.append(&mut runs)
+                }
                 Err(missing) if !rebuild => {
                     return Err(IngestError::RecordBehind {
                         record: uri.to_string(),
                         bronze: bronze_uri.to_string(),
-                        indexed: indexed.unwrap_or(0),
+                        held: match indexed {
+                            Some(i) if i > 0 => format!("holds this pipeline's runs up to {i}"),
+                            _ => "holds none of this pipeline's runs".to_string(),
+                        },
                         committed: to,
-                        missing,
+                        runs: if from == missing {
+                            format!("run {missing}")
+                        } else {
+                            format!("runs {from} to {missing}")
+                        },
                     }
                     .into())
                 }
@@ -350,6 +366,28 @@ impl Record {
             }
         }
     }
+}
+
+/// The index table at `uri`, when there is one — refused when it is another kind of table.
+pub async fn open_index(uri: &str) -> Result<Option<DeltaTable>, RunError> {
+    let Some(t) = lake::open_if_exists(uri).await? else {
+        return Ok(None);
+    };
+    let schema = t
+        .snapshot()
+        .map_err(RunError::delta(Phase::Plan, uri))?
+        .snapshot()
+        .arrow_schema();
+    for f in index_schema().fields() {
+        if schema.field_with_name(f.name()).is_err() {
+            return Err(IngestError::NotARecord {
+                uri: uri.to_string(),
+                column: f.name().clone(),
+            }
+            .into());
+        }
+    }
+    Ok(Some(t))
 }
 
 /// The pipeline's runs `from..=to` as bronze's commits recorded them, newest commit first

@@ -29,7 +29,7 @@ pub enum LakeError {
     CannotCreate { uri: String, reason: String },
     /// A location that holds other files but no Delta table: creating a table there would mix
     /// tidemark's files with someone else's (and a later vacuum could delete theirs).
-    #[error("{uri} is not a Delta table but is not empty either (it holds {example}); tidemark will not create a table among other files. Point the pipeline's URI (`target.uri` / `quarantine.uri`) at an empty or new location, or move those files away")]
+    #[error("{uri} is not a Delta table but is not empty either (it holds {example}); tidemark will not create a table among other files. Point the pipeline's location for it (`target.uri`, `quarantine.uri`, `target.record`, …) at an empty or new location, or move those files away")]
     NotEmpty { uri: String, example: String },
     /// The table's `_delta_log` cannot be read: a commit file is damaged or missing.
     #[error("the Delta log of {uri} is damaged: {reason}. tidemark will neither read nor write this table until it is repaired: put back the damaged or missing file under {uri}/_delta_log from a backup (or from the producer, for a source). For a target you may instead move the table aside and rerun: the run rebuilds it from the whole source")]

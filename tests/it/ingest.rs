@@ -211,6 +211,15 @@ async fn a_changed_file_is_an_error_naming_it_or_is_reingested_when_asked() {
         1,
         "nothing written by the refused run"
     );
+    // A full reload would replace the delivered rows with the new contents: refused likewise.
+    let out = run(d, T0 + HOUR, &["--full-reload"]);
+    assert_eq!(out.code, 65, "{}", out.stderr);
+    assert!(out.stderr.contains("a.jsonl"), "{}", out.stderr);
+    assert_eq!(
+        bronze(d).await.len(),
+        1,
+        "nothing written by the refused reload"
+    );
     pipeline(d, "on_file_change: reingest\n");
     let out = run(d, T0 + 2 * HOUR, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -224,6 +233,17 @@ async fn a_changed_file_is_an_error_naming_it_or_is_reingested_when_asked() {
     // Re-recorded: the next run skips it.
     let out = run(d, T0 + 3 * HOUR, &["--output", "json"]);
     assert_eq!(json(&out)["num_files_skipped"], 1);
+    // Changed again, then a full reload (reingest): the new contents arrive now, not at the
+    // time the file's earlier contents did.
+    land(d, "a.jsonl", &[("p1", 100), ("p1", 150), ("p1", 175)]);
+    let out = run(d, T0 + 4 * HOUR, &["--full-reload"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let rows = bronze(d).await;
+    assert_eq!(rows.len(), 3, "the reload rebuilt a.jsonl's rows: {rows:?}");
+    assert!(
+        rows.iter().all(|r| r.3 == T0 + 4 * HOUR),
+        "contents never ingested before arrive now: {rows:?}"
+    );
 }
 
 #[tokio::test]
@@ -865,7 +885,8 @@ async fn an_index_behind_a_cleaned_log_is_refused_and_a_full_reload_rebuilds_it(
     let out = run(d, T0 + 2 * HOUR, &[]);
     assert_eq!(out.code, 65, "{}", out.stderr);
     assert!(
-        out.stderr.contains("no longer holds run 1") && out.stderr.contains("--full-reload"),
+        out.stderr.contains("no longer holds the commit of run 1 ")
+            && out.stderr.contains("--full-reload"),
         "{}",
         out.stderr
     );
@@ -883,6 +904,35 @@ async fn an_index_behind_a_cleaned_log_is_refused_and_a_full_reload_rebuilds_it(
     let out = run(d, T0 + 4 * HOUR, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert_eq!(json(&out)["num_files_skipped"], 3, "{}", out.stdout);
+}
+
+/// `target.record` naming another kind of Delta table is a clear error (78), not a bug, and
+/// `maintain` leaves that table alone.
+#[tokio::test]
+async fn a_record_location_holding_another_table_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    append(&d.join("other"), &[Change::upsert("x", T0, T0, 1)]).await;
+    pipeline(d, "");
+    let text = std::fs::read_to_string(d.join("ingest.yml")).expect("read");
+    let text = text.replace(
+        "lake/bronze\" }",
+        &format!("lake/bronze\", record: \"{}/other\" }}", d.display()),
+    );
+    std::fs::write(d.join("ingest.yml"), text).expect("write");
+    land(d, "a.jsonl", &[("p1", 1)]);
+    let out = run(d, T0, &[]);
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("not an ingest record") && out.stderr.contains("target.record"),
+        "{}",
+        out.stderr
+    );
+    let before = version(&d.join("other")).await;
+    let out = exec(tidemark_at(T0).arg("maintain").arg(d.join("ingest.yml")));
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert_ne!(out.code, 70, "{}", out.stderr);
+    assert_eq!(version(&d.join("other")).await, before);
 }
 
 /// Bronze written before the index (one `txn` per file, `tidemark/<pipeline>/file:<path>`) is
