@@ -148,10 +148,21 @@ impl Run<'_> {
             plan.days.open_from,
         )?;
         let schema = compute::gold_schema(&grouped);
-        let batches = grouped
-            .collect()
-            .await
-            .map_err(RunError::scan(Phase::Read, &spec.source_uri))?;
+        if let Some(g) = &gold {
+            write::check_schema(g, &schema, &spec.target_uri)?;
+        }
+        // Gold's rows of the days are read back at the same time (the compare needs both).
+        let gold_days = async {
+            match &gold {
+                Some(g) => write::read_days(&self.ctx, g, &spec.target_uri, &plan.days)
+                    .await
+                    .map(Some),
+                None => Ok(None),
+            }
+        };
+        let (batches, held) = tokio::join!(grouped.collect(), gold_days);
+        let batches = batches.map_err(RunError::scan(Phase::Read, &spec.source_uri))?;
+        let held = held?;
         let facts = compute::day_facts(&batches)?;
         let rows = compute::without_helpers(&batches)?;
         self.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
@@ -159,12 +170,10 @@ impl Run<'_> {
 
         // compare: which days gold does not hold exactly so; what final days owe
         let span = plan.days.clone();
-        let changed: BTreeSet<NaiveDate> = match &gold {
-            Some(g) => {
-                write::check_schema(g, &schema, &spec.target_uri)?;
-                let held = write::read_days(&self.ctx, g, &spec.target_uri, &plan.days).await?;
+        let changed: BTreeSet<NaiveDate> = match &held {
+            Some(held) => {
                 let fresh = write::rows_of(&rows, &plan.days.set)?;
-                write::changed_days(&held, &fresh, &schema)?
+                write::changed_days(held, &fresh, &schema)?
             }
             // (no gold: a bootstrap, which `restate_all` ran)
             None => span.each().collect(),

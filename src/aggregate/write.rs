@@ -62,11 +62,23 @@ pub async fn read_days(
         .map_err(RunError::scan(Phase::Compare, uri))
 }
 
-/// Each row of `batches` (in `schema`) as comparable bytes, by day.
+/// A day's rows as a multiset fingerprint: how many, and two order-free sums of each row's
+/// hash (of its bytes in `schema`'s row format). Two days differ when their fingerprints do;
+/// equal fingerprints of different rows need a 128-bit collision of hashes keyed by the run.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct DayPrint {
+    rows: u64,
+    sum: u64,
+    mixed: u64,
+}
+
+/// Each day's fingerprint of `batches` (in `schema`), one hash per row and no copy of it.
 fn by_day(
     batches: &[RecordBatch],
     schema: &SchemaRef,
-) -> Result<BTreeMap<NaiveDate, Vec<Vec<u8>>>, RunError> {
+    keys: &std::collections::hash_map::RandomState,
+) -> Result<BTreeMap<NaiveDate, DayPrint>, RunError> {
+    use std::hash::BuildHasher;
     let a = |e| RunError::arrow(Phase::Compare)(e);
     let fields: Vec<SortField> = schema
         .fields()
@@ -74,7 +86,7 @@ fn by_day(
         .map(|f| SortField::new(f.data_type().clone()))
         .collect();
     let conv = RowConverter::new(fields).map_err(a)?;
-    let mut out: BTreeMap<NaiveDate, Vec<Vec<u8>>> = BTreeMap::new();
+    let mut out: BTreeMap<NaiveDate, DayPrint> = BTreeMap::new();
     for b in batches {
         let b = cast_to(b, schema).map_err(a)?;
         let day = arrow::compute::cast(
@@ -88,16 +100,24 @@ fn by_day(
         .map_err(a)?;
         let day = day.as_primitive::<Date32Type>();
         let rows = conv.convert_columns(b.columns()).map_err(a)?;
+        let mut current: Option<(NaiveDate, &mut DayPrint)> = None;
         for i in 0..b.num_rows() {
-            if let Some(d) = day.value_as_date(i) {
-                out.entry(d)
-                    .or_default()
-                    .push(rows.row(i).as_ref().to_vec());
-            }
+            let Some(d) = day.value_as_date(i) else {
+                continue;
+            };
+            let h = keys.hash_one(rows.row(i).as_ref());
+            // (rows come grouped by day: look the day up only when it changes)
+            let print = match current.take() {
+                Some((cd, p)) if cd == d => p,
+                _ => out.entry(d).or_default(),
+            };
+            print.rows += 1;
+            print.sum = print.sum.wrapping_add(h);
+            print.mixed = print
+                .mixed
+                .wrapping_add(h.rotate_left(29).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+            current = Some((d, print));
         }
-    }
-    for rows in out.values_mut() {
-        rows.sort_unstable();
     }
     Ok(out)
 }
@@ -108,8 +128,9 @@ pub fn changed_days(
     fresh: &[RecordBatch],
     schema: &SchemaRef,
 ) -> Result<BTreeSet<NaiveDate>, RunError> {
-    let held = by_day(held, schema)?;
-    let fresh = by_day(fresh, schema)?;
+    let keys = std::collections::hash_map::RandomState::new();
+    let held = by_day(held, schema, &keys)?;
+    let fresh = by_day(fresh, schema, &keys)?;
     Ok(held
         .keys()
         .chain(fresh.keys())
@@ -219,4 +240,60 @@ pub async fn overwrite_all(
         .await
         .map_err(RunError::write(Phase::Write, uri))?;
     Ok(t.version())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{Date32Array, Int64Array, StringArray};
+    use arrow::datatypes::{Field, Schema};
+
+    use super::*;
+
+    fn day_rows(rows: &[(i32, &str, i64)]) -> (RecordBatch, SchemaRef) {
+        let schema: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new(EVENT_DATE, DataType::Date32, false),
+            Field::new("merchant", DataType::Utf8, false),
+            Field::new("amount", DataType::Int64, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![
+                Arc::new(Date32Array::from_iter_values(rows.iter().map(|r| r.0))),
+                Arc::new(StringArray::from_iter_values(rows.iter().map(|r| r.1))),
+                Arc::new(Int64Array::from_iter_values(rows.iter().map(|r| r.2))),
+            ],
+        )
+        .unwrap();
+        (batch, schema)
+    }
+
+    #[test]
+    fn a_day_differs_when_a_row_does_whatever_the_order() {
+        let (held, schema) = day_rows(&[(1, "a", 10), (1, "b", 20), (2, "a", 5)]);
+        // The same rows in another order: no day changed.
+        let (same, _) = day_rows(&[(2, "a", 5), (1, "b", 20), (1, "a", 10)]);
+        assert!(changed_days(&[held.clone()], &[same], &schema)
+            .unwrap()
+            .is_empty());
+        // One value, one extra row, one missing day, two rows swapping values.
+        let (fresh, _) = day_rows(&[(1, "a", 10), (1, "b", 21), (3, "c", 1)]);
+        let day = |n: i32| Date32Type::to_naive_date(n);
+        assert_eq!(
+            changed_days(&[held.clone()], &[fresh], &schema).unwrap(),
+            [day(1), day(2), day(3)].into_iter().collect()
+        );
+        let (swapped, _) = day_rows(&[(1, "a", 20), (1, "b", 10), (2, "a", 5)]);
+        assert_eq!(
+            changed_days(&[held.clone()], &[swapped], &schema).unwrap(),
+            [day(1)].into_iter().collect()
+        );
+        // A duplicated row is a change (the fingerprint counts rows, not just sums hashes).
+        let (doubled, _) = day_rows(&[(1, "a", 10), (1, "a", 10), (1, "b", 20), (2, "a", 5)]);
+        assert_eq!(
+            changed_days(&[held], &[doubled], &schema).unwrap(),
+            [day(1)].into_iter().collect()
+        );
+    }
 }
