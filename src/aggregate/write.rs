@@ -274,19 +274,19 @@ mod tests {
         let (held, schema) = day_rows(&[(1, "a", 10), (1, "b", 20), (2, "a", 5)]);
         // The same rows in another order: no day changed.
         let (same, _) = day_rows(&[(2, "a", 5), (1, "b", 20), (1, "a", 10)]);
-        assert!(changed_days(&[held.clone()], &[same], &schema)
+        assert!(changed_days(std::slice::from_ref(&held), &[same], &schema)
             .unwrap()
             .is_empty());
         // One value, one extra row, one missing day, two rows swapping values.
         let (fresh, _) = day_rows(&[(1, "a", 10), (1, "b", 21), (3, "c", 1)]);
-        let day = |n: i32| Date32Type::to_naive_date(n);
+        let day = |n: i32| Date32Type::to_naive_date_opt(n).unwrap();
         assert_eq!(
-            changed_days(&[held.clone()], &[fresh], &schema).unwrap(),
+            changed_days(std::slice::from_ref(&held), &[fresh], &schema).unwrap(),
             [day(1), day(2), day(3)].into_iter().collect()
         );
         let (swapped, _) = day_rows(&[(1, "a", 20), (1, "b", 10), (2, "a", 5)]);
         assert_eq!(
-            changed_days(&[held.clone()], &[swapped], &schema).unwrap(),
+            changed_days(std::slice::from_ref(&held), &[swapped], &schema).unwrap(),
             [day(1)].into_iter().collect()
         );
         // A duplicated row is a change (the fingerprint counts rows, not just sums hashes).
