@@ -216,6 +216,25 @@ impl Run<'_> {
             _ => Default::default(),
         };
         self.end_phase(Phase::Plan)?;
+        if plan.listed == 0 && book.has_history() {
+            // Nothing matches, yet this pipeline ingested before: a glob edited wrong looks
+            // exactly like a quiet hour, unless the folder holds files it no longer matches.
+            let everything = glob::Pattern::new("**/*").map_err(|e| RunError::Internal {
+                phase: Phase::Plan,
+                message: format!("the match-all glob: {e}"),
+            })?;
+            let others = landing.list(&everything).await?;
+            if let Some(first) = others.first() {
+                self.warn(format!(
+                    "none of the {} file(s) under {} matches `landing.glob: {}` (first: {}), though this pipeline has ingested files before: check `landing.glob` in {}",
+                    others.len(),
+                    spec.landing_uri,
+                    spec.glob,
+                    first.rel,
+                    self.p.path.display()
+                ));
+            }
+        }
         if plan.files.is_empty() && !whole {
             if !self.opts.dry_run {
                 // Runs a crash kept out of the index: complete it (bronze already holds them).

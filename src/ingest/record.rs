@@ -219,6 +219,12 @@ impl Record {
         Ok(record)
     }
 
+    /// Whether this pipeline has ingested into bronze before (a run number, or per-file `txn`s
+    /// of an older version).
+    pub fn has_history(&self) -> bool {
+        self.committed.is_some() || !self.behind.is_empty()
+    }
+
     /// The number the next commit to bronze carries.
     pub fn next_run(&self) -> i64 {
         self.committed.unwrap_or(0) + 1

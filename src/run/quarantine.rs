@@ -67,8 +67,15 @@ pub async fn stage(
         });
     }
     let warning = format!(
-        "{} rows failed validation ({} newly quarantined in {})",
-        outcome.rejected, outcome.new, spec.uri
+        "{} rows failed validation ({} {} in {})",
+        outcome.rejected,
+        outcome.new,
+        if dry_run {
+            "would be newly quarantined (dry run: nothing written)"
+        } else {
+            "newly quarantined"
+        },
+        spec.uri
     );
     Ok((outcome, Some(warning)))
 }

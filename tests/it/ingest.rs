@@ -986,3 +986,28 @@ async fn per_file_txns_of_an_older_bronze_are_migrated_into_the_index() {
         "re-ingested: {rows:?}"
     );
 }
+
+/// A glob edited wrong lists nothing, which looks like a quiet hour: when the landing folder
+/// holds files the glob no longer matches and the pipeline ingested before, the run says so.
+/// An empty folder (files archived after ingestion) is a quiet hour, without a warning.
+#[tokio::test]
+async fn a_glob_that_no_longer_matches_is_said_out_loud() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    pipeline(d, "");
+    land(d, "a.jsonl", &[("p1", 1)]);
+    assert_eq!(run(d, T0, &[]).code, 0);
+    let text = std::fs::read_to_string(d.join("ingest.yml")).expect("read");
+    std::fs::write(d.join("ingest.yml"), text.replace("*.jsonl", "*.json")).expect("write");
+    let out = run(d, T0 + HOUR, &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("matches `landing.glob: *.json`") && out.stderr.contains("a.jsonl"),
+        "{}",
+        out.stderr
+    );
+    std::fs::remove_file(d.join("landing/a.jsonl")).expect("archive");
+    let out = run(d, T0 + 2 * HOUR, &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stderr.contains("landing.glob"), "{}", out.stderr);
+}
