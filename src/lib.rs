@@ -13,6 +13,7 @@ pub mod app;
 pub mod cli;
 pub mod clock;
 pub mod config;
+pub mod dimension;
 pub mod error;
 pub mod failpoint;
 pub mod generate;
