@@ -24,6 +24,21 @@ use crate::lake;
 const DEMO_PAYMENTS: u64 = 20_000;
 const DEMO_DAYS: u32 = 30;
 
+/// The local folder of a table URI (a path or `file://`), `None` on an object store.
+fn local_dir(uri: &str) -> Option<std::path::PathBuf> {
+    let path = uri.strip_prefix("file://").unwrap_or(uri);
+    (!path.contains("://")).then(|| std::path::PathBuf::from(path))
+}
+
+/// `dir`'s hidden sibling `.<name>.<what>` (listings and the ingest skip names starting with `.`).
+fn hidden_sibling(dir: &Path, what: &str) -> std::path::PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".{name}.{what}"))
+}
+
 /// The job the demo runs.
 const DEMO_JOB: &str = "payments_hourly";
 
@@ -124,15 +139,65 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     let text = args.output == OutputFormat::Text;
     let mut out = String::new();
     if lake::open_if_exists(&bronze_uri).await?.is_none() {
-        let report = generate::generate(&GenerateOptions {
-            out: bronze_uri.clone(),
+        // The backfill takes many commits: built beside bronze under a hidden name and renamed
+        // into place when whole, so a Ctrl-C leaves no half-written bronze (the next demo
+        // starts the backfill over).
+        let local = local_dir(&bronze_uri);
+        let building = local.as_ref().map(|p| hidden_sibling(p, "backfill"));
+        if let Some(b) = &building {
+            if b.exists() {
+                std::fs::remove_dir_all(b).map_err(|e| {
+                    AppError::Usage(format!(
+                        "cannot remove the unfinished backfill {}: {e}; remove it by hand",
+                        b.display()
+                    ))
+                })?;
+            }
+        }
+        let options = GenerateOptions {
+            out: building
+                .as_ref()
+                .map(|b| b.display().to_string())
+                .unwrap_or_else(|| bronze_uri.clone()),
             payments: DEMO_PAYMENTS,
             days: DEMO_DAYS,
             seed: 42,
             start: chrono::NaiveDate::from_ymd_opt(2024, 1, 1).unwrap_or_default(),
             mode: GenerateMode::Full,
-        })
-        .await?;
+        };
+        let mut report = tokio::select! {
+            r = generate::generate(&options) => r?,
+            class = crate::signal::stop_signal() => {
+                if let Some(b) = &building {
+                    let _ = std::fs::remove_dir_all(b);
+                }
+                return Ok(Output {
+                    stdout: String::new(),
+                    failure: Some((
+                        class,
+                        format!(
+                            "{} received: the demo stopped while it backfilled bronze ({bronze_uri}); nothing was kept. Run `{demo_again}` again to start over",
+                            crate::signal::name(class)
+                        ),
+                    )),
+                });
+            }
+        };
+        if let (Some(b), Some(p)) = (&building, &local) {
+            if let Some(parent) = p.parent() {
+                std::fs::create_dir_all(parent).map_err(|e| {
+                    AppError::Usage(format!("cannot create {}: {e}", parent.display()))
+                })?;
+            }
+            std::fs::rename(b, p).map_err(|e| {
+                AppError::Usage(format!(
+                    "cannot move the backfill {} to {}: {e}",
+                    b.display(),
+                    p.display()
+                ))
+            })?;
+        }
+        report.table = bronze_uri.clone();
         if text {
             out.push_str("backfill: ");
             out.push_str(&render_generate(&report, args.output));

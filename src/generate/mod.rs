@@ -155,7 +155,8 @@ pub enum GenerateError {
     /// The table exists but was not written by this generator.
     #[error(
         "{path} has no generator metadata (no \"{META_KEY}\" entry in its commit history), so it \
-         was not written by the generator; create a generator table with a full generation"
+         was not written by the generator (or its generation was interrupted); create a generator \
+         table with a full generation (`tidemark demo`: remove that folder and run the demo again)"
     )]
     NoGeneratorMetadata { path: String },
     /// The `"gen"` commit metadata exists but cannot be used.

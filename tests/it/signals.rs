@@ -188,3 +188,47 @@ async fn a_stopped_run_exits_by_its_signal_and_leaves_no_spill_files() {
         assert_eq!(version(&silver(d)).await, None, "nothing was committed");
     }
 }
+
+/// Ctrl-C while the first `tidemark demo` backfills bronze: exit 130 with one JSON error, no
+/// half-written bronze left behind (the backfill is built under a hidden name and moved into
+/// place whole), and the next demo starts over and succeeds.
+#[test]
+fn a_demo_stopped_during_its_backfill_leaves_nothing_half_written() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lake = dir.path().join("lake");
+    let building = lake.join("bronze/.payments_raw.backfill/_delta_log");
+    let child = tidemark(NOW)
+        .args(["demo", "--output", "json", "--lake"])
+        .arg(&lake)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn demo");
+    let started = std::time::Instant::now();
+    while !building.exists() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(120),
+            "the backfill never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    send(&child, libc::SIGINT);
+    let out = child.wait_with_output().expect("wait");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(130), "{stdout}");
+    let v: Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    assert_eq!(v["error"]["exit_code"], 130, "{v}");
+    assert!(
+        !lake.join("bronze/payments_raw").exists(),
+        "no half-written bronze"
+    );
+    let again = output(
+        tidemark(NOW)
+            .args(["demo", "--lake"])
+            .arg(&lake)
+            .current_dir(env!("CARGO_MANIFEST_DIR")),
+    );
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    assert!(again.stdout.contains("backfill: full"), "{}", again.stdout);
+}
