@@ -139,13 +139,51 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
     })
 }
 
-/// Loads pipeline `name` (a path, or a file of `--pipelines-dir`) with its `${var.NAME}` values
+/// The file of pipeline `name`: a path, a file of `--pipelines-dir`, else a pipeline of the
+/// bundle's jobs named so (by its `name:` or its file's name) — so a name the demo printed works
+/// from any directory given `--bundle`.
+pub(crate) fn pipeline_path(
+    name: &str,
+    from: &PipelineVars,
+) -> Result<std::path::PathBuf, ConfigError> {
+    let not_found = match resolve_pipeline_path(name, &from.pipelines_dir) {
+        Ok(p) => return Ok(p),
+        Err(e) => e,
+    };
+    if !crate::config::bundle::bundle_file(&from.bundle).is_file() {
+        return Err(not_found);
+    }
+    let Ok(loaded) =
+        crate::config::bundle::Bundle::load(&from.bundle, from.target.as_deref(), &Vars::new())
+    else {
+        return Err(not_found);
+    };
+    let mut found: Vec<std::path::PathBuf> = loaded
+        .bundle
+        .jobs
+        .values()
+        .flat_map(|j| j.tasks.iter())
+        .filter(|t| {
+            t.pipeline.name == name
+                || t.pipeline.path.file_stem().and_then(|s| s.to_str()) == Some(name)
+        })
+        .map(|t| t.pipeline.path.clone())
+        .collect();
+    found.sort();
+    found.dedup();
+    match found.as_slice() {
+        [one] => Ok(one.clone()),
+        _ => Err(not_found),
+    }
+}
+
+/// Loads pipeline `name` (a path, or a file of `--pipelines-dir`, or of the bundle's jobs) with its `${var.NAME}` values
 /// from `--var`, then from the bundle's variables for the selected target when the pipeline
 /// needs one that `--var` does not give — so `tidemark run payments` works where
 /// `tidemark job run` does. A `--var` the pipeline never references is refused.
 fn load_pipeline(name: &str, from: &PipelineVars) -> Result<Pipeline, AppError> {
     let cli = Vars::from_args(&from.vars).map_err(ConfigError::BadVarArg)?;
-    let path = resolve_pipeline_path(name, &from.pipelines_dir)?;
+    let path = pipeline_path(name, from)?;
     let text = std::fs::read_to_string(&path).unwrap_or_default();
     let missing = crate::config::vars::referenced(&text)
         .into_iter()
@@ -179,7 +217,7 @@ fn load_pipeline(name: &str, from: &PipelineVars) -> Result<Pipeline, AppError> 
 
 /// The table a command names: a pipeline's target when `name` is a pipeline, else `name`.
 fn table_or_pipeline_target(name: &str, from: &PipelineVars) -> Result<String, AppError> {
-    match resolve_pipeline_path(name, &from.pipelines_dir) {
+    match pipeline_path(name, from) {
         Ok(_) => Ok(load_pipeline(name, from)?.target_uri().to_string()),
         Err(_) => Ok(name.to_string()),
     }

@@ -12,7 +12,7 @@ use serde::Serialize;
 
 use super::{load_pipeline, AppError};
 use crate::cli::{ChangesArgs, OutputFormat};
-use crate::config::pipeline::{resolve_pipeline_path, Spec};
+use crate::config::pipeline::Spec;
 use crate::lake;
 
 /// The change types of a Delta change data feed, in the order reports list them.
@@ -74,26 +74,22 @@ async fn feed_start(
 /// `tidemark changes`.
 pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
     let mut is_gold = false;
-    let (uri, mut keys, pipeline) =
-        match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
-            Ok(_) => {
-                let p = load_pipeline(&args.table, &args.from)?;
-                match &p.spec {
-                    Spec::CdcMerge(m) => {
-                        (m.target_uri.clone(), m.keys.clone(), Some(p.name.clone()))
-                    }
-                    Spec::Ingest(i) => (i.target_uri.clone(), Vec::new(), Some(p.name.clone())),
-                    Spec::Aggregate(a) => {
-                        is_gold = true;
-                        let mut keys =
-                            vec![crate::config::pipeline::aggregate::EVENT_DATE.to_string()];
-                        keys.extend(a.group_by.iter().cloned());
-                        (a.target_uri.clone(), keys, Some(p.name.clone()))
-                    }
+    let (uri, mut keys, pipeline) = match super::pipeline_path(&args.table, &args.from) {
+        Ok(_) => {
+            let p = load_pipeline(&args.table, &args.from)?;
+            match &p.spec {
+                Spec::CdcMerge(m) => (m.target_uri.clone(), m.keys.clone(), Some(p.name.clone())),
+                Spec::Ingest(i) => (i.target_uri.clone(), Vec::new(), Some(p.name.clone())),
+                Spec::Aggregate(a) => {
+                    is_gold = true;
+                    let mut keys = vec![crate::config::pipeline::aggregate::EVENT_DATE.to_string()];
+                    keys.extend(a.group_by.iter().cloned());
+                    (a.target_uri.clone(), keys, Some(p.name.clone()))
                 }
             }
-            Err(_) => (args.table.clone(), Vec::new(), None),
-        };
+        }
+        Err(_) => (args.table.clone(), Vec::new(), None),
+    };
     if !args.keys.is_empty() {
         keys = args.keys.clone();
     }

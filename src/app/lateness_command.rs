@@ -3,14 +3,14 @@
 
 use super::{load_pipeline, AppError};
 use crate::cli::{LatenessArgs, OutputFormat, PipelineVars};
-use crate::config::pipeline::{resolve_pipeline_path, Spec};
+use crate::config::pipeline::Spec;
 use crate::config::{ConfigError, Vars};
 
 /// `tidemark lateness`: a pipeline's source (event time = its `sequence_by`, with its overlap)
 /// or a table URI; the work is in [`crate::lateness`].
 pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
     use crate::lateness::{self as l, LatenessInputs, LatenessOptions};
-    let inputs = match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
+    let inputs = match super::pipeline_path(&args.table, &args.from) {
         Ok(_) => {
             let p = load_pipeline(&args.table, &args.from)?;
             // A merge's source is the table with both clocks: its event time is the sequence.

@@ -131,34 +131,31 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
 pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let mut merge = None;
     let mut record_index = None;
-    let (uri, file_size, row_group_rows) =
-        match resolve_pipeline_path(&args.table, &args.from.pipelines_dir) {
-            Ok(_) => {
-                let p = load_pipeline(&args.table, &args.from)?;
-                match p.spec {
-                    Spec::CdcMerge(m) => {
-                        merge = Some(m.clone());
-                        (
-                            m.target_uri,
-                            Some((m.target_file_size, m.keys)),
-                            m.target_row_group_rows,
-                        )
-                    }
-                    Spec::Ingest(i) => {
-                        record_index = Some(i.record_uri.clone());
-                        (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS)
-                    }
-                    Spec::Aggregate(a) => {
-                        (a.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS)
-                    }
+    let (uri, file_size, row_group_rows) = match super::pipeline_path(&args.table, &args.from) {
+        Ok(_) => {
+            let p = load_pipeline(&args.table, &args.from)?;
+            match p.spec {
+                Spec::CdcMerge(m) => {
+                    merge = Some(m.clone());
+                    (
+                        m.target_uri,
+                        Some((m.target_file_size, m.keys)),
+                        m.target_row_group_rows,
+                    )
                 }
+                Spec::Ingest(i) => {
+                    record_index = Some(i.record_uri.clone());
+                    (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS)
+                }
+                Spec::Aggregate(a) => (a.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
             }
-            Err(_) => (
-                args.table.clone(),
-                None,
-                lake::datafile::DEFAULT_ROW_GROUP_ROWS,
-            ),
-        };
+        }
+        Err(_) => (
+            args.table.clone(),
+            None,
+            lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+        ),
+    };
     let role = if file_size.is_some() {
         "target"
     } else {

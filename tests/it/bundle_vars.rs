@@ -198,3 +198,38 @@ fn relative_locations_resolve_against_the_bundle_root() {
         );
     }
 }
+
+/// From another directory, a pipeline named as the demo names it resolves through `--bundle`
+/// (the bundle's jobs name their pipelines), with the bundle's variables; a name no pipeline of
+/// the bundle has is still a config error listing what was looked for.
+#[test]
+fn pipeline_names_resolve_through_the_bundle_from_anywhere() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    copy_dir(&root().join("bundle"), &d.join("checkout/bundle"));
+    copy_dir(&root().join("pipelines"), &d.join("checkout/pipelines"));
+    let demo = exec(tidemark(&d.join("checkout")).arg("demo"));
+    assert_eq!(demo.code, 0, "{}\n{}", demo.stdout, demo.stderr);
+    let elsewhere = d.join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    let bundle = d.join("checkout/bundle");
+    let status = exec(
+        tidemark(&elsewhere)
+            .args(["status", "daily_payments", "--days", "3", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_eq!(status.code, 0, "{}\n{}", status.stdout, status.stderr);
+    assert!(status.stdout.contains("day status"), "{}", status.stdout);
+    let history = exec(
+        tidemark(&elsewhere)
+            .args(["history", "payments", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_eq!(history.code, 0, "{}\n{}", history.stdout, history.stderr);
+    let typo = exec(
+        tidemark(&elsewhere)
+            .args(["status", "daily_paymnts", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_eq!(typo.code, 78, "{}", typo.stderr);
+}
