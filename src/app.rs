@@ -158,23 +158,92 @@ pub(crate) fn pipeline_path(
     else {
         return Err(not_found);
     };
-    let mut found: Vec<std::path::PathBuf> = loaded
-        .bundle
-        .jobs
-        .values()
-        .flat_map(|j| j.tasks.iter())
-        .filter(|t| {
-            t.pipeline.name == name
-                || t.pipeline.path.file_stem().and_then(|s| s.to_str()) == Some(name)
-        })
+    let tasks = || loaded.bundle.jobs.values().flat_map(|j| j.tasks.iter());
+    let stem = |p: &std::path::Path| p.file_stem().and_then(|s| s.to_str()).map(str::to_string);
+    let mut found: Vec<std::path::PathBuf> = tasks()
+        .filter(|t| t.pipeline.name == name || stem(&t.pipeline.path).as_deref() == Some(name))
         .map(|t| t.pipeline.path.clone())
         .collect();
     found.sort();
     found.dedup();
-    match found.as_slice() {
-        [one] => Ok(one.clone()),
-        _ => Err(not_found),
+    if let [one] = found.as_slice() {
+        return Ok(one.clone());
     }
+    // Not there either: name the bundle's pipelines too, and the nearest one.
+    let mut names: Vec<String> = tasks().filter_map(|t| stem(&t.pipeline.path)).collect();
+    names.sort();
+    names.dedup();
+    match not_found {
+        ConfigError::PipelineNotFound {
+            name: n,
+            tried,
+            available,
+        } if !names.is_empty() => {
+            let near = crate::config::nearest(&n, names.iter().map(String::as_str))
+                .map(|m| format!(" (did you mean `{m}`?)"))
+                .unwrap_or_default();
+            let listed: Vec<&str> = available.split(", ").collect();
+            let more: Vec<&str> = names
+                .iter()
+                .map(String::as_str)
+                .filter(|m| !listed.contains(m))
+                .collect();
+            let available = if more.is_empty() {
+                format!("{available}{near}")
+            } else {
+                format!("{available}; the bundle's: {}{near}", more.join(", "))
+            };
+            Err(ConfigError::PipelineNotFound {
+                name: n,
+                tried,
+                available,
+            })
+        }
+        other => Err(other),
+    }
+}
+
+/// A TABLE argument that is neither a pipeline nor a path that exists, but close to a
+/// pipeline's name (no path separator, no URI scheme): the "table not found" error it leads to,
+/// with the pipeline it probably meant — still a missing table (66), as for any other path.
+pub(crate) fn near_pipeline(name: &str, from: &PipelineVars) -> Option<AppError> {
+    if name.contains('/') || name.contains("://") || std::path::Path::new(name).exists() {
+        return None;
+    }
+    if pipeline_path(name, from).is_ok() {
+        return None;
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&from.pipelines_dir)
+        .into_iter()
+        .flatten()
+        .filter_map(|e| {
+            let p = e.ok()?.path();
+            let ext = p.extension()?.to_str()?;
+            (ext == "yml" || ext == "yaml").then(|| p.file_stem()?.to_str().map(str::to_string))?
+        })
+        .collect();
+    if crate::config::bundle::bundle_file(&from.bundle).is_file() {
+        if let Ok(loaded) =
+            crate::config::bundle::Bundle::load(&from.bundle, from.target.as_deref(), &Vars::new())
+        {
+            names.extend(
+                loaded
+                    .bundle
+                    .jobs
+                    .values()
+                    .flat_map(|j| j.tasks.iter())
+                    .filter_map(|t| t.pipeline.path.file_stem()?.to_str().map(str::to_string)),
+            );
+        }
+    }
+    let near = crate::config::nearest(name, names.iter().map(String::as_str))?;
+    Some(AppError::Lake(crate::lake::LakeError::NotFound {
+        role: "table",
+        uri: name.to_string(),
+        reason: format!(
+            "no Delta table (no _delta_log) at that location, and no pipeline named `{name}` (did you mean the pipeline `{near}`?)"
+        ),
+    }))
 }
 
 /// Loads pipeline `name` (a path, or a file of `--pipelines-dir`, or of the bundle's jobs) with its `${var.NAME}` values
@@ -219,7 +288,10 @@ fn load_pipeline(name: &str, from: &PipelineVars) -> Result<Pipeline, AppError> 
 fn table_or_pipeline_target(name: &str, from: &PipelineVars) -> Result<String, AppError> {
     match pipeline_path(name, from) {
         Ok(_) => Ok(load_pipeline(name, from)?.target_uri().to_string()),
-        Err(_) => Ok(name.to_string()),
+        Err(_) => match near_pipeline(name, from) {
+            Some(e) => Err(e),
+            None => Ok(name.to_string()),
+        },
     }
 }
 

@@ -74,6 +74,10 @@ async fn feed_start(
 /// `tidemark changes`.
 pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
     let mut is_gold = false;
+    // A name close to a pipeline's, not a table location: say which pipeline it meant.
+    if let Some(e) = super::near_pipeline(&args.table, &args.from) {
+        return Err(e);
+    }
     let (uri, mut keys, pipeline) = match super::pipeline_path(&args.table, &args.from) {
         Ok(_) => {
             let p = load_pipeline(&args.table, &args.from)?;

@@ -10,6 +10,10 @@ use crate::config::{ConfigError, Vars};
 /// or a table URI; the work is in [`crate::lateness`].
 pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
     use crate::lateness::{self as l, LatenessInputs, LatenessOptions};
+    // A name close to a pipeline's, not a table location: say which pipeline it meant.
+    if let Some(e) = super::near_pipeline(&args.table, &args.from) {
+        return Err(e);
+    }
     let inputs = match super::pipeline_path(&args.table, &args.from) {
         Ok(_) => {
             let p = load_pipeline(&args.table, &args.from)?;

@@ -131,6 +131,10 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
 pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let mut merge = None;
     let mut record_index = None;
+    // A name close to a pipeline's, not a table location: say which pipeline it meant.
+    if let Some(e) = super::near_pipeline(&args.table, &args.from) {
+        return Err(e);
+    }
     let (uri, file_size, row_group_rows) = match super::pipeline_path(&args.table, &args.from) {
         Ok(_) => {
             let p = load_pipeline(&args.table, &args.from)?;

@@ -232,4 +232,22 @@ fn pipeline_names_resolve_through_the_bundle_from_anywhere() {
             .arg(&bundle),
     );
     assert_eq!(typo.code, 78, "{}", typo.stderr);
+    assert!(
+        typo.stderr.contains("did you mean `daily_payments`?"),
+        "{}",
+        typo.stderr
+    );
+    // A table-or-pipeline command: a missing table (66) that names the pipeline it was near.
+    let typo = exec(
+        tidemark(&elsewhere)
+            .args(["history", "paymnts", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_eq!(typo.code, 66, "{}", typo.stderr);
+    assert!(
+        typo.stderr
+            .contains("did you mean the pipeline `payments`?"),
+        "{}",
+        typo.stderr
+    );
 }
