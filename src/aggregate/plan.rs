@@ -143,8 +143,11 @@ impl Run<'_> {
             let gap = (logical - newest).num_days();
             if gap > i64::from(spec.lookback_days) + 1 && !open.is_empty() {
                 self.warn(format!(
-                    "the logical date {logical} is {gap} days after the newest arrival gold has seen ({newest}): the {} open day(s) close now, final since {logical}. If the clock or --logical-date is wrong, restore gold and its status table (`tidemark restore`) and run with the right --logical-date",
-                    open.len()
+                    "the logical date {logical} is {gap} days after the newest arrival gold has seen ({newest}): the {} open day(s) close now, final since {logical}. If the clock or --logical-date is wrong, restore the tables this run writes to their versions before it — `tidemark restore {name} --version N` for gold, `tidemark restore {status} --version M` for the status table (and {adjustments} likewise, if it booked adjustments; `tidemark history` shows the versions) — then run with the right --logical-date",
+                    open.len(),
+                    name = self.p.name,
+                    status = spec.status_uri,
+                    adjustments = spec.adjustments_uri,
                 ));
             }
         }

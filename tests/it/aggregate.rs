@@ -789,3 +789,25 @@ async fn max_lookback_caps_restatement_but_not_adjustment() {
         }
     }
 }
+
+/// A logical date far past every arrival closes the open days at once: the run says so, and
+/// how to undo it (the restore of each table the run wrote, by name).
+#[tokio::test]
+async fn a_logical_date_far_past_the_data_says_how_to_undo_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    write_source(d, &six_days()).await;
+    let p = pipeline(d, "recompute: { lookback: 2d }\n");
+    run(&p, "2024-04-06", &[]);
+    let s = run(&p, "2024-06-01", &[]);
+    let w = s["warnings"].to_string();
+    assert!(
+        w.contains("close now")
+            && w.contains("tidemark restore daily --version N")
+            && w.contains(&format!(
+                "tidemark restore {}/gold_status --version M",
+                d.display()
+            )),
+        "{w}"
+    );
+}
