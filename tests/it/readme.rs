@@ -321,3 +321,28 @@ fn the_aggregate_reference_loads_and_runs_and_names_real_summary_fields() {
     assert_eq!(status.code, 0, "{}", status.stderr);
     assert!(status.stdout.contains("day status"), "{}", status.stdout);
 }
+
+/// The `--output json` failure example is what the binary prints for that command line (run
+/// from the checkout, where `payments` names `pipelines/payments.yml`).
+#[test]
+fn the_json_failure_example_is_what_the_binary_prints() {
+    let text = readme();
+    let prompt = "$ tidemark run payments --var lake=/nowhere --output json";
+    let body = blocks(&text)
+        .into_iter()
+        .map(|(_, b)| b)
+        .find(|b| b.starts_with(prompt))
+        .expect("the JSON failure example");
+    let want = body.lines().nth(1).expect("its output line");
+    let args = words(&prompt[2..]);
+    let out = exec(
+        assert_cmd::Command::cargo_bin("tidemark")
+            .expect("tidemark binary")
+            .current_dir(root())
+            .env("RUST_LOG", "warn")
+            .env_remove("TIDEMARK_FAILPOINTS")
+            .args(&args[1..]),
+    );
+    assert_eq!(out.code, 66, "{}", out.stderr);
+    assert_eq!(out.stdout.trim(), want);
+}
