@@ -291,8 +291,9 @@ impl Record {
                 let run = b.column(3).as_primitive::<Int64Type>();
                 for i in 0..b.num_rows() {
                     // A run bronze never committed (bronze restored to an earlier version, or
-                    // an index written by hand): not recorded.
-                    if file.is_null(i) || self.committed.is_none_or(|c| run.value(i) > c) {
+                    // an index written by hand): not recorded. Run 0 holds the files an older
+                    // bronze recorded as per-file `txn`s, migrated before it had a run number.
+                    if file.is_null(i) || run.value(i) > self.committed.unwrap_or(0) {
                         continue;
                     }
                     let r = Recorded {

@@ -936,8 +936,9 @@ async fn a_record_location_holding_another_table_is_refused() {
 }
 
 /// Bronze written before the index (one `txn` per file, `tidemark/<pipeline>/file:<path>`) is
-/// migrated on its first run: those files are the record (here with a fingerprint the file no
-/// longer has, so it counts as changed), and the index holds them from then on.
+/// migrated on its first run, a quiet one included: those files are the record (here with a
+/// fingerprint the file no longer has, so it counts as changed), and the index holds them from
+/// then on.
 #[tokio::test]
 async fn per_file_txns_of_an_older_bronze_are_migrated_into_the_index() {
     use deltalake::kernel::transaction::CommitProperties;
@@ -966,6 +967,18 @@ async fn per_file_txns_of_an_older_bronze_are_migrated_into_the_index() {
         )
         .await
         .expect("legacy bronze");
+    // A quiet first hour (the file archived meanwhile): the migration is all the run writes, and
+    // bronze still has no run number — the migrated files stay recorded all the same.
+    let archived = d.join("a.jsonl.archived");
+    std::fs::rename(d.join("landing/a.jsonl"), &archived).expect("archive");
+    let out = run(d, T0 + HOUR, &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(
+        index_rows(d).await,
+        vec![("a.jsonl".to_string(), 0)],
+        "migrated by the quiet run"
+    );
+    std::fs::rename(&archived, d.join("landing/a.jsonl")).expect("restore");
     let out = run(d, T0 + HOUR, &[]);
     assert_eq!(out.code, 65, "{}", out.stderr);
     assert!(
