@@ -175,68 +175,54 @@ pub(crate) fn pipeline_path(
     names.dedup();
     match not_found {
         ConfigError::PipelineNotFound {
-            name: n,
+            name,
             tried,
-            available,
+            mut choices,
         } if !names.is_empty() => {
-            let near = crate::config::nearest(&n, names.iter().map(String::as_str))
-                .map(|m| format!(" (did you mean `{m}`?)"))
-                .unwrap_or_default();
-            let listed: Vec<&str> = available.split(", ").collect();
-            let more: Vec<&str> = names
-                .iter()
-                .map(String::as_str)
-                .filter(|m| !listed.contains(m))
+            choices.near =
+                crate::config::nearest(&name, names.iter().map(String::as_str)).map(str::to_string);
+            choices.in_bundle = names
+                .into_iter()
+                .filter(|m| !choices.available.contains(m))
                 .collect();
-            let available = if more.is_empty() {
-                format!("{available}{near}")
-            } else {
-                format!("{available}; the bundle's: {}{near}", more.join(", "))
-            };
             Err(ConfigError::PipelineNotFound {
-                name: n,
+                name,
                 tried,
-                available,
+                choices,
             })
         }
         other => Err(other),
     }
 }
 
-/// A TABLE argument that is neither a pipeline nor a path that exists, but close to a
-/// pipeline's name (no path separator, no URI scheme): the "table not found" error it leads to,
-/// with the pipeline it probably meant — still a missing table (66), as for any other path.
-pub(crate) fn near_pipeline(name: &str, from: &PipelineVars) -> Option<AppError> {
+/// What a TABLE argument names: a pipeline's file (`Some`), or a table location (`None`) — or,
+/// for a name close to a pipeline's, the error that says which pipeline it probably meant.
+pub(crate) fn pipeline_or_table(
+    name: &str,
+    from: &PipelineVars,
+) -> Result<Option<std::path::PathBuf>, AppError> {
+    match pipeline_path(name, from) {
+        Ok(path) => Ok(Some(path)),
+        Err(e) => match near_pipeline(name, &e) {
+            Some(near) => Err(near),
+            None => Ok(None),
+        },
+    }
+}
+
+/// For a TABLE argument that names no pipeline (`not_found`, from [`pipeline_path`]) and is no
+/// path that exists, but is close to a pipeline's name (no path separator, no URI scheme): the
+/// "table not found" error it leads to, naming the pipeline it probably meant — still a missing
+/// table (66), as for any other path.
+fn near_pipeline(name: &str, not_found: &ConfigError) -> Option<AppError> {
     if name.contains('/') || name.contains("://") || std::path::Path::new(name).exists() {
         return None;
     }
-    if pipeline_path(name, from).is_ok() {
+    let ConfigError::PipelineNotFound { choices, .. } = not_found else {
         return None;
-    }
-    let mut names: Vec<String> = std::fs::read_dir(&from.pipelines_dir)
-        .into_iter()
-        .flatten()
-        .filter_map(|e| {
-            let p = e.ok()?.path();
-            let ext = p.extension()?.to_str()?;
-            (ext == "yml" || ext == "yaml").then(|| p.file_stem()?.to_str().map(str::to_string))?
-        })
-        .collect();
-    if crate::config::bundle::bundle_file(&from.bundle).is_file() {
-        if let Ok(loaded) =
-            crate::config::bundle::Bundle::load(&from.bundle, from.target.as_deref(), &Vars::new())
-        {
-            names.extend(
-                loaded
-                    .bundle
-                    .jobs
-                    .values()
-                    .flat_map(|j| j.tasks.iter())
-                    .filter_map(|t| t.pipeline.path.file_stem()?.to_str().map(str::to_string)),
-            );
-        }
-    }
-    let near = crate::config::nearest(name, names.iter().map(String::as_str))?;
+    };
+    let names = choices.available.iter().chain(&choices.in_bundle);
+    let near = crate::config::nearest(name, names.map(String::as_str))?;
     Some(AppError::Lake(crate::lake::LakeError::NotFound {
         role: "table",
         uri: name.to_string(),
@@ -286,12 +272,9 @@ fn load_pipeline(name: &str, from: &PipelineVars) -> Result<Pipeline, AppError> 
 
 /// The table a command names: a pipeline's target when `name` is a pipeline, else `name`.
 fn table_or_pipeline_target(name: &str, from: &PipelineVars) -> Result<String, AppError> {
-    match pipeline_path(name, from) {
-        Ok(_) => Ok(load_pipeline(name, from)?.target_uri().to_string()),
-        Err(_) => match near_pipeline(name, from) {
-            Some(e) => Err(e),
-            None => Ok(name.to_string()),
-        },
+    match pipeline_or_table(name, from)? {
+        Some(_) => Ok(load_pipeline(name, from)?.target_uri().to_string()),
+        None => Ok(name.to_string()),
     }
 }
 

@@ -74,12 +74,8 @@ async fn feed_start(
 /// `tidemark changes`.
 pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
     let mut is_gold = false;
-    // A name close to a pipeline's, not a table location: say which pipeline it meant.
-    if let Some(e) = super::near_pipeline(&args.table, &args.from) {
-        return Err(e);
-    }
-    let (uri, mut keys, pipeline) = match super::pipeline_path(&args.table, &args.from) {
-        Ok(_) => {
+    let (uri, mut keys, pipeline) = match super::pipeline_or_table(&args.table, &args.from)? {
+        Some(_) => {
             let p = load_pipeline(&args.table, &args.from)?;
             match &p.spec {
                 Spec::CdcMerge(m) => (m.target_uri.clone(), m.keys.clone(), Some(p.name.clone())),
@@ -92,7 +88,7 @@ pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
                 }
             }
         }
-        Err(_) => (args.table.clone(), Vec::new(), None),
+        None => (args.table.clone(), Vec::new(), None),
     };
     if !args.keys.is_empty() {
         keys = args.keys.clone();

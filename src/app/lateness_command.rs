@@ -10,12 +10,8 @@ use crate::config::{ConfigError, Vars};
 /// or a table URI; the work is in [`crate::lateness`].
 pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
     use crate::lateness::{self as l, LatenessInputs, LatenessOptions};
-    // A name close to a pipeline's, not a table location: say which pipeline it meant.
-    if let Some(e) = super::near_pipeline(&args.table, &args.from) {
-        return Err(e);
-    }
-    let inputs = match super::pipeline_path(&args.table, &args.from) {
-        Ok(_) => {
+    let inputs = match super::pipeline_or_table(&args.table, &args.from)? {
+        Some(_) => {
             let p = load_pipeline(&args.table, &args.from)?;
             // A merge's source is the table with both clocks: its event time is the sequence.
             match p.spec {
@@ -53,7 +49,7 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
                 },
             }
         }
-        Err(_) => LatenessInputs {
+        None => LatenessInputs {
             table_uri: args.table.clone(),
             role: "table",
             pipeline: None,

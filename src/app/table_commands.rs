@@ -131,12 +131,9 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
 pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let mut merge = None;
     let mut record_index = None;
-    // A name close to a pipeline's, not a table location: say which pipeline it meant.
-    if let Some(e) = super::near_pipeline(&args.table, &args.from) {
-        return Err(e);
-    }
-    let (uri, file_size, row_group_rows) = match super::pipeline_path(&args.table, &args.from) {
-        Ok(_) => {
+    let (uri, file_size, row_group_rows) = match super::pipeline_or_table(&args.table, &args.from)?
+    {
+        Some(_) => {
             let p = load_pipeline(&args.table, &args.from)?;
             match p.spec {
                 Spec::CdcMerge(m) => {
@@ -154,7 +151,7 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                 Spec::Aggregate(a) => (a.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
             }
         }
-        Err(_) => (
+        None => (
             args.table.clone(),
             None,
             lake::datafile::DEFAULT_ROW_GROUP_ROWS,

@@ -2,6 +2,35 @@ use std::path::PathBuf;
 
 use crate::error::{Classify, ErrorClass};
 
+/// The pipelines a name could have named, for [`ConfigError::PipelineNotFound`].
+#[derive(Debug)]
+pub struct PipelineChoices {
+    /// The pipelines of the pipelines folder, by name.
+    pub available: Vec<String>,
+    pub pipelines_dir: PathBuf,
+    /// The bundle's pipelines not in that folder, by name.
+    pub in_bundle: Vec<String>,
+    /// The bundle's pipeline the name is nearest to.
+    pub near: Option<String>,
+}
+
+impl std::fmt::Display for PipelineChoices {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.available.is_empty() {
+            write!(f, "(none in {})", self.pipelines_dir.display())?;
+        } else {
+            write!(f, "{}", self.available.join(", "))?;
+        }
+        if !self.in_bundle.is_empty() {
+            write!(f, "; the bundle's: {}", self.in_bundle.join(", "))?;
+        }
+        if let Some(n) = &self.near {
+            write!(f, " (did you mean `{n}`?)")?;
+        }
+        Ok(())
+    }
+}
+
 /// A configuration problem, located in its file.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -15,11 +44,11 @@ pub enum ConfigError {
     #[error("cannot read {path}: it is not UTF-8 text; save it as UTF-8 (YAML files must be)")]
     NotUtf8 { path: PathBuf },
     /// No pipeline file matches the name given on the command line.
-    #[error("no pipeline named {name:?}: looked for {tried}; pass a path to a YAML file or one of: {available}")]
+    #[error("no pipeline named {name:?}: looked for {tried}; pass a path to a YAML file or one of: {choices}")]
     PipelineNotFound {
         name: String,
         tried: String,
-        available: String,
+        choices: Box<PipelineChoices>,
     },
     /// Invalid YAML or a key that does not belong there.
     #[error("{path}:{line}: {message}")]

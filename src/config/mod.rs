@@ -12,7 +12,7 @@ pub mod schedule;
 pub mod vars;
 
 pub use bundle::{Bundle, BundleError, Diagnostic};
-pub use error::ConfigError;
+pub use error::{ConfigError, PipelineChoices};
 pub(crate) use location::nearest;
 pub use pipeline::{
     DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec, SchemaChange, SourceRecreate,

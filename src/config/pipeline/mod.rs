@@ -21,7 +21,7 @@ pub use ingest::Ingest;
 pub use raw::Kind;
 
 use super::location::line_of_key;
-use super::{ConfigError, Vars};
+use super::{ConfigError, PipelineChoices, Vars};
 
 /// Default for `max_future_skew`: how far past the run's start a sequence value may lie before
 /// the row is deferred instead of merged.
@@ -348,11 +348,12 @@ pub fn resolve_pipeline_path(
             .chain(candidates.iter().map(|p| p.display().to_string()))
             .collect::<Vec<_>>()
             .join(", "),
-        available: if available.is_empty() {
-            format!("(none in {})", pipelines_dir.display())
-        } else {
-            available.join(", ")
-        },
+        choices: Box::new(PipelineChoices {
+            available,
+            pipelines_dir: pipelines_dir.to_path_buf(),
+            in_bundle: Vec::new(),
+            near: None,
+        }),
     })
 }
 
