@@ -24,12 +24,6 @@ use crate::lake;
 const DEMO_PAYMENTS: u64 = 20_000;
 const DEMO_DAYS: u32 = 30;
 
-/// The local folder of a table URI (a path or `file://`), `None` on an object store.
-fn local_dir(uri: &str) -> Option<std::path::PathBuf> {
-    let path = uri.strip_prefix("file://").unwrap_or(uri);
-    (!path.contains("://")).then(|| std::path::PathBuf::from(path))
-}
-
 /// `dir`'s hidden sibling `.<name>.<what>` (listings and the ingest skip names starting with `.`).
 fn hidden_sibling(dir: &Path, what: &str) -> std::path::PathBuf {
     let name = dir
@@ -142,7 +136,7 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
         // The backfill takes many commits: built beside bronze under a hidden name and renamed
         // into place when whole, so a Ctrl-C leaves no half-written bronze (the next demo
         // starts the backfill over).
-        let local = local_dir(&bronze_uri);
+        let local = lake::local_path(&bronze_uri);
         let building = local.as_ref().map(|p| hidden_sibling(p, "backfill"));
         if let Some(b) = &building {
             if b.exists() {

@@ -68,7 +68,7 @@ pub fn location_url(uri: &str) -> Result<Url, LakeError> {
 }
 
 /// The local directory a URI names, if it is local (a plain path or `file://`).
-fn local_path(uri: &str) -> Option<std::path::PathBuf> {
+pub fn local_path(uri: &str) -> Option<std::path::PathBuf> {
     let path = strip_file_scheme(uri);
     (!path.contains("://")).then(|| std::path::PathBuf::from(path))
 }
