@@ -84,16 +84,15 @@ async fn from_files(
 ) -> Result<Touched, RunError> {
     let uri = &spec.source_uri;
     let d = |e| RunError::delta(Phase::Plan, uri)(e);
-    let log = source.log_store();
     let store = source.object_store();
     let mut files: Vec<(String, Option<u64>)> = Vec::new();
     for version in (since + 1)..=now {
-        let Some(bytes) = log.read_commit_entry(version).await.map_err(d)? else {
+        let Some(actions) = lake::commit_actions(source, version).await.map_err(d)? else {
             return Ok(Touched::Unknown(format!(
                 "the source's commit {version} is gone (log cleanup)"
             )));
         };
-        for action in deltalake::logstore::get_actions(version, &bytes).map_err(d)? {
+        for action in actions {
             match action {
                 Action::Add(a) if a.data_change => files.push((a.path, u64::try_from(a.size).ok())),
                 Action::Remove(r) if r.data_change => {

@@ -51,12 +51,11 @@ async fn feed_start(
     if lake::datafile::change_data_feed(&at_from) {
         return Ok(None);
     }
-    let store = table.log_store();
     for v in (from + 1)..=to {
-        let Some(bytes) = store.read_commit_entry(v).await? else {
+        let Some(actions) = lake::commit_actions(table, v).await? else {
             continue;
         };
-        for action in deltalake::logstore::get_actions(v, &bytes)? {
+        for action in actions {
             if let deltalake::kernel::Action::Metadata(m) = action {
                 let on = m
                     .configuration()

@@ -406,18 +406,16 @@ async fn runs_in_log(
     from: i64,
     to: i64,
 ) -> Result<Result<Vec<(i64, Option<i64>, Vec<Entry>)>, i64>, RunError> {
-    let store = bronze.log_store();
     let mut found: Vec<(i64, Option<i64>, Vec<Entry>)> = Vec::new();
     let mut next = bronze.version();
     let mut want = to;
     while let Some(version) = next.filter(|_| want >= from) {
-        let bytes = match store.read_commit_entry(version).await {
-            Ok(Some(b)) => b,
-            Ok(None) => break,
-            Err(e) => return Err(RunError::delta(Phase::Plan, uri)(e)),
+        let Some(actions) = lake::commit_actions(bronze, version)
+            .await
+            .map_err(RunError::delta(Phase::Plan, uri))?
+        else {
+            break;
         };
-        let actions = deltalake::logstore::get_actions(version, &bytes)
-            .map_err(RunError::delta(Phase::Plan, uri))?;
         for action in actions {
             let Action::CommitInfo(ci) = action else {
                 continue;

@@ -172,7 +172,6 @@ pub async fn files_added_between(
     from_exclusive: u64,
     to_inclusive: u64,
 ) -> Result<AddedFiles, DeltaTableError> {
-    let store = table.log_store();
     let mut out = AddedFiles {
         adds: Vec::new(),
         complete: true,
@@ -183,14 +182,14 @@ pub async fn files_added_between(
     // `from_exclusive` has seen, so it is not a rewrite.
     let mut added_in_range = std::collections::HashSet::new();
     for version in (from_exclusive + 1)..=to_inclusive {
-        let Some(bytes) = store.read_commit_entry(version).await? else {
+        let Some(actions) = commit_actions(table, version).await? else {
             out.complete = false;
             return Ok(out);
         };
         let mut operation = None;
         let mut removed = 0;
         let mut adds = Vec::new();
-        for action in deltalake::logstore::get_actions(version, &bytes)? {
+        for action in actions {
             match action {
                 Action::Add(add) => adds.push(add),
                 Action::Remove(r) if r.data_change && !added_in_range.contains(&r.path) => {
@@ -211,6 +210,18 @@ pub async fn files_added_between(
         }
     }
     Ok(out)
+}
+
+/// The actions of `table`'s commit `version`, read from its commit file; `None` once log
+/// cleanup removed it.
+pub async fn commit_actions(
+    table: &DeltaTable,
+    version: u64,
+) -> Result<Option<Vec<Action>>, DeltaTableError> {
+    match table.log_store().read_commit_entry(version).await? {
+        Some(bytes) => Ok(Some(deltalake::logstore::get_actions(version, &bytes)?)),
+        None => Ok(None),
+    }
 }
 
 /// One commit of a table as `history` shows it.
@@ -239,11 +250,10 @@ pub async fn read_commits(
     let Some(latest) = table.version() else {
         return Ok(Vec::new());
     };
-    let store = table.log_store();
     let mut out = Vec::new();
     let mut next = Some(latest);
     while let Some(version) = next.filter(|_| out.len() < limit) {
-        let Some(bytes) = store.read_commit_entry(version).await? else {
+        let Some(actions) = commit_actions(table, version).await? else {
             break; // older commits were cleaned up
         };
         let mut entry = CommitEntry {
@@ -256,7 +266,7 @@ pub async fn read_commits(
             operation_metrics: None,
             run: None,
         };
-        for action in deltalake::logstore::get_actions(version, &bytes)? {
+        for action in actions {
             match action {
                 Action::Add(_) => entry.files_added += 1,
                 Action::Remove(_) => entry.files_removed += 1,

@@ -23,8 +23,8 @@ pub mod txns;
 pub use compact::{compact_clustered, Compacted};
 pub use error::LakeError;
 pub use log::{
-    files_added_between, live_files, max_from_stats, read_commits, row_count_from_stats,
-    AddedFiles, CommitEntry, LiveFiles, Rewrite, StatsMax,
+    commit_actions, files_added_between, live_files, max_from_stats, read_commits,
+    row_count_from_stats, AddedFiles, CommitEntry, LiveFiles, Rewrite, StatsMax,
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
 pub use open::{
