@@ -264,6 +264,7 @@ impl Run<'_> {
         streamed: Option<crate::run::expect::Streamed>,
     ) -> Result<RunSummary, RunError> {
         self.ensure_unchanged(&target).await?;
+        let planned = target.version();
         let props = self.commit_properties();
         let facts = streamed_facts(counts.clone(), roles.hard_deletes(), true, streamed.clone());
         let target = lake::facts::with_final_facts(target, facts);
@@ -275,7 +276,8 @@ impl Run<'_> {
             (Err(_), Some(e)) => return Err(RunError::scan(Phase::Read, &self.m.source_uri)(e)),
             (written, _) => written?,
         };
-        self.summary.target_version = table.version();
+        // A reload that changes no row commits nothing (delta-rs skips the empty MERGE).
+        self.summary.target_version = table.version().filter(|v| Some(*v) != planned);
         self.end_phase(Phase::Write)?;
         self.summary.num_files_added = metrics.num_target_files_added as u64;
         self.summary.num_files_removed = metrics.num_target_files_removed as u64;

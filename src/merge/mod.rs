@@ -10,6 +10,7 @@
 mod changes;
 mod cow;
 mod decide;
+pub(crate) mod feed;
 mod full;
 mod horizon;
 mod incremental;

@@ -212,7 +212,8 @@ pub async fn expire(
             .map_err(RunError::write(Phase::Write, &uri))?;
     }
     let predicate = expired_when;
-    let (table, _) = target
+    // Tombstones are no live rows: their removal feeds no row (`super::feed`).
+    let (table, _) = super::write::live_feed(target, &m.keys)
         .delete()
         .with_predicate(predicate)
         .await

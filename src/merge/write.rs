@@ -54,6 +54,7 @@ pub async fn merge(
     let source = ctx
         .read_table(Arc::new(mem))
         .map_err(RunError::query(Phase::Commit))?;
+    let target = live_feed(target, &roles.keys);
     let mut builder =
         keyed_merge(ctx, target, source, roles, props).with_merge_schema(add_new_columns);
     if roles.hard_deletes() {
@@ -65,6 +66,15 @@ pub async fn merge(
         .map_err(d(Phase::Commit, uri))?
         .await
         .map_err(RunError::write(Phase::Commit, uri))
+}
+
+/// `target` with its MERGE's change data feed rewritten to describe the live table (soft
+/// deletes as deletes; `super::feed`), when it keeps one.
+pub(super) fn live_feed(target: DeltaTable, keys: &[String]) -> DeltaTable {
+    match super::feed::LiveFeed::for_table(&target, keys) {
+        Some(feed) => lake::facts::with_patches(target, vec![feed]),
+        None => target,
+    }
 }
 
 /// A MERGE of `source` (alias `s`) into `target` (alias `t`) on the key columns, committing
@@ -142,6 +152,7 @@ pub async fn merge_all(
         })
         .reduce(Expr::or)
         .unwrap_or_else(|| lit(false));
+    let target = live_feed(target, &roles.keys);
     upsert(
         keyed_merge(ctx, target, winners, roles, props),
         roles,

@@ -313,19 +313,12 @@ async fn the_feed_replayed_reproduces_every_version() {
         let mut state = live_rows(rows_at(d, first).await);
         let changes = feed_rows(&silver(d), first + 1, last).await;
         for &v in &versions[1..] {
-            for (_, kind, row) in changes.iter().filter(|c| c.0 == v as i64) {
-                if let Some(prev) = state.get(&row.id) {
-                    assert!(
-                        kind != "insert",
-                        "{mode} v{v}: insert of a live key {prev:?}"
-                    );
-                }
-                assert!(
-                    row.deleted != Some(true),
-                    "{mode} v{v}: the rewrite's feed shows a tombstone: {kind} {row:?}"
-                );
-                apply_feed(&mut state, kind, row).unwrap_or_else(|e| panic!("{mode} v{v}: {e}"));
-            }
+            let rows: Vec<(&str, &TargetRow)> = changes
+                .iter()
+                .filter(|c| c.0 == v as i64)
+                .map(|(_, k, r)| (k.as_str(), r))
+                .collect();
+            apply_feed_version(&mut state, &rows).unwrap_or_else(|e| panic!("{mode} v{v}: {e}"));
             let replayed: Vec<TargetRow> = state.values().cloned().collect();
             assert_eq!(
                 replayed,
@@ -413,4 +406,154 @@ async fn a_full_reload_feeds_only_the_difference() {
         "50 rows, 2 differences: the feed names those, not 100 changes"
     );
     assert_eq!(read_target(&silver(d)).await, expected);
+}
+
+/// The runs that go through delta-rs' MERGE — one that adds a column, and full reloads — feed
+/// the live table like the copy-on-write path: a tombstone is a `delete` of the live row, a
+/// live version over a tombstone an `insert`, a tombstone over a tombstone (or for a key never
+/// seen) nothing, and a full reload that changes no row feeds no row.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn merge_paths_feed_the_live_table() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = with_feed(d);
+    let mut text = std::fs::read_to_string(&p).expect("read");
+    text.push_str("on_schema_change: add_new_columns\n");
+    std::fs::write(&p, text).expect("write");
+    let mut rows: Vec<Change> = (0..10)
+        .map(|i| Change::upsert(&format!("k{i:03}"), T0 + i * MIN, T0 + i * MIN, i))
+        .collect();
+    rows.push(Change::delete("k007", T0 + 20 * MIN, T0 + 20 * MIN));
+    rows.push(Change::delete("k008", T0 + 20 * MIN, T0 + 20 * MIN));
+    append(&bronze(d), &rows).await;
+    assert_eq!(run(&p, T0 + 2 * HOUR).code, 0);
+    let before = live_rows(read_target(&silver(d)).await);
+
+    // A producer adds `fee`: the run adds the column, through delta-rs' MERGE.
+    let t = T0 + 2 * HOUR;
+    crate::schema::append_with_fee(
+        &bronze(d),
+        &[
+            Change::upsert("k001", t, t, 100), // live -> live: an update
+            Change::delete("k002", t, t),      // live -> tombstone: a delete
+            Change::upsert("k008", t, t, 800), // tombstone -> live: an insert
+            Change::delete("k007", t, t),      // tombstone -> newer tombstone: nothing
+            Change::delete("k010", t, t),      // a tombstone for a key never seen: nothing
+            Change::upsert("k011", t, t, 11),  // a new key: an insert
+        ],
+        &[Some(1), None, Some(8), None, None, Some(11)],
+    )
+    .await;
+    let out = run(&p, T0 + 3 * HOUR);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let s: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    let v = version_of(&s);
+    let changes = feed(d, v, v).await;
+    assert_eq!(
+        changes,
+        vec![
+            ("delete".into(), "k002".into(), Some(2)),
+            ("insert".into(), "k008".into(), Some(800)),
+            ("insert".into(), "k011".into(), Some(11)),
+            ("update_postimage".into(), "k001".into(), Some(100)),
+            ("update_preimage".into(), "k001".into(), Some(1)),
+        ],
+        "the feed of the run that added `fee`"
+    );
+    let mut state = before;
+    let all = feed_rows(&silver(d), v, v).await;
+    let rows: Vec<(&str, &TargetRow)> = all.iter().map(|(_, k, r)| (k.as_str(), r)).collect();
+    apply_feed_version(&mut state, &rows).expect("replays");
+    assert_eq!(state, live_rows(read_target(&silver(d)).await));
+
+    // A full reload that changes nothing feeds nothing (not every row deleted and inserted).
+    let out = run_full(&p, T0 + 4 * HOUR);
+    assert!(
+        out["target_version"].is_null(),
+        "a no-change reload commits nothing: {out}"
+    );
+    assert_eq!(version(&silver(d)).await, Some(v));
+
+    // A full reload that picks up a tombstone and a revival feeds exactly those.
+    let t = T0 + 4 * HOUR;
+    crate::schema::append_with_fee(
+        &bronze(d),
+        &[
+            Change::delete("k003", t, t),
+            Change::upsert("k002", t, t, 22),
+        ],
+        &[None, Some(2)],
+    )
+    .await;
+    let before = live_rows(read_target(&silver(d)).await);
+    let out = run_full(&p, T0 + 5 * HOUR);
+    let v = out["target_version"].as_u64().expect("committed");
+    assert_eq!(
+        feed(d, v, v).await,
+        vec![
+            ("delete".into(), "k003".into(), Some(3)),
+            ("insert".into(), "k002".into(), Some(22)),
+        ],
+        "{out}"
+    );
+    let mut state = before;
+    let all = feed_rows(&silver(d), v, v).await;
+    let rows: Vec<(&str, &TargetRow)> = all.iter().map(|(_, k, r)| (k.as_str(), r)).collect();
+    apply_feed_version(&mut state, &rows).expect("replays");
+    assert_eq!(state, live_rows(read_target(&silver(d)).await));
+}
+
+fn run_full(p: &Path, now: i64) -> serde_json::Value {
+    let out = exec(
+        tidemark_at(now)
+            .arg("run")
+            .arg(p)
+            .args(["--full-reload", "--output", "json"]),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    serde_json::from_str(out.stdout.trim()).expect("json")
+}
+
+/// `maintain` removing expired tombstones changes no live row: its commit's feed is empty.
+#[tokio::test]
+async fn removing_expired_tombstones_feeds_nothing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = with_feed(d);
+    let text = std::fs::read_to_string(&p)
+        .expect("read")
+        .replace("mode: soft }", "mode: soft, retain: 1d }");
+    assert!(text.contains("retain: 1d"), "{text}");
+    std::fs::write(&p, text).expect("write");
+    append(
+        &bronze(d),
+        &[
+            Change::upsert("a", T0, T0, 1),
+            Change::upsert("b", T0, T0, 2),
+            Change::delete("a", T0 + HOUR, T0 + HOUR),
+        ],
+    )
+    .await;
+    assert_eq!(run(&p, T0 + 2 * HOUR).code, 0);
+    let before = version(&silver(d)).await.expect("table");
+    let out = exec(
+        tidemark_at(T0 + 48 * HOUR)
+            .arg("maintain")
+            .arg(&p)
+            .args(["--output", "json"]),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let after = version(&silver(d)).await.expect("table");
+    assert!(
+        after > before,
+        "maintain removed the tombstone: {}",
+        out.stdout
+    );
+    assert_eq!(feed(d, before + 1, after).await, vec![], "{}", out.stdout);
+    assert_eq!(
+        live_rows(read_target(&silver(d)).await)
+            .into_keys()
+            .collect::<Vec<_>>(),
+        vec!["b".to_string()]
+    );
 }

@@ -167,10 +167,11 @@ async fn check_scenario(
         {
             // The run's feed applied to the target's live rows before it gives those after it.
             let mut state = live_rows(before);
-            for (_, kind, row) in feed_rows(&silver(dir.path()), v, v).await {
-                if let Err(e) = apply_feed(&mut state, &kind, &row) {
-                    prop_assert!(false, "version {}: {}", v, e);
-                }
+            let feed = feed_rows(&silver(dir.path()), v, v).await;
+            let rows: Vec<(&str, &TargetRow)> =
+                feed.iter().map(|(_, k, r)| (k.as_str(), r)).collect();
+            if let Err(e) = apply_feed_version(&mut state, &rows) {
+                prop_assert!(false, "version {} ({:?}): {}", v, action, e);
             }
             let replayed: Vec<TargetRow> = state.into_values().collect();
             let actual_live: Vec<TargetRow> = live_rows(actual.clone()).into_values().collect();

@@ -31,7 +31,7 @@ fn run(pipeline: &Path, now: i64, extra: &[&str]) -> serde_json::Value {
 
 /// Appends `changes` with an extra nullable `fee` column (schema merge, as a producer adding a
 /// field would).
-async fn append_with_fee(path: &Path, changes: &[Change], fees: &[Option<i64>]) {
+pub(crate) async fn append_with_fee(path: &Path, changes: &[Change], fees: &[Option<i64>]) {
     let base = batch(changes);
     let mut fields: Vec<Field> = base
         .schema()

@@ -20,38 +20,8 @@ use parquet::arrow::ArrowWriter;
 
 use crate::lake::datafile::{writer_properties, FastPath};
 use crate::lake::storage::cast_to;
+pub(super) use crate::merge::feed::Change;
 use crate::run::{Phase, RunError};
-
-/// The feed's `_change_type` values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Change {
-    Insert,
-    Delete,
-    Preimage,
-    Postimage,
-}
-
-impl Change {
-    fn name(self) -> &'static str {
-        match self {
-            Change::Insert => "insert",
-            Change::Delete => "delete",
-            Change::Preimage => "update_preimage",
-            Change::Postimage => "update_postimage",
-        }
-    }
-
-    /// The feed rows of one key whose target row (`target_live`: not a tombstone) is replaced
-    /// by a winner (`winner_live`): `(change, from the winner)`.
-    pub(super) fn of_update(target_live: bool, winner_live: bool) -> &'static [(Change, bool)] {
-        match (target_live, winner_live) {
-            (true, true) => &[(Change::Preimage, false), (Change::Postimage, true)],
-            (true, false) => &[(Change::Delete, false)],
-            (false, true) => &[(Change::Insert, true)],
-            (false, false) => &[],
-        }
-    }
-}
 
 /// Where the rows of a feed batch come from: a target row or a winner, and their change.
 #[derive(Default)]

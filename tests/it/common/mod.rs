@@ -379,29 +379,42 @@ pub fn write_bundle(dir: &Path, jobs: &str) -> PathBuf {
     bundle
 }
 
-/// A consumer of the feed, as the README tells one to write it: the live rows by key. A
-/// `delete` or `update_preimage` removes the key (and must name the row held, unless it is a
-/// tombstone's pre-image, which delta-rs' MERGE writes), an `insert` or `update_postimage` sets
-/// it, or removes it when the row is a tombstone (`_deleted = true`).
-pub fn apply_feed(
+/// Applies one version's feed rows to the live rows, strictly: the feed describes the live
+/// table, so no row carries a tombstone, a `delete` or `update_preimage` names the live row it
+/// removes, and an `insert` or `update_postimage` names a key that is not live (after the
+/// version's removals, which are applied first).
+pub fn apply_feed_version(
     live: &mut std::collections::BTreeMap<String, TargetRow>,
-    kind: &str,
-    row: &TargetRow,
+    rows: &[(&str, &TargetRow)],
 ) -> Result<(), String> {
-    let tombstone = row.deleted == Some(true);
-    match kind {
-        "delete" | "update_preimage" => {
-            let held = live.remove(&row.id);
-            if !tombstone && held.as_ref() != Some(row) {
-                return Err(format!("{kind} of {row:?}, but the live row was {held:?}"));
+    let removal = |k: &str| matches!(k, "delete" | "update_preimage");
+    for (kind, row) in rows
+        .iter()
+        .filter(|r| removal(r.0))
+        .chain(rows.iter().filter(|r| !removal(r.0)))
+    {
+        if row.deleted == Some(true) {
+            return Err(format!("the feed carries a tombstone: {kind} {row:?}"));
+        }
+        match *kind {
+            "delete" | "update_preimage" => {
+                let held = live.remove(&row.id);
+                if held.as_ref() != Some(*row) {
+                    return Err(format!("{kind} of {row:?}, but the live row was {held:?}"));
+                }
             }
+            "insert" | "update_postimage" => {
+                if let Some(prev) = live.insert(row.id.clone(), (*row).clone()) {
+                    return Err(format!("{kind} of {row:?}, but the key was live: {prev:?}"));
+                }
+            }
+            other => return Err(format!("unknown change type {other}")),
         }
-        _ if tombstone => {
-            live.remove(&row.id);
-        }
-        _ => {
-            live.insert(row.id.clone(), row.clone());
-        }
+    }
+    let pre = rows.iter().filter(|r| r.0 == "update_preimage").count();
+    let post = rows.iter().filter(|r| r.0 == "update_postimage").count();
+    if pre != post {
+        return Err(format!("{pre} preimages but {post} postimages"));
     }
     Ok(())
 }
