@@ -76,6 +76,26 @@ pub enum Counters {
     Merge(MergeCounters),
     Ingest(IngestCounters),
     Aggregate(AggregateCounters),
+    Dimension(DimensionCounters),
+}
+
+/// What a `dimension` run counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct DimensionCounters {
+    /// The source version the previous run read (the rows landed since it name the keys).
+    pub previous_source_version: Option<u64>,
+    /// Business keys whose rows landed since then (all keys on a full reload): rebuilt.
+    pub num_keys_read: u64,
+    /// Of those, keys whose rows in the table changed.
+    pub num_keys_changed: u64,
+    /// Versions (SCD2) or rows (SCD1) of the changed keys before and after the run.
+    pub num_rows_before: u64,
+    pub num_rows_after: u64,
+    /// Change records folded into the existing version in place (a change to untracked
+    /// columns only, SCD2).
+    pub num_updated_in_place: u64,
+    /// Rows of the whole table after the run.
+    pub num_rows_total: u64,
 }
 
 /// What an `aggregate` run counts.
@@ -214,7 +234,7 @@ impl RunSummary {
     pub fn merge(&self) -> Option<&MergeCounters> {
         match &self.counters {
             Counters::Merge(c) => Some(c),
-            Counters::Ingest(_) | Counters::Aggregate(_) => None,
+            Counters::Ingest(_) | Counters::Aggregate(_) | Counters::Dimension(_) => None,
         }
     }
 }
@@ -396,6 +416,30 @@ impl RunSummary {
                     ),
                 ]
             }
+            Counters::Dimension(c) => vec![
+                (
+                    "source version",
+                    format!(
+                        "{} (previous run read {})",
+                        self.source_version.unwrap_or_default(),
+                        c.previous_source_version
+                            .map_or("-".to_string(), |v| v.to_string())
+                    ),
+                ),
+                ("rows read", self.num_source_rows_read.to_string()),
+                ("quarantined", quarantined),
+                (
+                    "keys",
+                    format!("{} read, {} changed", c.num_keys_read, c.num_keys_changed),
+                ),
+                (
+                    "their rows",
+                    format!("{} -> {}", c.num_rows_before, c.num_rows_after),
+                ),
+                ("updated in place", c.num_updated_in_place.to_string()),
+                ("table rows", c.num_rows_total.to_string()),
+                ("files added/removed", files),
+            ],
             Counters::Ingest(c) => {
                 let mut rows = vec![
                     ("landing", self.source_uri.clone()),

@@ -73,6 +73,7 @@ async fn feed_start(
 /// `tidemark changes`.
 pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
     let mut is_gold = false;
+    let mut is_dimension = false;
     let (uri, mut keys, pipeline) = match super::pipeline_or_table(&args.table, &args.from)? {
         Some(_) => {
             let p = load_pipeline(&args.table, &args.from)?;
@@ -84,6 +85,14 @@ pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
                     let mut keys = vec![crate::config::pipeline::aggregate::EVENT_DATE.to_string()];
                     keys.extend(a.group_by.iter().cloned());
                     (a.target_uri.clone(), keys, Some(p.name.clone()))
+                }
+                Spec::Dimension(d) => {
+                    is_dimension = true;
+                    let mut keys = d.keys.clone();
+                    if d.history == crate::config::pipeline::dimension::HistoryMode::Scd2 {
+                        keys.push(crate::config::pipeline::dimension::VALID_FROM.to_string());
+                    }
+                    (d.target_uri.clone(), keys, Some(p.name.clone()))
                 }
             }
         }
@@ -101,6 +110,8 @@ pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
     if !lake::datafile::change_data_feed(&table) {
         let how = if is_gold {
             "an aggregate's gold keeps none (each run replaces whole days: `tidemark history` lists them)"
+        } else if is_dimension {
+            "a dimension keeps none (a run that changes keys writes the table again: `tidemark history` lists the runs, with the keys and rows they changed)"
         } else {
             "set `target.change_data_feed: true` in its pipeline, and the next run turns it on"
         };

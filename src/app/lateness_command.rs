@@ -47,6 +47,15 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
                     },
                     overlap: None,
                 },
+                // A dimension's source is change records: its event time is the sequence.
+                Spec::Dimension(d) => LatenessInputs {
+                    table_uri: d.source_uri,
+                    role: "source",
+                    pipeline: Some(p.name),
+                    event_time: args.event_time.clone().or(Some(d.sequence_by)),
+                    arrival: args.arrival.clone(),
+                    overlap: None,
+                },
             }
         }
         None => LatenessInputs {

@@ -149,6 +149,7 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                     (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS)
                 }
                 Spec::Aggregate(a) => (a.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
+                Spec::Dimension(d) => (d.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
             }
         }
         None => (

@@ -80,6 +80,11 @@ pub async fn run(
                     .instrument(span.clone())
                     .await
             }
+            Spec::Dimension(d) => {
+                crate::dimension::run_once(pipeline, d, opts, clock.now(), engine, run_id.clone())
+                    .instrument(span.clone())
+                    .await
+            }
         };
         match attempt {
             Err(e) if e.is_commit_conflict() && replans < MAX_REPLANS => {

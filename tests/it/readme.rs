@@ -346,3 +346,91 @@ fn the_json_failure_example_is_what_the_binary_prints() {
     assert_eq!(out.code, 66, "{}", out.stderr);
     assert_eq!(out.stdout.trim(), want);
 }
+
+/// The dimension reference loads and runs over a small merchants feed, and the summary fields
+/// the README names are in the run's JSON summary.
+#[test]
+fn the_dimension_reference_loads_and_runs_and_names_real_summary_fields() {
+    let text = readme();
+    let (_, yaml) = blocks(&text)
+        .into_iter()
+        .find(|(info, body)| info == "yaml" && body.contains("kind: dimension"))
+        .expect("the dimension reference block");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lake = dir.path().join("lake");
+    let path = dir.path().join("merchants.yml");
+    std::fs::write(&path, &yaml).expect("write");
+    let raw = lake.join("bronze/merchants_raw");
+    let ts = |h: i64| {
+        arrow::array::TimestampMicrosecondArray::from(vec![T0 + h * HOUR; 2]).with_timezone("UTC")
+    };
+    let tsf = |n: &str| {
+        arrow::datatypes::Field::new(
+            n,
+            arrow::datatypes::DataType::Timestamp(
+                arrow::datatypes::TimeUnit::Microsecond,
+                Some("UTC".into()),
+            ),
+            false,
+        )
+    };
+    let s = |v: [&str; 2]| std::sync::Arc::new(arrow::array::StringArray::from(v.to_vec()));
+    let schema = std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+        arrow::datatypes::Field::new("merchant_id", arrow::datatypes::DataType::Utf8, true),
+        tsf("updated_at"),
+        tsf("_ingested_at"),
+        arrow::datatypes::Field::new("segment", arrow::datatypes::DataType::Utf8, true),
+        arrow::datatypes::Field::new("country", arrow::datatypes::DataType::Utf8, true),
+        arrow::datatypes::Field::new("op", arrow::datatypes::DataType::Utf8, true),
+    ]));
+    let batch = arrow::array::RecordBatch::try_new(
+        schema,
+        vec![
+            s(["m1", "m1"]),
+            std::sync::Arc::new(
+                arrow::array::TimestampMicrosecondArray::from(vec![T0, T0 + HOUR])
+                    .with_timezone("UTC"),
+            ),
+            std::sync::Arc::new(ts(2)),
+            s(["small", "large"]),
+            s(["NL", "NL"]),
+            s(["U", "U"]),
+        ],
+    )
+    .expect("batch");
+    tokio::runtime::Runtime::new()
+        .expect("rt")
+        .block_on(append_batch(&raw, batch));
+    let var = format!("lake={}", lake.display());
+    let out = exec(
+        tidemark_at(T0 + 3 * HOUR)
+            .arg("run")
+            .arg(&path)
+            .args(["--var", &var, "--output", "json"]),
+    );
+    assert_eq!(
+        out.code, 0,
+        "the README's dimension reference does not run: {}",
+        out.stderr
+    );
+    let summary: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert_eq!(
+        summary["num_rows_total"], 2,
+        "two versions of m1: {summary}"
+    );
+    let start = text
+        .find("The summary's `num_keys_read`")
+        .expect("the dimension summary sentence");
+    let sentence = &text[start..start + text[start..].find(" are in").unwrap_or(400)];
+    let mut named = 0;
+    for (i, part) in sentence.split('`').enumerate() {
+        if i % 2 == 1 && part.starts_with("num_") {
+            assert!(
+                summary.get(part).is_some(),
+                "the README names `{part}`, not in the summary: {summary}"
+            );
+            named += 1;
+        }
+    }
+    assert_eq!(named, 6, "{sentence}");
+}

@@ -117,6 +117,10 @@ impl Ctx<'_> {
                 raw.name.clone(),
                 Spec::Aggregate(self.aggregate(raw, vars)?),
             ),
+            RawPipeline::Dimension(raw) => (
+                raw.name.clone(),
+                Spec::Dimension(self.dimension(raw, vars)?),
+            ),
         };
         if name.is_empty()
             || !name
@@ -153,6 +157,7 @@ impl Ctx<'_> {
             Some(Kind::CdcMerge) => Ok(RawPipeline::CdcMerge(self.parse_as()?)),
             Some(Kind::Ingest) => Ok(RawPipeline::Ingest(self.parse_as()?)),
             Some(Kind::Aggregate) => Ok(RawPipeline::Aggregate(self.parse_as()?)),
+            Some(Kind::Dimension) => Ok(RawPipeline::Dimension(self.parse_as()?)),
             None => {
                 let hint = nearest(kind.trim(), Kind::ALL.iter().map(|k| k.as_str()))
                     .map(|n| format!(" (did you mean `{n}`?)"))

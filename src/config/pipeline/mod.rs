@@ -6,6 +6,7 @@
 
 pub mod aggregate;
 mod build;
+pub mod dimension;
 pub mod expect;
 pub mod ingest;
 mod raw;
@@ -17,6 +18,7 @@ use serde::Deserialize;
 
 pub use aggregate::Aggregate;
 pub use build::{parse_bytes, parse_size};
+pub use dimension::Dimension;
 pub use ingest::Ingest;
 pub use raw::Kind;
 
@@ -169,6 +171,7 @@ pub enum Spec {
     CdcMerge(CdcMerge),
     Ingest(Ingest),
     Aggregate(Aggregate),
+    Dimension(Dimension),
 }
 
 /// A validated pipeline: the header every kind shares and what this kind does.
@@ -274,6 +277,7 @@ impl Pipeline {
             Spec::CdcMerge(_) => Kind::CdcMerge,
             Spec::Ingest(_) => Kind::Ingest,
             Spec::Aggregate(_) => Kind::Aggregate,
+            Spec::Dimension(_) => Kind::Dimension,
         }
     }
 
@@ -283,6 +287,7 @@ impl Pipeline {
             Spec::CdcMerge(m) => &m.target_uri,
             Spec::Ingest(i) => &i.target_uri,
             Spec::Aggregate(a) => &a.target_uri,
+            Spec::Dimension(d) => &d.target_uri,
         }
     }
 
@@ -292,6 +297,7 @@ impl Pipeline {
             Spec::CdcMerge(m) => &m.source_uri,
             Spec::Ingest(i) => &i.landing_uri,
             Spec::Aggregate(a) => &a.source_uri,
+            Spec::Dimension(d) => &d.source_uri,
         }
     }
 

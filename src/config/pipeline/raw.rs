@@ -19,11 +19,18 @@ pub enum Kind {
     Ingest,
     /// Per-event-day measures (gold), restated by whole days, with finality and day status.
     Aggregate,
+    /// A dimension (e.g. merchants) from change records: current rows or SCD2 history.
+    Dimension,
 }
 
 impl Kind {
     /// Every kind, in the order messages list them.
-    pub const ALL: &'static [Kind] = &[Kind::CdcMerge, Kind::Ingest, Kind::Aggregate];
+    pub const ALL: &'static [Kind] = &[
+        Kind::CdcMerge,
+        Kind::Ingest,
+        Kind::Aggregate,
+        Kind::Dimension,
+    ];
 
     /// The name written in `kind:`.
     pub fn as_str(self) -> &'static str {
@@ -31,6 +38,7 @@ impl Kind {
             Kind::CdcMerge => "cdc_merge",
             Kind::Ingest => "ingest",
             Kind::Aggregate => "aggregate",
+            Kind::Dimension => "dimension",
         }
     }
 
@@ -69,6 +77,7 @@ pub(super) enum RawPipeline {
     CdcMerge(RawCdcMerge),
     Ingest(super::ingest::RawIngest),
     Aggregate(super::aggregate::RawAggregate),
+    Dimension(super::dimension::RawDimension),
 }
 
 #[derive(Debug, Deserialize)]

@@ -190,6 +190,12 @@ impl LedgerRow {
             Counters::Aggregate(c) => {
                 self.num_inserted = n(c.num_rows_written);
             }
+            // The changed keys' rows: those written replace those before.
+            Counters::Dimension(c) => {
+                self.num_inserted = n(c.num_rows_after);
+                self.num_deleted = n(c.num_rows_before);
+                self.num_updated = n(c.num_keys_changed);
+            }
         }
         self
     }

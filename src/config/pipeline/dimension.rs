@@ -1,0 +1,229 @@
+//! The `dimension` kind's file: a dimension table (e.g. merchants) kept from a CDC source, as
+//! the current row per key (`history: scd1`) or its whole history (`history: scd2`). The raw
+//! struct, the validated [`Dimension`], and the checks between them.
+
+use serde::Deserialize;
+
+use super::build::{overlapping, Ctx};
+use super::raw::{RawColumns, RawQuarantine, RawSource};
+use super::Quarantine;
+use crate::config::{ConfigError, Vars};
+
+/// Output columns of an SCD2 dimension: the version's interval (`valid_to` exclusive, null
+/// while current), whether it is the current one, a durable key per business key, a key per
+/// version, and whether the row is a placeholder for a key the facts named first.
+pub const VALID_FROM: &str = "valid_from";
+pub const VALID_TO: &str = "valid_to";
+pub const IS_CURRENT: &str = "is_current";
+pub const DURABLE_KEY: &str = "durable_key";
+pub const VERSION_KEY: &str = "version_key";
+pub const IS_INFERRED: &str = "is_inferred";
+/// The columns a dimension adds itself (a source column may not take these names).
+pub const ADDED: [&str; 6] = [
+    VALID_FROM,
+    VALID_TO,
+    IS_CURRENT,
+    DURABLE_KEY,
+    VERSION_KEY,
+    IS_INFERRED,
+];
+
+/// `history:`: what the table keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HistoryMode {
+    /// One row per live key: its newest values (a delete removes the key).
+    Scd1,
+    /// Every version of every key, with its validity interval.
+    #[default]
+    Scd2,
+}
+
+/// Which columns open a new version when they change (SCD2).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Tracked {
+    /// Every column but the key, sequence and tie-breaker columns.
+    All,
+    /// `track_history: [..]`: only these.
+    Only(Vec<String>),
+    /// `track_history_except: [..]`: all but these.
+    Except(Vec<String>),
+}
+
+/// A validated `dimension` pipeline.
+#[derive(Debug, Clone)]
+pub struct Dimension {
+    pub source_uri: String,
+    pub target_uri: String,
+    pub keys: Vec<String>,
+    pub sequence_by: String,
+    pub tie_breakers: Vec<String>,
+    /// `deletes:`: the column and the values that mean "this key was deleted".
+    pub deletes: Option<(String, Vec<String>)>,
+    pub exclude: Vec<String>,
+    pub history: HistoryMode,
+    pub tracked: Tracked,
+    pub quarantine: Quarantine,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDimension {
+    pub(super) name: String,
+    #[serde(rename = "kind")]
+    pub(super) _kind: serde::de::IgnoredAny,
+    pub(super) source: RawSource,
+    pub(super) target: RawDimTarget,
+    pub(super) keys: Vec<String>,
+    pub(super) sequence_by: String,
+    #[serde(default)]
+    pub(super) tie_breakers: Vec<String>,
+    pub(super) deletes: Option<RawDimDeletes>,
+    pub(super) columns: Option<RawColumns>,
+    #[serde(default)]
+    pub(super) history: HistoryMode,
+    pub(super) track_history: Option<Vec<String>>,
+    pub(super) track_history_except: Option<Vec<String>>,
+    pub(super) quarantine: RawQuarantine,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDimTarget {
+    pub(super) uri: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawDimDeletes {
+    pub(super) column: String,
+    pub(super) values: Vec<String>,
+}
+
+impl Ctx<'_> {
+    /// Checks a `dimension` file: roles, the tracked columns, table locations.
+    pub(super) fn dimension(
+        &self,
+        raw: RawDimension,
+        vars: &Vars,
+    ) -> Result<Dimension, ConfigError> {
+        if raw.keys.is_empty() {
+            return Err(self.invalid(
+                "keys",
+                "`keys` is empty; list the business key column(s), e.g. [merchant_id]",
+            ));
+        }
+        let mut roles: Vec<&String> = raw.keys.iter().collect();
+        roles.push(&raw.sequence_by);
+        roles.extend(&raw.tie_breakers);
+        let mut seen = std::collections::BTreeSet::new();
+        for c in &roles {
+            if !seen.insert(c.as_str()) {
+                return Err(self.invalid(
+                    "keys",
+                    format!("column `{c}` is named twice among keys, sequence_by and tie_breakers; each has one role"),
+                ));
+            }
+            if ADDED.contains(&c.as_str()) {
+                return Err(self.invalid_at_text(
+                    c,
+                    format!("column `{c}` is one the dimension adds itself ({}); rename it in the source", ADDED.join(", ")),
+                ));
+            }
+        }
+        let tracked = match (raw.track_history, raw.track_history_except) {
+            (Some(_), Some(_)) => {
+                return Err(self.invalid(
+                    "track_history_except",
+                    "give `track_history` (the columns that open a version) or `track_history_except` (all but these), not both",
+                ))
+            }
+            (Some(_), None) | (None, Some(_)) if raw.history == HistoryMode::Scd1 => {
+                return Err(self.invalid(
+                    "history",
+                    "`track_history` chooses which changes open a new version, and `history: scd1` keeps no versions; remove it, or use `history: scd2`",
+                ))
+            }
+            (Some(cols), None) if cols.is_empty() => {
+                return Err(self.invalid(
+                    "track_history",
+                    "`track_history` is empty: no change would open a version; list the columns whose changes do (e.g. [segment]), or remove it to track every column",
+                ))
+            }
+            (Some(cols), None) => Tracked::Only(cols),
+            (None, Some(cols)) => Tracked::Except(cols),
+            (None, None) => Tracked::All,
+        };
+        if let Tracked::Only(cols) | Tracked::Except(cols) = &tracked {
+            for c in cols {
+                if roles.contains(&c) {
+                    return Err(self.invalid_at_text(
+                        c,
+                        format!("`{c}` is a key, sequence or tie-breaker column: it is not an attribute whose history is tracked"),
+                    ));
+                }
+            }
+        }
+        let deletes = match raw.deletes {
+            Some(d) if d.values.is_empty() => {
+                return Err(self.invalid("values", "`deletes.values` is empty; list the values of `deletes.column` that mean deleted, e.g. [D]"));
+            }
+            Some(d) => Some((d.column, d.values)),
+            None => None,
+        };
+        let exclude = raw.columns.map(|c| c.exclude).unwrap_or_default();
+        for c in &exclude {
+            if roles.contains(&c) {
+                return Err(self.invalid(
+                    "exclude",
+                    format!("`columns.exclude` lists `{c}`, which the dimension needs (key, sequence or tie-breaker)"),
+                ));
+            }
+        }
+        if let Some(f) = raw.quarantine.max_fraction {
+            if !(0.0..=1.0).contains(&f) {
+                return Err(self.invalid(
+                    "max_fraction",
+                    format!("`quarantine.max_fraction: {f}` must be between 0 and 1"),
+                ));
+            }
+        }
+        let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
+        let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
+        let quarantine_uri = self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?;
+        for (key, uri, other_key, other) in [
+            ("target", &target_uri, "source", &source_uri),
+            ("quarantine", &quarantine_uri, "source", &source_uri),
+            ("quarantine", &quarantine_uri, "target", &target_uri),
+        ] {
+            if overlapping(uri, other) {
+                return Err(self.invalid(
+                    key,
+                    format!("`{key}.uri` ({uri}) is the same table as `{other_key}.uri` ({other}), or inside it: writing it would overwrite or mix with the {other_key}. Give each table its own location"),
+                ));
+            }
+        }
+        if raw.source.on_recreate != super::SourceRecreate::Fail {
+            return Err(self.invalid(
+                "on_recreate",
+                "`source.on_recreate` is for `cdc_merge`; a dimension reads the keys it rebuilds from the whole source anyway: a recreated source is rebuilt with `--full-reload`",
+            ));
+        }
+        Ok(Dimension {
+            source_uri,
+            target_uri,
+            keys: raw.keys,
+            sequence_by: raw.sequence_by,
+            tie_breakers: raw.tie_breakers,
+            deletes,
+            exclude,
+            history: raw.history,
+            tracked,
+            quarantine: Quarantine {
+                uri: quarantine_uri,
+                max_rows: raw.quarantine.max_rows,
+                max_fraction: raw.quarantine.max_fraction,
+            },
+        })
+    }
+}

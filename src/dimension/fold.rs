@@ -1,0 +1,305 @@
+//! Source rows of some keys → the dimension's rows for those keys.
+//!
+//! A run gives this every change record of each key it rebuilds (not only the new ones), so the
+//! result is the fold of everything the source holds for the key ([`super::history`]) — in
+//! whatever order and batches the records arrived. Ties are broken on content, so the result
+//! never depends on delivery order: among records of one key with the same sequence and
+//! tie-breakers, an upsert and a delete both count (the delete last), and of two upserts the one
+//! with the greater content is the newer (as the merge does).
+
+use std::sync::Arc;
+
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, UInt32Array};
+use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
+use arrow::row::{RowConverter, Rows, SortField};
+
+use super::history::{Change, History};
+use crate::config::pipeline::dimension::{
+    Dimension, HistoryMode, Tracked, DURABLE_KEY, IS_CURRENT, IS_INFERRED, VALID_FROM, VALID_TO,
+    VERSION_KEY,
+};
+
+type ArrowResult<T> = Result<T, arrow::error::ArrowError>;
+
+/// Which source columns play which part.
+#[derive(Debug, Clone)]
+pub struct Layout {
+    /// The output's attribute columns (keys first), in source order.
+    pub columns: Vec<String>,
+    pub keys: Vec<String>,
+    /// Sequence, then tie-breakers.
+    pub order: Vec<String>,
+    /// Columns whose change opens a version (SCD2).
+    pub tracked: Vec<String>,
+    pub deletes: Option<(String, Vec<String>)>,
+    pub history: HistoryMode,
+}
+
+impl Layout {
+    /// The roles of `d` over a source with `schema`; `Err(column, setting)` names a column the
+    /// pipeline uses that the source lacks.
+    pub fn new(d: &Dimension, schema: &Schema) -> Result<Layout, (String, &'static str)> {
+        let has = |c: &str| schema.field_with_name(c).is_ok();
+        let check = |cols: &[String], setting: &'static str| {
+            cols.iter()
+                .find(|c| !has(c))
+                .map_or(Ok(()), |c| Err((c.clone(), setting)))
+        };
+        check(&d.keys, "keys")?;
+        check(std::slice::from_ref(&d.sequence_by), "sequence_by")?;
+        check(&d.tie_breakers, "tie_breakers")?;
+        check(&d.exclude, "exclude")?;
+        if let Some((c, _)) = &d.deletes {
+            check(std::slice::from_ref(c), "deletes")?;
+        }
+        let mut order = vec![d.sequence_by.clone()];
+        order.extend(d.tie_breakers.iter().cloned());
+        let mut columns: Vec<String> = d.keys.clone();
+        columns.extend(
+            schema
+                .fields()
+                .iter()
+                .map(|f| f.name().clone())
+                .filter(|c| !d.keys.contains(c) && !d.exclude.contains(c)),
+        );
+        let not_tracked = |c: &String| {
+            d.keys.contains(c)
+                || order.contains(c)
+                || d.deletes.as_ref().is_some_and(|(dc, _)| dc == c)
+        };
+        let tracked = match &d.tracked {
+            Tracked::All => columns
+                .iter()
+                .filter(|c| !not_tracked(c))
+                .cloned()
+                .collect(),
+            Tracked::Only(cols) => {
+                check(cols, "track_history")?;
+                cols.clone()
+            }
+            Tracked::Except(cols) => {
+                check(cols, "track_history_except")?;
+                columns
+                    .iter()
+                    .filter(|c| !not_tracked(c) && !cols.contains(c))
+                    .cloned()
+                    .collect()
+            }
+        };
+        Ok(Layout {
+            columns,
+            keys: d.keys.clone(),
+            order,
+            tracked,
+            deletes: d.deletes.clone(),
+            history: d.history,
+        })
+    }
+
+    /// The output schema, for source `schema`.
+    pub fn output_schema(&self, schema: &Schema) -> ArrowResult<SchemaRef> {
+        let mut fields: Vec<Field> = self
+            .columns
+            .iter()
+            .map(|c| {
+                schema
+                    .field_with_name(c)
+                    .map(|f| f.clone().with_nullable(true))
+            })
+            .collect::<ArrowResult<_>>()?;
+        let seq = schema.field_with_name(&self.order[0])?.data_type().clone();
+        if self.history == HistoryMode::Scd2 {
+            fields.push(Field::new(VALID_FROM, seq.clone(), false));
+            fields.push(Field::new(VALID_TO, seq, true));
+            fields.push(Field::new(IS_CURRENT, DataType::Boolean, false));
+            fields.push(Field::new(DURABLE_KEY, DataType::Int64, false));
+            fields.push(Field::new(VERSION_KEY, DataType::Int64, false));
+        } else {
+            fields.push(Field::new(DURABLE_KEY, DataType::Int64, false));
+        }
+        fields.push(Field::new(IS_INFERRED, DataType::Boolean, false));
+        Ok(Arc::new(Schema::new(fields)))
+    }
+}
+
+fn rows_of(batch: &RecordBatch, cols: &[String]) -> ArrowResult<Rows> {
+    let arrays: Vec<ArrayRef> = cols
+        .iter()
+        .map(|c| {
+            batch
+                .column_by_name(c)
+                .cloned()
+                .ok_or_else(|| arrow::error::ArrowError::SchemaError(format!("no column {c}")))
+        })
+        .collect::<ArrowResult<_>>()?;
+    let conv = RowConverter::new(
+        arrays
+            .iter()
+            .map(|a| SortField::new(a.data_type().clone()))
+            .collect(),
+    )?;
+    conv.convert_columns(&arrays)
+}
+
+/// Each row's key values as text (what the surrogate keys hash: stable across versions).
+pub fn key_text(batch: &RecordBatch, keys: &[String]) -> ArrowResult<Vec<String>> {
+    let mut out = vec![String::new(); batch.num_rows()];
+    for k in keys {
+        let c = batch
+            .column_by_name(k)
+            .ok_or_else(|| arrow::error::ArrowError::SchemaError(format!("no column {k}")))?;
+        let c = arrow::compute::cast(c, &DataType::Utf8)?;
+        let c = c.as_string::<i32>();
+        for (i, o) in out.iter_mut().enumerate() {
+            if !o.is_empty() {
+                o.push('\u{1f}');
+            }
+            o.push_str(if c.is_valid(i) { c.value(i) } else { "\u{0}" });
+        }
+    }
+    Ok(out)
+}
+
+/// FNV-1a of `text`, folded to a non-negative i64: stable across builds and platforms.
+fn surrogate(text: &str) -> i64 {
+    crate::lake::record::table_fingerprint(text)
+}
+
+/// Whether each row is a delete.
+fn deletes(batch: &RecordBatch, layout: &Layout) -> ArrowResult<Vec<bool>> {
+    let Some((col, values)) = &layout.deletes else {
+        return Ok(vec![false; batch.num_rows()]);
+    };
+    let c = batch
+        .column_by_name(col)
+        .ok_or_else(|| arrow::error::ArrowError::SchemaError(format!("no column {col}")))?;
+    let c = arrow::compute::cast(c, &DataType::Utf8)?;
+    let c = c.as_string::<i32>();
+    Ok((0..batch.num_rows())
+        .map(|i| c.is_valid(i) && values.iter().any(|v| v == c.value(i)))
+        .collect())
+}
+
+/// What folding counted.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Folded {
+    /// Upserts folded into an open version in place (no new version).
+    pub updated_in_place: u64,
+}
+
+/// The dimension rows of every key in `batch` (all their valid change records), in key order
+/// then validity; `schema` is [`Layout::output_schema`].
+pub fn fold(
+    batch: &RecordBatch,
+    layout: &Layout,
+    schema: &SchemaRef,
+) -> ArrowResult<(RecordBatch, Folded)> {
+    let n = batch.num_rows();
+    let keys = rows_of(batch, &layout.keys)?;
+    let order = rows_of(batch, &layout.order)?;
+    let tracked = rows_of(batch, &layout.tracked)?;
+    let content = rows_of(batch, &layout.columns)?;
+    let deleted = deletes(batch, layout)?;
+    let mut idx: Vec<usize> = (0..n).collect();
+    idx.sort_by(|&a, &b| {
+        keys.row(a)
+            .cmp(&keys.row(b))
+            .then(order.row(a).cmp(&order.row(b)))
+            .then(deleted[a].cmp(&deleted[b]))
+            .then(content.row(a).cmp(&content.row(b)))
+    });
+    let key_text = key_text(batch, &layout.keys)?;
+    let seq_col = batch
+        .column_by_name(&layout.order[0])
+        .cloned()
+        .ok_or_else(|| arrow::error::ArrowError::SchemaError("no sequence column".into()))?;
+    let seq_i64 = arrow::compute::cast(&seq_col, &DataType::Int64)?;
+    let seq_i64 = seq_i64.as_primitive::<arrow::datatypes::Int64Type>();
+    // Output rows: (source row of the values, row of valid_from, row of valid_to, current).
+    let mut out: Vec<(u32, u32, Option<u32>, bool)> = Vec::new();
+    let mut folded = Folded::default();
+    let mut start = 0;
+    while start < idx.len() {
+        let mut end = start + 1;
+        while end < idx.len() && keys.row(idx[end]) == keys.row(idx[start]) {
+            end += 1;
+        }
+        let changes: Vec<Change<Vec<u8>, usize>> = idx[start..end]
+            .iter()
+            .map(|&i| Change {
+                order: order.row(i).as_ref().to_vec(),
+                delete: deleted[i],
+                row: i,
+            })
+            .collect();
+        let h = History::fold(changes, |a, b| tracked.row(*a) == tracked.row(*b));
+        for (k, v) in h.versions.iter().enumerate() {
+            folded.updated_in_place += v.changes.iter().filter(|c| !c.delete).count() as u64 - 1;
+            let closer = if v.closed_by_delete() {
+                v.changes.last().map(|c| c.row as u32)
+            } else {
+                h.versions.get(k + 1).map(|next| next.changes[0].row as u32)
+            };
+            out.push((
+                v.row as u32,
+                v.changes[0].row as u32,
+                closer,
+                v.to.is_none(),
+            ));
+        }
+        start = end;
+    }
+    if layout.history == HistoryMode::Scd1 {
+        out.retain(|o| o.3);
+    }
+    let take = |rows: Vec<u32>| UInt32Array::from(rows);
+    let values = take(out.iter().map(|o| o.0).collect());
+    let mut columns: Vec<ArrayRef> = layout
+        .columns
+        .iter()
+        .map(|c| {
+            let col = batch
+                .column_by_name(c)
+                .ok_or_else(|| arrow::error::ArrowError::SchemaError(format!("no column {c}")))?;
+            arrow::compute::take(col, &values, None)
+        })
+        .collect::<ArrowResult<_>>()?;
+    let durable: Int64Array = out
+        .iter()
+        .map(|o| Some(surrogate(&key_text[o.0 as usize])))
+        .collect();
+    if layout.history == HistoryMode::Scd2 {
+        let from = take(out.iter().map(|o| o.1).collect());
+        let to: UInt32Array = out.iter().map(|o| o.2).collect();
+        columns.push(arrow::compute::take(&seq_col, &from, None)?);
+        columns.push(arrow::compute::take(&seq_col, &to, None)?);
+        columns.push(Arc::new(BooleanArray::from(
+            out.iter().map(|o| o.3).collect::<Vec<_>>(),
+        )));
+        columns.push(Arc::new(durable));
+        let version: Int64Array = out
+            .iter()
+            .map(|o| {
+                let from = seq_i64.value(o.1 as usize);
+                Some(surrogate(&format!(
+                    "{}\u{1e}{from}",
+                    key_text[o.0 as usize]
+                )))
+            })
+            .collect();
+        columns.push(Arc::new(version));
+    } else {
+        columns.push(Arc::new(durable));
+    }
+    columns.push(Arc::new(BooleanArray::from(vec![false; out.len()])));
+    let columns = columns
+        .into_iter()
+        .zip(schema.fields())
+        .map(|(c, f)| arrow::compute::cast(&c, f.data_type()))
+        .collect::<ArrowResult<Vec<_>>>()?;
+    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(out.len()));
+    Ok((
+        RecordBatch::try_new_with_options(schema.clone(), columns, &options)?,
+        folded,
+    ))
+}

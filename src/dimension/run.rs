@@ -1,0 +1,530 @@
+//! One `dimension` run: plan → read → fold → compare → write.
+//!
+//! The plan finds the keys to rebuild: every key of the rows that landed in the source since the
+//! version the previous run recorded (read from the log: the files those commits added), or every
+//! key (bootstrap, `--full-reload`). The read takes **all** source rows of those keys — a key's
+//! history is the fold of everything the source holds for it, so a late or re-delivered record
+//! lands where its sequence puts it — rejecting rows without a key or a sequence to the
+//! quarantine. The compare checks the fold against the table's rows of those keys; when they
+//! differ, the table is written again in one overwrite commit (the other keys' rows copied), with
+//! the source version recorded in the same commit. A dimension is rewritten whole when a key
+//! changes: sized for dimensions (merchants, customers), not fact tables.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use chrono::{DateTime, Utc};
+use datafusion::logical_expr::{lit, Expr};
+use datafusion::prelude::{ident, SessionContext};
+use deltalake::DeltaTable;
+use tracing::{info, info_span, Instrument};
+
+use super::fold::{self, Layout};
+use crate::config::pipeline::{Dimension, Kind};
+use crate::config::Pipeline;
+use crate::lake;
+use crate::report::{Counters, DimensionCounters, RunMode, RunSummary};
+use crate::run::phase::{self, Phase, Timer};
+use crate::run::validate::REASON_COLUMN;
+use crate::run::{Engine, RunError, RunOptions};
+
+/// One attempt of a `dimension` run: at most one new commit to the table.
+pub(crate) async fn run_once(
+    p: &Pipeline,
+    d: &Dimension,
+    opts: &RunOptions,
+    now: DateTime<Utc>,
+    engine: &Engine,
+    run_id: String,
+) -> Result<RunSummary, RunError> {
+    let summary = RunSummary::new(
+        run_id,
+        &p.name,
+        Kind::Dimension,
+        opts.dry_run,
+        (&d.source_uri, &d.target_uri),
+        Counters::Dimension(DimensionCounters::default()),
+    );
+    let mut run = Run {
+        p,
+        d,
+        opts,
+        now,
+        ctx: engine.context(),
+        timer: Timer::default(),
+        summary,
+        c: DimensionCounters::default(),
+        source_table: None,
+    };
+    run.execute().instrument(info_span!("dimension")).await?;
+    Ok(run.finish())
+}
+
+struct Run<'a> {
+    p: &'a Pipeline,
+    d: &'a Dimension,
+    opts: &'a RunOptions,
+    now: DateTime<Utc>,
+    ctx: SessionContext,
+    timer: Timer,
+    summary: RunSummary,
+    c: DimensionCounters,
+    source_table: Option<i64>,
+}
+
+/// Which keys a run rebuilds.
+enum Scope {
+    All,
+    /// The keys of the rows landed since the previous run, and those rows (where rows without
+    /// a key or sequence are found).
+    Keys(Vec<RecordBatch>, Box<datafusion::prelude::DataFrame>),
+    Nothing,
+}
+
+impl Run<'_> {
+    fn end_phase(&mut self, phase: Phase) -> Result<(), RunError> {
+        let path = match self.summary.mode {
+            RunMode::Incremental => phase::Path::Incremental,
+            RunMode::Bootstrap | RunMode::FullReload => phase::Path::FullReload,
+        };
+        self.timer.end(phase, path)
+    }
+
+    async fn execute(&mut self) -> Result<(), RunError> {
+        let d = self.d;
+        let q = RunError::query;
+        // plan
+        let source = lake::open_required(&d.source_uri, "source").await?;
+        let source_version = source.version().unwrap_or(0);
+        self.summary.source_version = Some(source_version);
+        let source_id =
+            lake::record::table_id(&source).map_err(RunError::delta(Phase::Plan, &d.source_uri))?;
+        self.source_table = Some(lake::record::table_fingerprint(&source_id));
+        let target = lake::open_if_exists(&d.target_uri).await?;
+        let df = crate::run::frame(&self.ctx, &source, &d.source_uri, Phase::Plan).await?;
+        let schema = df.schema().as_arrow().clone();
+        let layout = Layout::new(d, &schema).map_err(|(col, setting)| {
+            self.p.error_at(
+                setting,
+                format!(
+                    "column `{col}` (in `{setting}`) is not in the source table {}; its columns are: {}",
+                    d.source_uri,
+                    schema.fields().iter().map(|f| f.name().as_str()).collect::<Vec<_>>().join(", ")
+                ),
+            )
+        })?;
+        let seq_type = schema
+            .field_with_name(&d.sequence_by)
+            .map(|f| f.data_type().clone())
+            .map_err(|e| q(Phase::Plan)(e.into()))?;
+        if !matches!(
+            seq_type,
+            arrow::datatypes::DataType::Timestamp(..) | arrow::datatypes::DataType::Date32
+        ) {
+            return Err(self
+                .p
+                .error_at(
+                    "sequence_by",
+                    format!("`sequence_by: {}` is {seq_type} in {}; a dimension's versions are valid from their sequence, so it must be a timestamp or a date", d.sequence_by, d.source_uri),
+                )
+                .into());
+        }
+        let out_schema = layout
+            .output_schema(&schema)
+            .map_err(RunError::arrow(Phase::Plan))?;
+        let storage_schema = Arc::new(lake::storage::storage_schema(&out_schema));
+        let scope = self
+            .scope(&source, target.as_ref(), &storage_schema, &layout)
+            .await?;
+        self.end_phase(Phase::Plan)?;
+
+        // read: every valid row of the keys, the rest to the quarantine
+        let (keys_filter, landed) = match &scope {
+            Scope::Nothing => {
+                self.c.num_rows_total = target
+                    .as_ref()
+                    .and_then(|t| lake::row_count_from_stats(t).ok().flatten())
+                    .unwrap_or_default();
+                return Ok(());
+            }
+            Scope::All => (None, df.clone()),
+            Scope::Keys(batches, landed) => (Some(batches.clone()), (**landed).clone()),
+        };
+        let mut input = df.clone();
+        if let Some(keys) = keys_filter {
+            let wanted = self.ctx.read_batches(keys).map_err(q(Phase::Read))?;
+            let cols: Vec<&str> = d.keys.iter().map(String::as_str).collect();
+            input = input
+                .join(
+                    wanted,
+                    datafusion::common::JoinType::LeftSemi,
+                    &cols,
+                    &cols,
+                    None,
+                )
+                .map_err(q(Phase::Read))?;
+        }
+        let null = d
+            .keys
+            .iter()
+            .map(|k| (ident(k).is_null(), format!("null key column `{k}`")))
+            .chain(std::iter::once((
+                ident(&d.sequence_by).is_null(),
+                format!("null sequence column `{}`", d.sequence_by),
+            )))
+            .collect::<Vec<_>>();
+        let any_null = null
+            .iter()
+            .map(|(e, _)| e.clone())
+            .reduce(Expr::or)
+            .unwrap_or_else(|| lit(false));
+        let mut reason = datafusion::logical_expr::when(null[0].0.clone(), lit(null[0].1.clone()));
+        for (cond, text) in &null[1..] {
+            reason = reason.when(cond.clone(), lit(text.clone()));
+        }
+        let reason = reason
+            .otherwise(lit("invalid row"))
+            .map_err(q(Phase::Read))?;
+        let rejected = landed
+            .filter(any_null.clone())
+            .and_then(|df| df.with_column(REASON_COLUMN, reason))
+            .map_err(q(Phase::Read))?;
+        let valid = input
+            .filter(datafusion::logical_expr::not(any_null))
+            .map_err(q(Phase::Read))?;
+        let (valid, rejected) = tokio::join!(valid.collect(), rejected.collect());
+        let valid = valid.map_err(RunError::scan(Phase::Read, &d.source_uri))?;
+        let rejected = rejected.map_err(RunError::scan(Phase::Read, &d.source_uri))?;
+        let valid = arrow::compute::concat_batches(&Arc::new(schema.clone()), &valid)
+            .map_err(RunError::arrow(Phase::Read))?;
+        let n_rejected: usize = rejected.iter().map(RecordBatch::num_rows).sum();
+        self.summary.num_source_rows_read = (valid.num_rows() + n_rejected) as u64;
+        let (outcome, warning) = crate::run::quarantine::stage(
+            &self.ctx,
+            &d.quarantine,
+            rejected,
+            &self.summary.run_id,
+            self.now,
+            self.opts.dry_run,
+            self.summary.num_source_rows_read,
+        )
+        .await?;
+        self.summary.num_quarantined = outcome.rejected;
+        self.summary.num_quarantined_new = outcome.new;
+        if let Some(w) = warning {
+            self.warn(w);
+        }
+        self.end_phase(Phase::Read)?;
+
+        // fold, then compare with the table's rows of the same keys
+        let (fresh, folded) =
+            fold::fold(&valid, &layout, &out_schema).map_err(RunError::arrow(Phase::Compare))?;
+        let fresh = lake::storage::storage_batch(&fresh)
+            .and_then(|b| lake::storage::cast_to(&b, &storage_schema))
+            .map_err(RunError::arrow(Phase::Compare))?;
+        self.c.num_updated_in_place = folded.updated_in_place;
+        let rebuilt: HashSet<String> = match &scope {
+            Scope::Keys(batches, _) => {
+                let mut set = HashSet::new();
+                for b in batches {
+                    set.extend(
+                        fold::key_text(b, &d.keys).map_err(RunError::arrow(Phase::Compare))?,
+                    );
+                }
+                set
+            }
+            _ => HashSet::new(),
+        };
+        let all = matches!(scope, Scope::All);
+        self.c.num_keys_read = if all {
+            fold::key_text(&valid, &d.keys)
+                .map_err(RunError::arrow(Phase::Compare))?
+                .into_iter()
+                .collect::<HashSet<_>>()
+                .len() as u64
+        } else {
+            rebuilt.len() as u64
+        };
+        let held = match &target {
+            Some(t) => crate::run::frame(&self.ctx, t, &d.target_uri, Phase::Compare)
+                .await?
+                .collect()
+                .await
+                .map_err(RunError::scan(Phase::Compare, &d.target_uri))?,
+            None => Vec::new(),
+        };
+        let (kept, before) = split_held(
+            &held,
+            &storage_schema,
+            &d.keys,
+            all.then_some(()).map_or(Some(&rebuilt), |_| None),
+        )?;
+        let changed = changed_keys(&before, &fresh, &d.keys)?;
+        self.c.num_keys_changed = changed;
+        self.c.num_rows_before = before.num_rows() as u64;
+        self.c.num_rows_after = fresh.num_rows() as u64;
+        self.c.num_rows_total = (kept.num_rows() + fresh.num_rows()) as u64;
+        self.end_phase(Phase::Compare)?;
+        let bootstrap = target.is_none();
+        if self.opts.dry_run || (changed == 0 && !bootstrap) {
+            return Ok(());
+        }
+
+        // write: one overwrite commit (the other keys' rows copied)
+        let rows = arrow::compute::concat_batches(&storage_schema, [&kept, &fresh])
+            .map_err(RunError::arrow(Phase::Write))?;
+        let planned = target.as_ref().and_then(|t| t.version());
+        let table = lake::or_new(target, &d.target_uri)?;
+        if let Some(v) = planned {
+            let latest = lake::open_required(&d.target_uri, "target")
+                .await?
+                .version();
+            if latest != Some(v) {
+                return Err(RunError::Conflict {
+                    uri: d.target_uri.clone(),
+                    planned: v,
+                    found: latest.unwrap_or_default(),
+                });
+            }
+        }
+        let mut builder = table
+            .write(vec![rows])
+            .with_save_mode(deltalake::protocol::SaveMode::Overwrite)
+            .with_schema_mode(deltalake::operations::write::SchemaMode::Overwrite)
+            .with_commit_properties(self.commit_properties());
+        if bootstrap {
+            builder = builder.with_table_name(&self.p.name);
+        }
+        let table = builder
+            .await
+            .map_err(RunError::write(Phase::Write, &d.target_uri))?;
+        self.summary.target_version = table.version();
+        if let Ok(entries) = lake::read_commits(&table, 1).await {
+            if let Some(e) = entries.first() {
+                self.summary.num_files_added = e.files_added;
+                self.summary.num_files_removed = e.files_removed;
+            }
+        }
+        self.end_phase(Phase::Write)
+    }
+
+    /// The keys to rebuild: all (no table yet, a full reload, or a table tidemark never
+    /// recorded a source version in), those of the rows landed since the recorded version, or
+    /// none.
+    async fn scope(
+        &mut self,
+        source: &DeltaTable,
+        target: Option<&DeltaTable>,
+        storage_schema: &arrow::datatypes::SchemaRef,
+        layout: &Layout,
+    ) -> Result<Scope, RunError> {
+        let d = self.d;
+        let Some(target) = target else {
+            self.summary.mode = RunMode::Bootstrap;
+            return Ok(Scope::All);
+        };
+        let record = lake::record::read(target, &self.p.app_id())
+            .await
+            .map_err(RunError::delta(Phase::Plan, &d.target_uri))?;
+        self.c.previous_source_version = record.version.map(|v| v as u64);
+        if self.opts.full_reload {
+            self.summary.mode = RunMode::FullReload;
+            return Ok(Scope::All);
+        }
+        let held = target
+            .snapshot()
+            .map(|s| Arc::new(lake::storage::storage_schema(&s.snapshot().arrow_schema())))
+            .map_err(RunError::delta(Phase::Plan, &d.target_uri))?;
+        self.summary.mode = RunMode::Incremental;
+        let Some(recorded) = record.version else {
+            self.warn(format!(
+                "{} holds no source version recorded by `{}`: every key is rebuilt from the source",
+                d.target_uri, self.p.name
+            ));
+            return Ok(Scope::All);
+        };
+        if held.fields() != storage_schema.fields() {
+            self.warn(format!("the dimension's columns changed (the source's or the pipeline's): {} is rebuilt from the whole source", d.target_uri));
+            return Ok(Scope::All);
+        }
+        if record.table.is_some() && record.table != self.source_table {
+            return Err(RunError::SourceReplaced {
+                uri: d.source_uri.clone(),
+                table_id: lake::record::table_id(source).unwrap_or_default(),
+                pipeline: self.p.name.clone(),
+                path: self.p.path.display().to_string(),
+            });
+        }
+        let version = self.summary.source_version.unwrap_or(0);
+        if (version as i64) < recorded {
+            return Err(RunError::SourceWentBack {
+                uri: d.source_uri.clone(),
+                recorded,
+                found: version,
+                pipeline: self.p.name.clone(),
+            });
+        }
+        if version as i64 == recorded {
+            return Ok(Scope::Nothing);
+        }
+        let added = lake::files_added_between(source, recorded.max(0) as u64, version)
+            .await
+            .map_err(RunError::delta(Phase::Plan, &d.source_uri))?;
+        if !added.complete {
+            self.warn(format!("the source's log no longer holds every commit since version {recorded}: every key is rebuilt"));
+            return Ok(Scope::All);
+        }
+        if let Some(first) = added.rewrites.first() {
+            return Err(RunError::SourceRewritten {
+                uri: d.source_uri.clone(),
+                version: first.version,
+                operation: first.operation.clone().unwrap_or_else(|| "unknown".into()),
+                files_removed: first.files_removed,
+                recorded,
+                more: added.rewrites.len() - 1,
+                pipeline: self.p.name.clone(),
+            });
+        }
+        if added.adds.is_empty() {
+            return Ok(Scope::Nothing);
+        }
+        let provider = source
+            .table_provider()
+            .with_file_selection(
+                deltalake::delta_datafusion::FileSelection::from_adds(added.adds)
+                    .with_missing_file_policy(
+                        deltalake::delta_datafusion::MissingSelectedFilePolicy::Ignore,
+                    ),
+            )
+            .await
+            .map_err(RunError::query(Phase::Plan))?;
+        let keys: Vec<Expr> = layout.keys.iter().map(ident).collect();
+        let landed = self
+            .ctx
+            .read_table(provider)
+            .map_err(RunError::query(Phase::Plan))?;
+        let batches = landed
+            .clone()
+            .select(keys)
+            .and_then(|df| df.distinct())
+            .map_err(RunError::query(Phase::Plan))?
+            .collect()
+            .await
+            .map_err(RunError::scan(Phase::Plan, &d.source_uri))?;
+        Ok(Scope::Keys(batches, Box::new(landed)))
+    }
+
+    fn warn(&mut self, message: String) {
+        tracing::warn!("{message}");
+        self.summary.warnings.push(message);
+    }
+
+    /// The run's facts in its commit, and the source version read (the pipeline's `txn`).
+    fn commit_properties(&self) -> deltalake::kernel::transaction::CommitProperties {
+        let (s, c) = (&self.summary, &self.c);
+        let facts = serde_json::json!({
+            "run_id": s.run_id,
+            "pipeline": s.pipeline,
+            "mode": s.mode,
+            "source_version": s.source_version,
+            "previous_source_version": c.previous_source_version,
+            "num_source_rows_read": s.num_source_rows_read,
+            "num_quarantined": s.num_quarantined,
+            "num_keys_read": c.num_keys_read,
+            "num_keys_changed": c.num_keys_changed,
+            "num_rows_before": c.num_rows_before,
+            "num_rows_after": c.num_rows_after,
+            "num_updated_in_place": c.num_updated_in_place,
+            "num_rows_total": c.num_rows_total,
+            // (what `history` and the ledger show as rows in/upd/del: the changed keys' rows
+            // written, the keys, and their rows replaced)
+            "num_inserted": c.num_rows_after,
+            "num_updated": c.num_keys_changed,
+            "num_deleted": c.num_rows_before,
+        });
+        let record = lake::SourceRecord {
+            version: s.source_version.map(|v| v as i64),
+            table: self.source_table,
+            deferred_floor: None,
+        };
+        deltalake::kernel::transaction::CommitProperties::default()
+            .with_metadata([(lake::COMMIT_INFO_KEY.to_string(), facts)])
+            .with_application_transactions(lake::record::transactions(&self.p.app_id(), &record))
+    }
+
+    fn finish(&mut self) -> RunSummary {
+        self.summary.duration_ms = self.timer.elapsed_ms();
+        self.summary.phases_ms = std::mem::take(&mut self.timer).into_ms();
+        info!(
+            mode = %self.summary.mode,
+            target_version = ?self.summary.target_version,
+            keys_changed = self.c.num_keys_changed,
+            "dimension finished"
+        );
+        let mut summary = self.summary.clone();
+        summary.counters = Counters::Dimension(std::mem::take(&mut self.c));
+        summary
+    }
+}
+
+/// The table's rows split into those of other keys (kept as they are) and those of the keys
+/// being rebuilt (`rebuilt`; `None`: every key), both in `schema`.
+fn split_held(
+    held: &[RecordBatch],
+    schema: &arrow::datatypes::SchemaRef,
+    keys: &[String],
+    rebuilt: Option<&HashSet<String>>,
+) -> Result<(RecordBatch, RecordBatch), RunError> {
+    let a = |e| RunError::arrow(Phase::Compare)(e);
+    let mut kept = Vec::new();
+    let mut before = Vec::new();
+    for b in held {
+        let b = lake::storage::cast_to(b, schema).map_err(a)?;
+        let Some(set) = rebuilt else {
+            before.push(b);
+            continue;
+        };
+        let text = fold::key_text(&b, keys).map_err(a)?;
+        let mask: arrow::array::BooleanArray = text.iter().map(|k| Some(set.contains(k))).collect();
+        before.push(arrow::compute::filter_record_batch(&b, &mask).map_err(a)?);
+        let not = arrow::compute::not(&mask).map_err(a)?;
+        kept.push(arrow::compute::filter_record_batch(&b, &not).map_err(a)?);
+    }
+    let kept = arrow::compute::concat_batches(schema, &kept).map_err(a)?;
+    let before = arrow::compute::concat_batches(schema, &before).map_err(a)?;
+    Ok((kept, before))
+}
+
+/// How many keys have different rows in `before` and `after` (compared as sets of rows).
+fn changed_keys(
+    before: &RecordBatch,
+    after: &RecordBatch,
+    keys: &[String],
+) -> Result<u64, RunError> {
+    let a = |e| RunError::arrow(Phase::Compare)(e);
+    let rows =
+        |b: &RecordBatch| -> Result<std::collections::BTreeMap<String, Vec<Vec<u8>>>, RunError> {
+            let text = fold::key_text(b, keys).map_err(a)?;
+            let conv = arrow::row::RowConverter::new(
+                b.schema()
+                    .fields()
+                    .iter()
+                    .map(|f| arrow::row::SortField::new(f.data_type().clone()))
+                    .collect(),
+            )
+            .map_err(a)?;
+            let r = conv.convert_columns(b.columns()).map_err(a)?;
+            let mut out: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
+            for (i, k) in text.into_iter().enumerate() {
+                out.entry(k).or_default().push(r.row(i).as_ref().to_vec());
+            }
+            for v in out.values_mut() {
+                v.sort();
+            }
+            Ok(out)
+        };
+    let (b, f) = (rows(before)?, rows(after)?);
+    let keys: HashSet<&String> = b.keys().chain(f.keys()).collect();
+    Ok(keys.into_iter().filter(|k| b.get(*k) != f.get(*k)).count() as u64)
+}

@@ -1,0 +1,452 @@
+//! `kind: dimension` through the binary: SCD2 history from change records — tracked changes open
+//! versions, untracked ones update in place, deletes close, late changes split the history where
+//! they belong — checked against an independent fold of every source record (a property test
+//! over random deliveries, batches and runs), plus SCD1, idempotent reruns and full reloads.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use arrow::array::{Array, AsArray, RecordBatch, StringArray, TimestampMicrosecondArray};
+use arrow::datatypes::{DataType, Field, Schema, TimeUnit, TimestampMicrosecondType};
+use common::*;
+use proptest::prelude::*;
+
+/// One merchant change record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Rec {
+    id: Option<String>,
+    seq: i64,
+    ing: i64,
+    segment: String,
+    name: String,
+    delete: bool,
+}
+
+fn rec(id: &str, seq: i64, segment: &str, name: &str) -> Rec {
+    Rec {
+        id: Some(id.into()),
+        seq,
+        ing: seq,
+        segment: segment.into(),
+        name: name.into(),
+        delete: false,
+    }
+}
+
+fn del(id: &str, seq: i64) -> Rec {
+    Rec {
+        delete: true,
+        ..rec(id, seq, "", "")
+    }
+}
+
+async fn land(dir: &Path, recs: &[Rec]) {
+    let ts = |f: &dyn Fn(&Rec) -> i64| {
+        TimestampMicrosecondArray::from(recs.iter().map(f).collect::<Vec<_>>()).with_timezone("UTC")
+    };
+    let tsf = |n: &str| {
+        Field::new(
+            n,
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        )
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("merchant_id", DataType::Utf8, true),
+        tsf("updated_at"),
+        tsf("_ingested_at"),
+        Field::new("segment", DataType::Utf8, true),
+        Field::new("name", DataType::Utf8, true),
+        Field::new("op", DataType::Utf8, false),
+    ]));
+    let s = |f: &dyn Fn(&Rec) -> Option<String>| {
+        StringArray::from(recs.iter().map(f).collect::<Vec<_>>())
+    };
+    let b = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(s(&|r| r.id.clone())),
+            Arc::new(ts(&|r| r.seq)),
+            Arc::new(ts(&|r| r.ing)),
+            Arc::new(s(&|r| (!r.delete).then(|| r.segment.clone()))),
+            Arc::new(s(&|r| (!r.delete).then(|| r.name.clone()))),
+            Arc::new(s(&|r| Some(if r.delete { "D" } else { "U" }.to_string()))),
+        ],
+    )
+    .expect("batch");
+    append_batch(&dir.join("lake/merchants_raw"), b).await;
+}
+
+fn pipeline(dir: &Path, history: &str) -> PathBuf {
+    let l = dir.join("lake");
+    let track = if history == "scd2" {
+        "track_history: [segment]\n"
+    } else {
+        ""
+    };
+    let text = format!(
+        "name: merchants\nkind: dimension\nsource: {{ uri: \"{l}/merchants_raw\" }}\ntarget: {{ uri: \"{l}/merchants\" }}\nkeys: [merchant_id]\nsequence_by: updated_at\ntie_breakers: [_ingested_at]\ndeletes: {{ column: op, values: [D] }}\ncolumns: {{ exclude: [op] }}\nhistory: {history}\n{track}quarantine: {{ uri: \"{l}/quarantine\" }}\n",
+        l = l.display()
+    );
+    let p = dir.join("merchants.yml");
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+fn run(p: &Path, now: i64, extra: &[&str]) -> serde_json::Value {
+    let out = exec(
+        tidemark_at(now)
+            .arg("run")
+            .arg(p)
+            .args(["--output", "json"])
+            .args(extra),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    serde_json::from_str(out.stdout.trim()).expect("json")
+}
+
+/// A dimension row: (key, segment, name, valid_from, valid_to, is_current).
+type Row = (String, String, String, i64, Option<i64>, bool);
+
+async fn table(dir: &Path, scd2: bool) -> Vec<Row> {
+    let mut out = Vec::new();
+    for b in read_all(&dir.join("lake/merchants")).await {
+        let s = |c: &str| {
+            arrow::compute::cast(b.column_by_name(c).expect(c), &DataType::Utf8).expect("cast")
+        };
+        let (id, seg, name) = (s("merchant_id"), s("segment"), s("name"));
+        let ts = |c: &str| {
+            arrow::compute::cast(
+                b.column_by_name(c).expect(c),
+                &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            )
+            .expect("cast")
+        };
+        for i in 0..b.num_rows() {
+            let text = |a: &arrow::array::ArrayRef| a.as_string::<i32>().value(i).to_string();
+            let (from, to, current) = if scd2 {
+                let (f, t) = (ts("valid_from"), ts("valid_to"));
+                let (f, t) = (
+                    f.as_primitive::<TimestampMicrosecondType>(),
+                    t.as_primitive::<TimestampMicrosecondType>(),
+                );
+                let cur = b.column_by_name("is_current").expect("is_current");
+                (
+                    f.value(i),
+                    t.is_valid(i).then(|| t.value(i)),
+                    cur.as_boolean().value(i),
+                )
+            } else {
+                (0, None, true)
+            };
+            out.push((text(&id), text(&seg), text(&name), from, to, current));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The oracle, written apart from tidemark's fold: per key, the records sorted by (sequence,
+/// arrival; a delete after an upsert of the same instant; then content), a record delivered
+/// twice counted once, then walked: a segment change opens a version, a name change updates
+/// the open one, a delete closes it.
+fn oracle(recs: &[Rec], scd2: bool) -> Vec<Row> {
+    let mut by_key: BTreeMap<String, Vec<&Rec>> = BTreeMap::new();
+    for r in recs {
+        if let Some(id) = &r.id {
+            by_key.entry(id.clone()).or_default().push(r);
+        }
+    }
+    let mut out = Vec::new();
+    for (id, mut rs) in by_key {
+        rs.sort_by(|a, b| {
+            (a.seq, a.ing, a.delete, &a.segment, &a.name)
+                .cmp(&(b.seq, b.ing, b.delete, &b.segment, &b.name))
+        });
+        // Of records with the same order and kind, the last (greatest content) wins.
+        let mut kept: Vec<&Rec> = Vec::new();
+        for r in rs {
+            if let Some(last) = kept.last() {
+                if (last.seq, last.ing, last.delete) == (r.seq, r.ing, r.delete) {
+                    kept.pop();
+                }
+            }
+            kept.push(r);
+        }
+        let mut open: Option<(String, String, i64)> = None;
+        let mut versions: Vec<Row> = Vec::new();
+        for r in kept {
+            if r.delete {
+                if let Some((seg, name, from)) = open.take() {
+                    versions.push((id.clone(), seg, name, from, Some(r.seq), false));
+                }
+                continue;
+            }
+            open = match open.take() {
+                Some((seg, _, from)) if seg == r.segment => Some((seg, r.name.clone(), from)),
+                Some((seg, name, from)) => {
+                    versions.push((id.clone(), seg, name, from, Some(r.seq), false));
+                    Some((r.segment.clone(), r.name.clone(), r.seq))
+                }
+                None => Some((r.segment.clone(), r.name.clone(), r.seq)),
+            };
+        }
+        if let Some((seg, name, from)) = open {
+            versions.push((id.clone(), seg, name, from, None, true));
+        }
+        if scd2 {
+            out.extend(versions);
+        } else {
+            out.extend(
+                versions
+                    .into_iter()
+                    .filter(|v| v.5)
+                    .map(|(k, s, n, _, _, c)| (k, s, n, 0, None, c)),
+            );
+        }
+    }
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scd2_history_with_in_place_updates_deletes_and_a_late_split() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd2");
+    let h = HOUR;
+    let mut all = vec![
+        rec("m1", T0 + h, "small", "Acme"),
+        rec("m2", T0 + h, "large", "Bolt"),
+    ];
+    land(d, &all).await;
+    let s = run(&p, T0 + 2 * h, &[]);
+    assert_eq!(s["mode"], "bootstrap", "{s}");
+    assert_eq!(table(d, true).await, oracle(&all, true));
+    assert_eq!(table(d, true).await.len(), 2);
+
+    // A name change (untracked: in place), a segment change (a new version), a delete.
+    let batch = vec![
+        rec("m1", T0 + 3 * h, "small", "Acme Ltd"),
+        rec("m1", T0 + 5 * h, "mid", "Acme Ltd"),
+        del("m2", T0 + 4 * h),
+    ];
+    land(d, &batch).await;
+    all.extend(batch);
+    let s = run(&p, T0 + 6 * h, &[]);
+    assert_eq!(s["mode"], "incremental", "{s}");
+    assert_eq!(s["num_keys_changed"], 2, "{s}");
+    assert_eq!(s["num_updated_in_place"], 1, "{s}");
+    let rows = table(d, true).await;
+    assert_eq!(rows, oracle(&all, true));
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "m1".into(),
+                "mid".into(),
+                "Acme Ltd".into(),
+                T0 + 5 * h,
+                None,
+                true
+            ),
+            (
+                "m1".into(),
+                "small".into(),
+                "Acme Ltd".into(),
+                T0 + h,
+                Some(T0 + 5 * h),
+                false
+            ),
+            (
+                "m2".into(),
+                "large".into(),
+                "Bolt".into(),
+                T0 + h,
+                Some(T0 + 4 * h),
+                false
+            ),
+        ]
+    );
+    // Nothing new: no commit.
+    let again = run(&p, T0 + 7 * h, &[]);
+    assert!(again["target_version"].is_null(), "{again}");
+
+    // A late segment change at 2h lands inside the first version and splits it; the name change
+    // at 3h belongs to the new piece. A record delivered again changes nothing; a record without
+    // a key is quarantined.
+    let late = vec![
+        rec("m1", T0 + 2 * h, "large", "Acme"),
+        rec("m1", T0 + 3 * h, "small", "Acme Ltd"),
+        Rec {
+            id: None,
+            ..rec("x", T0 + 2 * h, "small", "Nobody")
+        },
+    ];
+    land(d, &late).await;
+    all.extend(late);
+    let s = run(&p, T0 + 8 * h, &[]);
+    assert_eq!(s["num_quarantined"], 1, "{s}");
+    let rows = table(d, true).await;
+    assert_eq!(rows, oracle(&all, true));
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.0 == "m1")
+            .map(|r| (r.1.as_str(), r.3, r.4))
+            .collect::<Vec<_>>(),
+        vec![
+            ("large", T0 + 2 * h, Some(T0 + 3 * h)),
+            ("mid", T0 + 5 * h, None),
+            ("small", T0 + h, Some(T0 + 2 * h)),
+            ("small", T0 + 3 * h, Some(T0 + 5 * h)),
+        ],
+        "{rows:?}"
+    );
+
+    // A full reload rebuilds the same table, and commits nothing new when it equals it.
+    let incremental = table(d, true).await;
+    let s = run(&p, T0 + 9 * h, &["--full-reload"]);
+    assert_eq!(s["mode"], "full_reload", "{s}");
+    assert!(s["target_version"].is_null(), "{s}");
+    assert_eq!(table(d, true).await, incremental);
+
+    // The surrogate keys: one durable key per merchant, one version key per version.
+    let batches = read_all(&d.join("lake/merchants")).await;
+    let mut durable: BTreeMap<String, std::collections::BTreeSet<i64>> = BTreeMap::new();
+    let mut versions = std::collections::BTreeSet::new();
+    for b in &batches {
+        let id = arrow::compute::cast(
+            b.column_by_name("merchant_id").expect("id"),
+            &DataType::Utf8,
+        )
+        .expect("cast");
+        let dk = b.column_by_name("durable_key").expect("durable_key");
+        let vk = b.column_by_name("version_key").expect("version_key");
+        for i in 0..b.num_rows() {
+            durable
+                .entry(id.as_string::<i32>().value(i).to_string())
+                .or_default()
+                .insert(dk.as_primitive::<arrow::datatypes::Int64Type>().value(i));
+            versions.insert(vk.as_primitive::<arrow::datatypes::Int64Type>().value(i));
+        }
+    }
+    assert!(durable.values().all(|s| s.len() == 1), "{durable:?}");
+    assert_eq!(versions.len(), incremental.len());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scd1_keeps_the_newest_row_of_each_live_key() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd1");
+    let h = HOUR;
+    let all = vec![
+        rec("m1", T0 + h, "small", "Acme"),
+        rec("m1", T0 + 3 * h, "mid", "Acme Ltd"),
+        rec("m2", T0 + h, "large", "Bolt"),
+        del("m2", T0 + 2 * h),
+    ];
+    land(d, &all).await;
+    run(&p, T0 + 4 * h, &[]);
+    assert_eq!(table(d, false).await, oracle(&all, false));
+    assert_eq!(table(d, false).await.len(), 1);
+}
+
+#[test]
+fn a_dimension_pipeline_that_cannot_work_is_refused_with_its_line() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd1");
+    let text = std::fs::read_to_string(&p).expect("read") + "track_history: [segment]\n";
+    std::fs::write(&p, text).expect("write");
+    let out = exec(tidemark_at(T0).arg("run").arg(&p));
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(out.stderr.contains("history: scd2"), "{}", out.stderr);
+}
+
+#[derive(Debug, Clone)]
+struct Ev {
+    key: u8,
+    seq: u8,
+    segment: u8,
+    name: u8,
+    delete: bool,
+    batch: usize,
+    twice: bool,
+}
+
+fn ev() -> impl Strategy<Value = Ev> {
+    (
+        0u8..4,
+        0u8..12,
+        0u8..3,
+        0u8..3,
+        prop::bool::weighted(0.15),
+        0usize..4,
+        prop::bool::weighted(0.1),
+    )
+        .prop_map(|(key, seq, segment, name, delete, batch, twice)| Ev {
+            key,
+            seq,
+            segment,
+            name,
+            delete,
+            batch,
+            twice,
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(8),
+        max_shrink_iters: 32,
+        .. ProptestConfig::default()
+    })]
+
+    /// Any records, delivered in any order and batches (late ones included, some twice), with a
+    /// run after each batch and a full reload at the end: the table is the oracle's fold of
+    /// everything delivered so far.
+    #[test]
+    fn the_table_is_the_fold_of_every_record_after_any_runs(evs in prop::collection::vec(ev(), 1..24)) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+        rt.block_on(async {
+            let dir = tempfile::tempdir().expect("tmp");
+            let d = dir.path();
+            let p = pipeline(d, "scd2");
+            let mut landed: Vec<Rec> = Vec::new();
+            for b in 0..4 {
+                let mut batch = Vec::new();
+                for e in evs.iter().filter(|e| e.batch == b) {
+                    // Arrival: the batch's hour (so later batches carry older sequences: late).
+                    let ing = T0 + 100 * HOUR + b as i64 * HOUR;
+                    let r = Rec {
+                        id: Some(format!("m{}", e.key)),
+                        seq: T0 + e.seq as i64 * HOUR,
+                        ing,
+                        segment: format!("s{}", e.segment),
+                        name: format!("n{}", e.name),
+                        delete: e.delete,
+                    };
+                    if e.twice {
+                        batch.push(r.clone());
+                    }
+                    batch.push(r);
+                }
+                if batch.is_empty() {
+                    continue;
+                }
+                land(d, &batch).await;
+                landed.extend(batch);
+                run(&p, T0 + 200 * HOUR, &[]);
+                prop_assert_eq!(table(d, true).await, oracle(&landed, true), "after batch {}", b);
+            }
+            let before = table(d, true).await;
+            run(&p, T0 + 200 * HOUR, &["--full-reload"]);
+            prop_assert_eq!(table(d, true).await, before);
+            Ok(())
+        })?;
+    }
+}
