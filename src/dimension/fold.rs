@@ -96,6 +96,15 @@ impl Layout {
         })
     }
 
+    /// The rules that decide the table's rows, as text (recorded in each commit: a change
+    /// rebuilds every key).
+    pub fn describe(&self) -> String {
+        match self.history {
+            HistoryMode::Scd1 => "scd1".to_string(),
+            HistoryMode::Scd2 => format!("scd2; tracked: {}", self.tracked.join(", ")),
+        }
+    }
+
     /// The output schema, for source `schema`.
     pub fn output_schema(&self, schema: &Schema) -> ArrowResult<SchemaRef> {
         let mut fields: Vec<Field> = self
@@ -209,6 +218,7 @@ pub fn fold(
             .then(content.row(a).cmp(&content.row(b)))
     });
     let key_text = key_text(batch, &layout.keys)?;
+    let order_text = self::key_text(batch, &layout.order)?;
     let seq_col = batch
         .column_by_name(&layout.order[0])
         .cloned()
@@ -281,9 +291,10 @@ pub fn fold(
             .iter()
             .map(|o| {
                 let from = seq_i64.value(o.1 as usize);
+                // (the opening record's tie-breakers too: two versions can open at one instant)
                 Some(surrogate(&format!(
-                    "{}\u{1e}{from}",
-                    key_text[o.0 as usize]
+                    "{}\u{1e}{from}\u{1e}{}",
+                    key_text[o.0 as usize], order_text[o.1 as usize]
                 )))
             })
             .collect();

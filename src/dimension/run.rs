@@ -56,6 +56,8 @@ pub(crate) async fn run_once(
         summary,
         c: DimensionCounters::default(),
         source_table: None,
+        relayout: false,
+        layout: String::new(),
     };
     run.execute().instrument(info_span!("dimension")).await?;
     Ok(run.finish())
@@ -71,6 +73,11 @@ struct Run<'a> {
     summary: RunSummary,
     c: DimensionCounters,
     source_table: Option<i64>,
+    /// The table's columns or its rules (history, tracked columns) changed since it was
+    /// written: every key is rebuilt and the table written again.
+    relayout: bool,
+    /// [`Layout::describe`] of this run, recorded in its commit.
+    layout: String,
 }
 
 /// Which keys a run rebuilds.
@@ -130,6 +137,7 @@ impl Run<'_> {
                 )
                 .into());
         }
+        self.layout = layout.describe();
         let out_schema = layout
             .output_schema(&schema)
             .map_err(RunError::arrow(Phase::Plan))?;
@@ -247,11 +255,15 @@ impl Run<'_> {
             rebuilt.len() as u64
         };
         let held = match &target {
+            Some(_) if self.relayout => Vec::new(),
             Some(t) => crate::run::frame(&self.ctx, t, &d.target_uri, Phase::Compare)
                 .await?
                 .collect()
                 .await
-                .map_err(RunError::scan(Phase::Compare, &d.target_uri))?,
+                .map_err(|e| RunError::TargetRead {
+                    uri: d.target_uri.clone(),
+                    source: Box::new(deltalake::DeltaTableError::from(e)),
+                })?,
             None => Vec::new(),
         };
         let (kept, before) = split_held(
@@ -267,7 +279,7 @@ impl Run<'_> {
         self.c.num_rows_total = (kept.num_rows() + fresh.num_rows()) as u64;
         self.end_phase(Phase::Compare)?;
         let bootstrap = target.is_none();
-        if self.opts.dry_run || (changed == 0 && !bootstrap) {
+        if self.opts.dry_run || (changed == 0 && !bootstrap && !self.relayout) {
             return Ok(());
         }
 
@@ -345,7 +357,22 @@ impl Run<'_> {
             return Ok(Scope::All);
         };
         if held.fields() != storage_schema.fields() {
+            self.relayout = true;
             self.warn(format!("the dimension's columns changed (the source's or the pipeline's): {} is rebuilt from the whole source", d.target_uri));
+            return Ok(Scope::All);
+        }
+        let written_with = written_layout(target, &self.p.name).await;
+        if written_with
+            .as_ref()
+            .is_some_and(|w| *w != layout.describe())
+        {
+            self.relayout = true;
+            self.warn(format!(
+                "the dimension's rules changed since {} was written ({} -> {}): every key is rebuilt from the whole source",
+                d.target_uri,
+                written_with.unwrap_or_default(),
+                layout.describe()
+            ));
             return Ok(Scope::All);
         }
         if record.table.is_some() && record.table != self.source_table {
@@ -442,6 +469,7 @@ impl Run<'_> {
             "num_inserted": c.num_rows_after,
             "num_updated": c.num_keys_changed,
             "num_deleted": c.num_rows_before,
+            "layout": self.layout.clone(),
         });
         let record = lake::SourceRecord {
             version: s.source_version.map(|v| v as i64),
@@ -466,6 +494,17 @@ impl Run<'_> {
         summary.counters = Counters::Dimension(std::mem::take(&mut self.c));
         summary
     }
+}
+
+/// The rules the newest commit of `pipeline` to the table was written with (`None`: not known,
+/// e.g. written before tidemark recorded them).
+async fn written_layout(table: &DeltaTable, pipeline: &str) -> Option<String> {
+    let entries = lake::read_commits(table, 20).await.ok()?;
+    entries
+        .iter()
+        .filter_map(|e| e.run.as_ref())
+        .find(|r| r["pipeline"] == pipeline)
+        .and_then(|r| r["layout"].as_str().map(str::to_string))
 }
 
 /// The table's rows split into those of other keys (kept as they are) and those of the keys

@@ -450,3 +450,69 @@ proptest! {
         })?;
     }
 }
+
+/// What the table is built from changes — a new source column, another `track_history`, a
+/// column excluded — and the next run rebuilds every key with a warning and writes the table
+/// again (even with no new record). Two versions opening at one instant (ordered by the
+/// tie-breaker) get their own version keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_layout_rebuilds_every_key() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd2");
+    let h = HOUR;
+    let mut same_instant = rec("m3", T0 + h, "b", "Cato");
+    same_instant.ing = T0 + 2 * h;
+    let all = vec![
+        rec("m1", T0 + h, "small", "Acme"),
+        rec("m1", T0 + 2 * h, "small", "Acme Ltd"),
+        rec("m3", T0 + h, "a", "Cato"),
+        same_instant,
+    ];
+    land(d, &all).await;
+    run(&p, T0 + 3 * h, &[]);
+    let keys: std::collections::BTreeSet<i64> = read_all(&d.join("lake/merchants"))
+        .await
+        .iter()
+        .flat_map(|b| {
+            let c = b.column_by_name("version_key").expect("version_key");
+            let c = c.as_primitive::<arrow::datatypes::Int64Type>();
+            (0..b.num_rows()).map(|i| c.value(i)).collect::<Vec<_>>()
+        })
+        .collect();
+    assert_eq!(
+        keys.len(),
+        3,
+        "m1 one version, m3 two (one instant): {keys:?}"
+    );
+
+    // Track every column now: the name change opens a version; no new record is needed.
+    let text = std::fs::read_to_string(&p)
+        .expect("read")
+        .replace("track_history: [segment]\n", "");
+    std::fs::write(&p, &text).expect("write");
+    let s = run(&p, T0 + 4 * h, &[]);
+    assert!(s["target_version"].is_u64(), "{s}");
+    assert!(s["warnings"].to_string().contains("rules changed"), "{s}");
+    let m1: Vec<String> = table(d, true)
+        .await
+        .into_iter()
+        .filter(|r| r.0 == "m1")
+        .map(|r| r.2)
+        .collect();
+    assert_eq!(m1, vec!["Acme", "Acme Ltd"]);
+    // The rerun is quiet again.
+    assert!(run(&p, T0 + 5 * h, &[])["target_version"].is_null());
+
+    // Exclude `name`: the column goes.
+    let text = text.replace("exclude: [op]", "exclude: [op, name]");
+    std::fs::write(&p, &text).expect("write");
+    let s = run(&p, T0 + 6 * h, &[]);
+    assert!(s["target_version"].is_u64(), "{s}");
+    let b = read_all(&d.join("lake/merchants")).await;
+    assert!(
+        b.iter().all(|b| b.column_by_name("name").is_none()),
+        "name is gone"
+    );
+    assert!(run(&p, T0 + 7 * h, &[])["target_version"].is_null());
+}

@@ -131,6 +131,7 @@ impl Ctx<'_> {
                 ));
             }
         }
+        let only_given = raw.track_history.is_some();
         let tracked = match (raw.track_history, raw.track_history_except) {
             (Some(_), Some(_)) => {
                 return Err(self.invalid(
@@ -139,10 +140,15 @@ impl Ctx<'_> {
                 ))
             }
             (Some(_), None) | (None, Some(_)) if raw.history == HistoryMode::Scd1 => {
+                let key = if only_given {
+                    "track_history"
+                } else {
+                    "track_history_except"
+                };
                 return Err(self.invalid(
                     "history",
-                    "`track_history` chooses which changes open a new version, and `history: scd1` keeps no versions; remove it, or use `history: scd2`",
-                ))
+                    format!("`{key}` chooses which changes open a new version, and `history: scd1` keeps no versions; remove it, or use `history: scd2`"),
+                ));
             }
             (Some(cols), None) if cols.is_empty() => {
                 return Err(self.invalid(
@@ -154,12 +160,23 @@ impl Ctx<'_> {
             (None, Some(cols)) => Tracked::Except(cols),
             (None, None) => Tracked::All,
         };
+        let exclude = raw.columns.map(|c| c.exclude).unwrap_or_default();
         if let Tracked::Only(cols) | Tracked::Except(cols) = &tracked {
+            let key = match &tracked {
+                Tracked::Only(_) => "track_history",
+                _ => "track_history_except",
+            };
             for c in cols {
                 if roles.contains(&c) {
-                    return Err(self.invalid_at_text(
-                        c,
-                        format!("`{c}` is a key, sequence or tie-breaker column: it is not an attribute whose history is tracked"),
+                    return Err(self.invalid(
+                        key,
+                        format!("`{key}` lists `{c}`, a key, sequence or tie-breaker column: it is not an attribute whose history is tracked"),
+                    ));
+                }
+                if exclude.contains(c) {
+                    return Err(self.invalid(
+                        key,
+                        format!("`{key}` lists `{c}`, which `columns.exclude` leaves out of the table: a version would open on a change the table does not show; track it or exclude it, not both"),
                     ));
                 }
             }
@@ -171,7 +188,6 @@ impl Ctx<'_> {
             Some(d) => Some((d.column, d.values)),
             None => None,
         };
-        let exclude = raw.columns.map(|c| c.exclude).unwrap_or_default();
         for c in &exclude {
             if roles.contains(&c) {
                 return Err(self.invalid(
