@@ -96,6 +96,13 @@ pub struct DimensionCounters {
     pub num_updated_in_place: u64,
     /// Rows of the whole table after the run.
     pub num_rows_total: u64,
+    /// Inferred members (`infer_from`): placeholders written by this run for keys the facts
+    /// name first, placeholders completed by their first record, placeholders still pending,
+    /// and of those the ones older than `alert_after`.
+    pub num_inferred_new: u64,
+    pub num_inferred_completed: u64,
+    pub num_inferred_pending: u64,
+    pub num_inferred_overdue: u64,
 }
 
 /// What an `aggregate` run counts.
@@ -437,6 +444,16 @@ impl RunSummary {
                     format!("{} -> {}", c.num_rows_before, c.num_rows_after),
                 ),
                 ("updated in place", c.num_updated_in_place.to_string()),
+                (
+                    "inferred members",
+                    format!(
+                        "{} new, {} completed, {} pending ({} past alert_after)",
+                        c.num_inferred_new,
+                        c.num_inferred_completed,
+                        c.num_inferred_pending,
+                        c.num_inferred_overdue
+                    ),
+                ),
                 ("table rows", c.num_rows_total.to_string()),
                 ("files added/removed", files),
             ],

@@ -7,16 +7,20 @@
 //! tie-breakers, an upsert and a delete both count (the delete last), and of two upserts the one
 //! with the greater content is the newer (as the merge does).
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, UInt32Array};
+use arrow::array::{
+    Array, ArrayRef, AsArray, BooleanArray, Int64Array, RecordBatch, TimestampMicrosecondArray,
+    UInt32Array,
+};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
 
 use super::history::{Change, History};
 use crate::config::pipeline::dimension::{
-    Dimension, HistoryMode, Tracked, DURABLE_KEY, IS_CURRENT, IS_INFERRED, VALID_FROM, VALID_TO,
-    VERSION_KEY,
+    Dimension, HistoryMode, Tracked, DURABLE_KEY, INFERRED_AT, IS_CURRENT, IS_INFERRED, VALID_FROM,
+    VALID_TO, VERSION_KEY,
 };
 
 type ArrowResult<T> = Result<T, arrow::error::ArrowError>;
@@ -127,6 +131,11 @@ impl Layout {
             fields.push(Field::new(DURABLE_KEY, DataType::Int64, false));
         }
         fields.push(Field::new(IS_INFERRED, DataType::Boolean, false));
+        fields.push(Field::new(
+            INFERRED_AT,
+            DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, Some("UTC".into())),
+            true,
+        ));
         Ok(Arc::new(Schema::new(fields)))
     }
 }
@@ -194,14 +203,63 @@ fn deletes(batch: &RecordBatch, layout: &Layout) -> ArrowResult<Vec<bool>> {
 pub struct Folded {
     /// Upserts folded into an open version in place (no new version).
     pub updated_in_place: u64,
+    /// Keys that were placeholders and now have a real version (completed in place).
+    pub completed: u64,
+}
+
+/// The instant an inferred member's versions start from: 1900-01-01, in the sequence's type
+/// (its raw integer: seconds/ms/µs/ns for a timestamp, days for a date).
+fn beginning(seq: &DataType) -> i64 {
+    const SECS: i64 = -2_208_988_800;
+    match seq {
+        DataType::Timestamp(unit, _) => match unit {
+            arrow::datatypes::TimeUnit::Second => SECS,
+            arrow::datatypes::TimeUnit::Millisecond => SECS * 1_000,
+            arrow::datatypes::TimeUnit::Microsecond => SECS * 1_000_000,
+            arrow::datatypes::TimeUnit::Nanosecond => SECS * 1_000_000_000,
+        },
+        _ => SECS / 86_400,
+    }
+}
+
+/// Raw sequence integers as the sequence's type.
+fn as_sequence(raw: Int64Array, seq: &DataType) -> ArrowResult<ArrayRef> {
+    let raw: ArrayRef = Arc::new(raw);
+    match seq {
+        DataType::Date32 => {
+            arrow::compute::cast(&arrow::compute::cast(&raw, &DataType::Int32)?, seq)
+        }
+        _ => arrow::compute::cast(&raw, seq),
+    }
+}
+
+/// The version key of a placeholder, and of the first version of a key that was one (it is
+/// completed in place: the same keys).
+fn inferred_version_key(key: &str) -> i64 {
+    surrogate(&format!("{key}\u{1e}inferred"))
+}
+
+/// One output row of the fold.
+struct Out {
+    /// Source row of the values; rows of the records opening and closing the version.
+    values: u32,
+    from: u32,
+    to: Option<u32>,
+    current: bool,
+    /// The key was a placeholder (first written then): its first version starts at 1900.
+    inferred_at: Option<i64>,
+    first: bool,
 }
 
 /// The dimension rows of every key in `batch` (all their valid change records), in key order
-/// then validity; `schema` is [`Layout::output_schema`].
+/// then validity; `schema` is [`Layout::output_schema`]. `inferred`: keys that were
+/// placeholders (key text → when first inferred, µs): their first version starts at 1900-01-01
+/// with the placeholder's version key, so facts from before the first record find it.
 pub fn fold(
     batch: &RecordBatch,
     layout: &Layout,
     schema: &SchemaRef,
+    inferred: &HashMap<String, i64>,
 ) -> ArrowResult<(RecordBatch, Folded)> {
     let n = batch.num_rows();
     let keys = rows_of(batch, &layout.keys)?;
@@ -223,10 +281,10 @@ pub fn fold(
         .column_by_name(&layout.order[0])
         .cloned()
         .ok_or_else(|| arrow::error::ArrowError::SchemaError("no sequence column".into()))?;
+    let seq_type = seq_col.data_type().clone();
     let seq_i64 = arrow::compute::cast(&seq_col, &DataType::Int64)?;
     let seq_i64 = seq_i64.as_primitive::<arrow::datatypes::Int64Type>();
-    // Output rows: (source row of the values, row of valid_from, row of valid_to, current).
-    let mut out: Vec<(u32, u32, Option<u32>, bool)> = Vec::new();
+    let mut out: Vec<Out> = Vec::new();
     let mut folded = Folded::default();
     let mut start = 0;
     while start < idx.len() {
@@ -243,6 +301,10 @@ pub fn fold(
             })
             .collect();
         let h = History::fold(changes, |a, b| tracked.row(*a) == tracked.row(*b));
+        let was = inferred.get(&key_text[idx[start]]).copied();
+        if was.is_some() && !h.versions.is_empty() {
+            folded.completed += 1;
+        }
         for (k, v) in h.versions.iter().enumerate() {
             folded.updated_in_place += v.changes.iter().filter(|c| !c.delete).count() as u64 - 1;
             let closer = if v.closed_by_delete() {
@@ -250,20 +312,21 @@ pub fn fold(
             } else {
                 h.versions.get(k + 1).map(|next| next.changes[0].row as u32)
             };
-            out.push((
-                v.row as u32,
-                v.changes[0].row as u32,
-                closer,
-                v.to.is_none(),
-            ));
+            out.push(Out {
+                values: v.row as u32,
+                from: v.changes[0].row as u32,
+                to: closer,
+                current: v.to.is_none(),
+                inferred_at: was,
+                first: k == 0,
+            });
         }
         start = end;
     }
     if layout.history == HistoryMode::Scd1 {
-        out.retain(|o| o.3);
+        out.retain(|o| o.current);
     }
-    let take = |rows: Vec<u32>| UInt32Array::from(rows);
-    let values = take(out.iter().map(|o| o.0).collect());
+    let values = UInt32Array::from(out.iter().map(|o| o.values).collect::<Vec<_>>());
     let mut columns: Vec<ArrayRef> = layout
         .columns
         .iter()
@@ -276,25 +339,39 @@ pub fn fold(
         .collect::<ArrowResult<_>>()?;
     let durable: Int64Array = out
         .iter()
-        .map(|o| Some(surrogate(&key_text[o.0 as usize])))
+        .map(|o| Some(surrogate(&key_text[o.values as usize])))
         .collect();
+    let from_1900 = |o: &Out| o.first && o.inferred_at.is_some();
     if layout.history == HistoryMode::Scd2 {
-        let from = take(out.iter().map(|o| o.1).collect());
-        let to: UInt32Array = out.iter().map(|o| o.2).collect();
-        columns.push(arrow::compute::take(&seq_col, &from, None)?);
+        let from: Int64Array = out
+            .iter()
+            .map(|o| {
+                Some(if from_1900(o) {
+                    beginning(&seq_type)
+                } else {
+                    seq_i64.value(o.from as usize)
+                })
+            })
+            .collect();
+        let to: UInt32Array = out.iter().map(|o| o.to).collect();
+        columns.push(as_sequence(from, &seq_type)?);
         columns.push(arrow::compute::take(&seq_col, &to, None)?);
         columns.push(Arc::new(BooleanArray::from(
-            out.iter().map(|o| o.3).collect::<Vec<_>>(),
+            out.iter().map(|o| o.current).collect::<Vec<_>>(),
         )));
         columns.push(Arc::new(durable));
         let version: Int64Array = out
             .iter()
             .map(|o| {
-                let from = seq_i64.value(o.1 as usize);
+                let key = &key_text[o.values as usize];
+                if from_1900(o) {
+                    return Some(inferred_version_key(key));
+                }
                 // (the opening record's tie-breakers too: two versions can open at one instant)
+                let from = seq_i64.value(o.from as usize);
                 Some(surrogate(&format!(
-                    "{}\u{1e}{from}\u{1e}{}",
-                    key_text[o.0 as usize], order_text[o.1 as usize]
+                    "{key}\u{1e}{from}\u{1e}{}",
+                    order_text[o.from as usize]
                 )))
             })
             .collect();
@@ -303,14 +380,76 @@ pub fn fold(
         columns.push(Arc::new(durable));
     }
     columns.push(Arc::new(BooleanArray::from(vec![false; out.len()])));
+    columns.push(Arc::new(
+        TimestampMicrosecondArray::from(out.iter().map(|o| o.inferred_at).collect::<Vec<_>>())
+            .with_timezone("UTC"),
+    ));
+    finish(columns, schema, out.len()).map(|b| (b, folded))
+}
+
+/// `columns` cast to `schema`'s types, as a batch of `rows` rows.
+fn finish(columns: Vec<ArrayRef>, schema: &SchemaRef, rows: usize) -> ArrowResult<RecordBatch> {
     let columns = columns
         .into_iter()
         .zip(schema.fields())
         .map(|(c, f)| arrow::compute::cast(&c, f.data_type()))
         .collect::<ArrowResult<Vec<_>>>()?;
-    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(out.len()));
-    Ok((
-        RecordBatch::try_new_with_options(schema.clone(), columns, &options)?,
-        folded,
-    ))
+    let options = arrow::array::RecordBatchOptions::new().with_row_count(Some(rows));
+    RecordBatch::try_new_with_options(schema.clone(), columns, &options)
+}
+
+/// Placeholder rows for `keys` (key text → when first inferred, µs), in `schema`: the key, the
+/// `placeholder` values (text, cast to each column's type), other attributes null, valid from
+/// 1900-01-01 and current. `Err(column)` names a placeholder value its column cannot take.
+pub fn placeholders(
+    keys: &[(String, i64)],
+    layout: &Layout,
+    schema: &SchemaRef,
+    placeholder: &[(String, String)],
+) -> Result<RecordBatch, String> {
+    let n = keys.len();
+    let e = |e: arrow::error::ArrowError| e.to_string();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    for c in &layout.columns {
+        let field = schema.field_with_name(c).map_err(e)?;
+        let text: arrow::array::StringArray = if layout.keys.contains(c) {
+            keys.iter().map(|(k, _)| Some(k.as_str())).collect()
+        } else {
+            match placeholder.iter().find(|(pc, _)| pc == c) {
+                Some((_, v)) => std::iter::repeat_n(Some(v.as_str()), n).collect(),
+                None => std::iter::repeat_n(None::<&str>, n).collect(),
+            }
+        };
+        let options = arrow::compute::CastOptions {
+            safe: false,
+            ..Default::default()
+        };
+        let cast = arrow::compute::cast_with_options(&text, field.data_type(), &options)
+            .map_err(|_| c.clone())?;
+        columns.push(cast);
+    }
+    let seq_type = schema
+        .field_with_name(VALID_FROM)
+        .map(|f| f.data_type().clone())
+        .ok();
+    if let Some(seq_type) = &seq_type {
+        let from = Int64Array::from(vec![beginning(seq_type); n]);
+        columns.push(as_sequence(from, seq_type).map_err(e)?);
+        columns.push(arrow::array::new_null_array(seq_type, n));
+        columns.push(Arc::new(BooleanArray::from(vec![true; n])));
+    }
+    columns.push(Arc::new(Int64Array::from_iter_values(
+        keys.iter().map(|(k, _)| surrogate(k)),
+    )));
+    if seq_type.is_some() {
+        columns.push(Arc::new(Int64Array::from_iter_values(
+            keys.iter().map(|(k, _)| inferred_version_key(k)),
+        )));
+    }
+    columns.push(Arc::new(BooleanArray::from(vec![true; n])));
+    columns.push(Arc::new(
+        TimestampMicrosecondArray::from_iter_values(keys.iter().map(|(_, t)| *t))
+            .with_timezone("UTC"),
+    ));
+    finish(columns, schema, n).map_err(e)
 }

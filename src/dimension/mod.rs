@@ -6,8 +6,10 @@
 //! records landed since the previous run are rebuilt from all their records, so a late change
 //! lands inside the history where its sequence puts it.
 
+mod compare;
 pub mod fold;
 pub mod history;
+mod infer;
 mod run;
 
 pub(crate) use run::run_once;

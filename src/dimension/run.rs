@@ -20,7 +20,9 @@ use datafusion::prelude::{ident, SessionContext};
 use deltalake::DeltaTable;
 use tracing::{info, info_span, Instrument};
 
+use super::compare::{changed_keys, split_held, written_layout};
 use super::fold::{self, Layout};
+use super::infer;
 use crate::config::pipeline::{Dimension, Kind};
 use crate::config::Pipeline;
 use crate::lake;
@@ -149,6 +151,11 @@ impl Run<'_> {
 
         // read: every valid row of the keys, the rest to the quarantine
         let (keys_filter, landed) = match &scope {
+            // Facts may name new keys even when no record landed.
+            Scope::Nothing if d.infer.is_some() => {
+                let none = df.clone().limit(0, Some(0)).map_err(q(Phase::Read))?;
+                (Some(Vec::new()), none)
+            }
             Scope::Nothing => {
                 self.c.num_rows_total = target
                     .as_ref()
@@ -160,7 +167,9 @@ impl Run<'_> {
             Scope::Keys(batches, landed) => (Some(batches.clone()), (**landed).clone()),
         };
         let mut input = df.clone();
-        if let Some(keys) = keys_filter {
+        if keys_filter.as_ref().is_some_and(Vec::is_empty) {
+            input = input.limit(0, Some(0)).map_err(q(Phase::Read))?;
+        } else if let Some(keys) = keys_filter {
             let wanted = self.ctx.read_batches(keys).map_err(q(Phase::Read))?;
             let cols: Vec<&str> = d.keys.iter().map(String::as_str).collect();
             input = input
@@ -225,13 +234,7 @@ impl Run<'_> {
         }
         self.end_phase(Phase::Read)?;
 
-        // fold, then compare with the table's rows of the same keys
-        let (fresh, folded) =
-            fold::fold(&valid, &layout, &out_schema).map_err(RunError::arrow(Phase::Compare))?;
-        let fresh = lake::storage::storage_batch(&fresh)
-            .and_then(|b| lake::storage::cast_to(&b, &storage_schema))
-            .map_err(RunError::arrow(Phase::Compare))?;
-        self.c.num_updated_in_place = folded.updated_in_place;
+        // the table's rows: placeholders among them, and those of the keys rebuilt
         let rebuilt: HashSet<String> = match &scope {
             Scope::Keys(batches, _) => {
                 let mut set = HashSet::new();
@@ -245,17 +248,7 @@ impl Run<'_> {
             _ => HashSet::new(),
         };
         let all = matches!(scope, Scope::All);
-        self.c.num_keys_read = if all {
-            fold::key_text(&valid, &d.keys)
-                .map_err(RunError::arrow(Phase::Compare))?
-                .into_iter()
-                .collect::<HashSet<_>>()
-                .len() as u64
-        } else {
-            rebuilt.len() as u64
-        };
         let held = match &target {
-            Some(_) if self.relayout => Vec::new(),
             Some(t) => crate::run::frame(&self.ctx, t, &d.target_uri, Phase::Compare)
                 .await?
                 .collect()
@@ -266,12 +259,55 @@ impl Run<'_> {
                 })?,
             None => Vec::new(),
         };
+        let inferred = infer::inferred_keys(&held, &d.keys)?;
+        let held = if self.relayout { Vec::new() } else { held };
         let (kept, before) = split_held(
             &held,
             &storage_schema,
             &d.keys,
             all.then_some(()).map_or(Some(&rebuilt), |_| None),
         )?;
+
+        // fold, add placeholders for keys the facts name first, then compare
+        let (fresh, folded) = fold::fold(&valid, &layout, &out_schema, &inferred)
+            .map_err(RunError::arrow(Phase::Compare))?;
+        let mut fresh = lake::storage::storage_batch(&fresh)
+            .and_then(|b| lake::storage::cast_to(&b, &storage_schema))
+            .map_err(RunError::arrow(Phase::Compare))?;
+        self.c.num_updated_in_place = folded.updated_in_place;
+        self.c.num_inferred_completed = folded.completed;
+        self.c.num_keys_read = if all {
+            fold::key_text(&valid, &d.keys)
+                .map_err(RunError::arrow(Phase::Compare))?
+                .into_iter()
+                .collect::<HashSet<_>>()
+                .len() as u64
+        } else {
+            rebuilt.len() as u64
+        };
+        if let Some(infer) = &d.infer {
+            let new = self.infer(infer, &df, &[&kept, &fresh], &inferred).await?;
+            let rows = fold::placeholders(&new, &layout, &out_schema, &infer.placeholder)
+                .map_err(|col| {
+                    self.p.error_at(
+                        "placeholder",
+                        format!("`placeholder.{col}` is not a value column `{col}` can hold (its type: {})", out_schema.field_with_name(&col).map(|f| f.data_type().to_string()).unwrap_or_default()),
+                    )
+                })?;
+            let rows = lake::storage::storage_batch(&rows)
+                .and_then(|b| lake::storage::cast_to(&b, &storage_schema))
+                .map_err(RunError::arrow(Phase::Compare))?;
+            self.c.num_inferred_new = new.len() as u64;
+            fresh = arrow::compute::concat_batches(&storage_schema, [&fresh, &rows])
+                .map_err(RunError::arrow(Phase::Compare))?;
+            let pending = infer::pending(&[&kept, &fresh], &d.keys)?;
+            let overdue = infer::check(self.p, infer, &pending, self.now)?;
+            self.c.num_inferred_pending = overdue.pending;
+            self.c.num_inferred_overdue = overdue.overdue;
+            if let Some(w) = overdue.warning {
+                self.warn(w);
+            }
+        }
         let changed = changed_keys(&before, &fresh, &d.keys)?;
         self.c.num_keys_changed = changed;
         self.c.num_rows_before = before.num_rows() as u64;
@@ -442,6 +478,44 @@ impl Run<'_> {
         Ok(Scope::Keys(batches, Box::new(landed)))
     }
 
+    /// The keys the facts name that the dimension knows nothing of — no record in the source,
+    /// no row in the table (`rows`) — with when each was first inferred (now, or when an earlier
+    /// placeholder for it was written).
+    async fn infer(
+        &self,
+        infer: &crate::config::pipeline::dimension::Infer,
+        source: &datafusion::prelude::DataFrame,
+        rows: &[&RecordBatch],
+        inferred: &std::collections::HashMap<String, i64>,
+    ) -> Result<Vec<(String, i64)>, RunError> {
+        let d = self.d;
+        let facts = infer::fact_keys(&self.ctx, self.p, infer).await?;
+        let mut known: HashSet<String> = HashSet::new();
+        let keys: Vec<Expr> = d.keys.iter().map(ident).collect();
+        let recorded = source
+            .clone()
+            .select(keys)
+            .and_then(|df| df.distinct())
+            .map_err(RunError::query(Phase::Read))?
+            .collect()
+            .await
+            .map_err(RunError::scan(Phase::Read, &d.source_uri))?;
+        for b in recorded.iter().chain(rows.iter().copied()) {
+            known.extend(fold::key_text(b, &d.keys).map_err(RunError::arrow(Phase::Compare))?);
+        }
+        let now = self.now.timestamp_micros();
+        let mut new: Vec<(String, i64)> = facts
+            .into_iter()
+            .filter(|k| !known.contains(k))
+            .map(|k| {
+                let at = inferred.get(&k).copied().unwrap_or(now);
+                (k, at)
+            })
+            .collect();
+        new.sort();
+        Ok(new)
+    }
+
     fn warn(&mut self, message: String) {
         tracing::warn!("{message}");
         self.summary.warnings.push(message);
@@ -470,6 +544,10 @@ impl Run<'_> {
             "num_updated": c.num_keys_changed,
             "num_deleted": c.num_rows_before,
             "layout": self.layout.clone(),
+            "num_inferred_new": c.num_inferred_new,
+            "num_inferred_completed": c.num_inferred_completed,
+            "num_inferred_pending": c.num_inferred_pending,
+            "num_inferred_overdue": c.num_inferred_overdue,
         });
         let record = lake::SourceRecord {
             version: s.source_version.map(|v| v as i64),
@@ -494,76 +572,4 @@ impl Run<'_> {
         summary.counters = Counters::Dimension(std::mem::take(&mut self.c));
         summary
     }
-}
-
-/// The rules the newest commit of `pipeline` to the table was written with (`None`: not known,
-/// e.g. written before tidemark recorded them).
-async fn written_layout(table: &DeltaTable, pipeline: &str) -> Option<String> {
-    let entries = lake::read_commits(table, 20).await.ok()?;
-    entries
-        .iter()
-        .filter_map(|e| e.run.as_ref())
-        .find(|r| r["pipeline"] == pipeline)
-        .and_then(|r| r["layout"].as_str().map(str::to_string))
-}
-
-/// The table's rows split into those of other keys (kept as they are) and those of the keys
-/// being rebuilt (`rebuilt`; `None`: every key), both in `schema`.
-fn split_held(
-    held: &[RecordBatch],
-    schema: &arrow::datatypes::SchemaRef,
-    keys: &[String],
-    rebuilt: Option<&HashSet<String>>,
-) -> Result<(RecordBatch, RecordBatch), RunError> {
-    let a = |e| RunError::arrow(Phase::Compare)(e);
-    let mut kept = Vec::new();
-    let mut before = Vec::new();
-    for b in held {
-        let b = lake::storage::cast_to(b, schema).map_err(a)?;
-        let Some(set) = rebuilt else {
-            before.push(b);
-            continue;
-        };
-        let text = fold::key_text(&b, keys).map_err(a)?;
-        let mask: arrow::array::BooleanArray = text.iter().map(|k| Some(set.contains(k))).collect();
-        before.push(arrow::compute::filter_record_batch(&b, &mask).map_err(a)?);
-        let not = arrow::compute::not(&mask).map_err(a)?;
-        kept.push(arrow::compute::filter_record_batch(&b, &not).map_err(a)?);
-    }
-    let kept = arrow::compute::concat_batches(schema, &kept).map_err(a)?;
-    let before = arrow::compute::concat_batches(schema, &before).map_err(a)?;
-    Ok((kept, before))
-}
-
-/// How many keys have different rows in `before` and `after` (compared as sets of rows).
-fn changed_keys(
-    before: &RecordBatch,
-    after: &RecordBatch,
-    keys: &[String],
-) -> Result<u64, RunError> {
-    let a = |e| RunError::arrow(Phase::Compare)(e);
-    let rows =
-        |b: &RecordBatch| -> Result<std::collections::BTreeMap<String, Vec<Vec<u8>>>, RunError> {
-            let text = fold::key_text(b, keys).map_err(a)?;
-            let conv = arrow::row::RowConverter::new(
-                b.schema()
-                    .fields()
-                    .iter()
-                    .map(|f| arrow::row::SortField::new(f.data_type().clone()))
-                    .collect(),
-            )
-            .map_err(a)?;
-            let r = conv.convert_columns(b.columns()).map_err(a)?;
-            let mut out: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
-            for (i, k) in text.into_iter().enumerate() {
-                out.entry(k).or_default().push(r.row(i).as_ref().to_vec());
-            }
-            for v in out.values_mut() {
-                v.sort();
-            }
-            Ok(out)
-        };
-    let (b, f) = (rows(before)?, rows(after)?);
-    let keys: HashSet<&String> = b.keys().chain(f.keys()).collect();
-    Ok(keys.into_iter().filter(|k| b.get(*k) != f.get(*k)).count() as u64)
 }

@@ -65,6 +65,15 @@ pub enum RunError {
     /// The source's columns changed in a way the pipeline's `on_schema_change` does not allow.
     #[error("schema change in {uri}: {message}")]
     SchemaDrift { uri: String, message: String },
+    /// A dimension's placeholders stayed pending past `fail_after`.
+    #[error("{count} inferred member(s) of `{pipeline}` are older than fail_after ({after}; oldest: {oldest}, since {since}): the facts name keys the dimension's feed never delivered, so its feed is broken, not slow. Nothing was written. Fix the feed (or raise `fail_after`), then rerun")]
+    InferredOverdue {
+        pipeline: String,
+        count: u64,
+        oldest: String,
+        since: String,
+        after: String,
+    },
     /// Another writer committed to the target after this run planned.
     #[error("another writer committed version {found} of {uri} after this run planned against version {planned}; rerun the same command (it plans again from the new version)")]
     Conflict {
@@ -326,6 +335,7 @@ impl Classify for RunError {
             | RunError::SchemaDrift { .. }
             | RunError::DuplicateTargetKeys { .. }
             | RunError::SourceReplaced { .. }
+            | RunError::InferredOverdue { .. }
             | RunError::SourceWentBack { .. }
             | RunError::SourceRewritten { .. } => ErrorClass::BadData,
         }

@@ -516,3 +516,192 @@ async fn a_changed_layout_rebuilds_every_key() {
     );
     assert!(run(&p, T0 + 7 * h, &[])["target_version"].is_null());
 }
+
+/// Payments naming merchants (`merchant_id`), as the facts table of `infer_from`.
+async fn facts(dir: &Path, merchants: &[&str]) {
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("payment_id", DataType::Utf8, false),
+        Field::new("merchant_id", DataType::Utf8, true),
+    ]));
+    let b = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(StringArray::from(
+                (0..merchants.len())
+                    .map(|i| format!("p{i}"))
+                    .collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(merchants.to_vec())),
+        ],
+    )
+    .expect("batch");
+    append_batch(&dir.join("lake/payments"), b).await;
+}
+
+/// (key, is_inferred, durable_key, version_key, inferred_at) of every row.
+async fn inferred_rows(dir: &Path) -> Vec<(String, bool, i64, i64, Option<i64>)> {
+    let mut out = Vec::new();
+    for b in read_all(&dir.join("lake/merchants")).await {
+        let id = arrow::compute::cast(
+            b.column_by_name("merchant_id").expect("id"),
+            &DataType::Utf8,
+        )
+        .expect("cast");
+        let flag = b.column_by_name("is_inferred").expect("is_inferred");
+        let i64s = |c: &str| {
+            arrow::compute::cast(b.column_by_name(c).expect(c), &DataType::Int64).expect("cast")
+        };
+        let (dk, vk, at) = (
+            i64s("durable_key"),
+            i64s("version_key"),
+            i64s("inferred_at"),
+        );
+        for i in 0..b.num_rows() {
+            let at_i = at.as_primitive::<arrow::datatypes::Int64Type>();
+            out.push((
+                id.as_string::<i32>().value(i).to_string(),
+                flag.as_boolean().value(i),
+                dk.as_primitive::<arrow::datatypes::Int64Type>().value(i),
+                vk.as_primitive::<arrow::datatypes::Int64Type>().value(i),
+                at_i.is_valid(i).then(|| at_i.value(i)),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// 1900-01-01T00:00:00Z in microseconds: where an inferred member's history starts.
+const BEGINNING: i64 = -2_208_988_800_000_000;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn facts_that_come_first_get_a_placeholder_completed_in_place() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd2");
+    let text = std::fs::read_to_string(&p).expect("read")
+        + &format!(
+            "infer_from: [{{ source: \"{}/lake/payments\", key: merchant_id }}]\nplaceholder: {{ name: \"Unknown (pending)\", segment: unknown }}\nalert_after: 1d\nfail_after: 3d\n",
+            d.display()
+        );
+    std::fs::write(&p, text).expect("write");
+    let h = HOUR;
+    land(d, &[rec("m1", T0 + h, "small", "Acme")]).await;
+    facts(d, &["m1", "m9", "m1"]).await;
+    let s = run(&p, T0 + 2 * h, &[]);
+    assert_eq!(
+        (
+            s["num_inferred_new"].as_u64(),
+            s["num_inferred_pending"].as_u64()
+        ),
+        (Some(1), Some(1)),
+        "{s}"
+    );
+    let rows = table(d, true).await;
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "m1".into(),
+                "small".into(),
+                "Acme".into(),
+                T0 + h,
+                None,
+                true
+            ),
+            (
+                "m9".into(),
+                "unknown".into(),
+                "Unknown (pending)".into(),
+                BEGINNING,
+                None,
+                true
+            ),
+        ]
+    );
+    let placeholder = inferred_rows(d).await[1].clone();
+    assert!(placeholder.1, "m9 is inferred: {placeholder:?}");
+    assert_eq!(
+        placeholder.4,
+        Some(T0 + 2 * h),
+        "inferred at the run's time"
+    );
+    // Nothing new: no commit, the placeholder stays as it is.
+    assert!(run(&p, T0 + 3 * h, &[])["target_version"].is_null());
+
+    // Two days on, still pending: past alert_after, a warning and a count; the run succeeds.
+    let s = run(&p, T0 + 50 * h, &[]);
+    assert_eq!(s["num_inferred_overdue"], 1, "{s}");
+    assert!(s["warnings"].to_string().contains("still pending"), "{s}");
+
+    // m9's record arrives: the placeholder is completed in place — the same keys, not inferred,
+    // valid from 1900 so the payments from before the record find it.
+    land(
+        d,
+        &[
+            rec("m9", T0 + 40 * h, "mid", "Nine"),
+            rec("m9", T0 + 45 * h, "large", "Nine"),
+        ],
+    )
+    .await;
+    let s = run(&p, T0 + 51 * h, &[]);
+    assert_eq!(s["num_inferred_completed"], 1, "{s}");
+    assert_eq!(s["num_inferred_pending"], 0, "{s}");
+    let rows = table(d, true).await;
+    assert_eq!(
+        rows.iter()
+            .filter(|r| r.0 == "m9")
+            .cloned()
+            .collect::<Vec<_>>(),
+        vec![
+            (
+                "m9".into(),
+                "large".into(),
+                "Nine".into(),
+                T0 + 45 * h,
+                None,
+                true
+            ),
+            (
+                "m9".into(),
+                "mid".into(),
+                "Nine".into(),
+                BEGINNING,
+                Some(T0 + 45 * h),
+                false
+            ),
+        ]
+    );
+    let m9: Vec<_> = inferred_rows(d)
+        .await
+        .into_iter()
+        .filter(|r| r.0 == "m9")
+        .collect();
+    let first = m9
+        .iter()
+        .find(|r| r.3 == placeholder.3)
+        .expect("the placeholder's version key lives on");
+    assert_eq!(
+        (first.1, first.2, first.4),
+        (false, placeholder.2, placeholder.4),
+        "{m9:?}"
+    );
+
+    // A full reload keeps it so (the placeholder's mark is read from the table it replaces).
+    let before = inferred_rows(d).await;
+    run(&p, T0 + 52 * h, &["--full-reload"]);
+    assert_eq!(inferred_rows(d).await, before);
+
+    // A new unknown merchant, left pending past fail_after: the run stops, nothing written.
+    facts(d, &["m7"]).await;
+    assert_eq!(run(&p, T0 + 53 * h, &[])["num_inferred_new"], 1);
+    let planned = version(&d.join("lake/merchants")).await;
+    let out = exec(tidemark_at(T0 + 53 * h + 4 * 24 * h).arg("run").arg(&p));
+    assert_eq!(out.code, 65, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("m7") && out.stderr.contains("fail_after"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(version(&d.join("lake/merchants")).await, planned);
+}

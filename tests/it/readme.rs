@@ -398,9 +398,16 @@ fn the_dimension_reference_loads_and_runs_and_names_real_summary_fields() {
         ],
     )
     .expect("batch");
-    tokio::runtime::Runtime::new()
-        .expect("rt")
-        .block_on(append_batch(&raw, batch));
+    let payments = arrow::array::RecordBatch::try_new(
+        std::sync::Arc::new(arrow::datatypes::Schema::new(vec![
+            arrow::datatypes::Field::new("merchant_id", arrow::datatypes::DataType::Utf8, true),
+        ])),
+        vec![s(["m1", "m2"])],
+    )
+    .expect("payments");
+    let rt = tokio::runtime::Runtime::new().expect("rt");
+    rt.block_on(append_batch(&raw, batch));
+    rt.block_on(append_batch(&lake.join("silver/payments"), payments));
     let var = format!("lake={}", lake.display());
     let out = exec(
         tidemark_at(T0 + 3 * HOUR)
@@ -415,13 +422,14 @@ fn the_dimension_reference_loads_and_runs_and_names_real_summary_fields() {
     );
     let summary: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
     assert_eq!(
-        summary["num_rows_total"], 2,
-        "two versions of m1: {summary}"
+        summary["num_rows_total"], 3,
+        "two versions of m1, a placeholder for m2: {summary}"
     );
+    assert_eq!(summary["num_inferred_new"], 1, "{summary}");
     let start = text
         .find("The summary's `num_keys_read`")
         .expect("the dimension summary sentence");
-    let sentence = &text[start..start + text[start..].find(" are in").unwrap_or(400)];
+    let sentence = &text[start..start + text[start..].find("in the commit's facts").unwrap_or(400)];
     let mut named = 0;
     for (i, part) in sentence.split('`').enumerate() {
         if i % 2 == 1 && part.starts_with("num_") {
@@ -432,5 +440,5 @@ fn the_dimension_reference_loads_and_runs_and_names_real_summary_fields() {
             named += 1;
         }
     }
-    assert_eq!(named, 6, "{sentence}");
+    assert_eq!(named, 10, "{sentence}");
 }

@@ -52,7 +52,7 @@ impl Ctx<'_> {
         Ok(vars.locate(&out))
     }
 
-    fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {
+    pub(super) fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {
         let v = value.trim();
         if v.starts_with('-') {
             return Err(self.invalid(

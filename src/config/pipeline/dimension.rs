@@ -18,15 +18,40 @@ pub const IS_CURRENT: &str = "is_current";
 pub const DURABLE_KEY: &str = "durable_key";
 pub const VERSION_KEY: &str = "version_key";
 pub const IS_INFERRED: &str = "is_inferred";
+/// When a placeholder was first written for the key (kept once the real record completes it;
+/// null for keys never inferred).
+pub const INFERRED_AT: &str = "inferred_at";
 /// The columns a dimension adds itself (a source column may not take these names).
-pub const ADDED: [&str; 6] = [
+pub const ADDED: [&str; 7] = [
     VALID_FROM,
     VALID_TO,
     IS_CURRENT,
     DURABLE_KEY,
     VERSION_KEY,
     IS_INFERRED,
+    INFERRED_AT,
 ];
+
+/// Where the facts that name this dimension's keys are (`infer_from:`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InferFrom {
+    /// The facts table: a table URI, or a pipeline beside this one whose target it is.
+    pub source: String,
+    /// The facts' column holding this dimension's key.
+    pub key: String,
+}
+
+/// Inferred members: placeholders for keys the facts name before the dimension's records do.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Infer {
+    pub from: Vec<InferFrom>,
+    /// Attribute values of a placeholder (column → value, cast to the column's type).
+    pub placeholder: Vec<(String, String)>,
+    /// Placeholders older than this are reported (a warning and a count).
+    pub alert_after: Option<std::time::Duration>,
+    /// Placeholders older than this stop the run (exit 65, nothing written).
+    pub fail_after: Option<std::time::Duration>,
+}
 
 /// `history:`: what the table keeps.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
@@ -64,6 +89,8 @@ pub struct Dimension {
     pub history: HistoryMode,
     pub tracked: Tracked,
     pub quarantine: Quarantine,
+    /// `infer_from:` and its settings (none: no placeholders).
+    pub infer: Option<Infer>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -85,6 +112,18 @@ pub(super) struct RawDimension {
     pub(super) track_history: Option<Vec<String>>,
     pub(super) track_history_except: Option<Vec<String>>,
     pub(super) quarantine: RawQuarantine,
+    #[serde(default)]
+    pub(super) infer_from: Vec<RawInferFrom>,
+    pub(super) placeholder: Option<serde_yaml::Mapping>,
+    pub(super) alert_after: Option<String>,
+    pub(super) fail_after: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawInferFrom {
+    pub(super) source: String,
+    pub(super) key: String,
 }
 
 #[derive(Debug, Deserialize)]
@@ -225,6 +264,15 @@ impl Ctx<'_> {
                 "`source.on_recreate` is for `cdc_merge`; a dimension reads the keys it rebuilds from the whole source anyway: a recreated source is rebuilt with `--full-reload`",
             ));
         }
+        let infer = self.infer(
+            &raw.keys,
+            &roles_owned(&roles),
+            raw.infer_from,
+            raw.placeholder,
+            raw.alert_after,
+            raw.fail_after,
+            vars,
+        )?;
         Ok(Dimension {
             source_uri,
             target_uri,
@@ -240,6 +288,107 @@ impl Ctx<'_> {
                 max_rows: raw.quarantine.max_rows,
                 max_fraction: raw.quarantine.max_fraction,
             },
+            infer,
         })
     }
+
+    /// `infer_from`, `placeholder`, `alert_after`, `fail_after`.
+    #[allow(clippy::too_many_arguments)]
+    fn infer(
+        &self,
+        keys: &[String],
+        roles: &[String],
+        from: Vec<RawInferFrom>,
+        placeholder: Option<serde_yaml::Mapping>,
+        alert_after: Option<String>,
+        fail_after: Option<String>,
+        vars: &Vars,
+    ) -> Result<Option<Infer>, ConfigError> {
+        if from.is_empty() {
+            for (given, key) in [
+                (placeholder.is_some(), "placeholder"),
+                (alert_after.is_some(), "alert_after"),
+                (fail_after.is_some(), "fail_after"),
+            ] {
+                if given {
+                    return Err(self.invalid(key, format!("`{key}` is about inferred members, which need `infer_from:` (the facts that name keys before the dimension does); add it or remove `{key}`")));
+                }
+            }
+            return Ok(None);
+        }
+        if keys.len() != 1 {
+            return Err(self.invalid("infer_from", format!("`infer_from` matches a fact column to the dimension's key, and this dimension has {} key columns; inferred members need a single key column", keys.len())));
+        }
+        let mut out = Vec::new();
+        for f in from {
+            if f.key.trim().is_empty() {
+                return Err(self.invalid("infer_from", "an `infer_from` entry has an empty `key`; name the facts' column holding the dimension's key, e.g. `key: merchant_id`"));
+            }
+            let source = if f.source.contains('/')
+                || f.source.contains("://")
+                || f.source.contains("${")
+            {
+                self.substitute("infer_from.source", &f.source, vars)?
+            } else {
+                // A pipeline beside this one: the table it writes.
+                let dir = self.path.parent().unwrap_or(std::path::Path::new("."));
+                let file = ["yml", "yaml"]
+                    .iter()
+                    .map(|ext| dir.join(format!("{}.{ext}", f.source)))
+                    .find(|f| f.is_file())
+                    .ok_or_else(|| {
+                        self.invalid_at_text(
+                            &f.source,
+                            format!("`infer_from.source: {}` is neither a table path or URI nor a pipeline beside this file ({}.yml); give the facts table's location or the pipeline that writes it", f.source, f.source),
+                        )
+                    })?;
+                super::Pipeline::load(&file, vars)?.target_uri().to_string()
+            };
+            out.push(InferFrom { source, key: f.key });
+        }
+        let mut values = Vec::new();
+        for (k, v) in placeholder.unwrap_or_default() {
+            let Some(k) = k.as_str() else {
+                return Err(self.invalid("placeholder", "`placeholder` keys are column names"));
+            };
+            if roles.iter().any(|r| r == k) || ADDED.contains(&k) {
+                return Err(self.invalid("placeholder", format!("`placeholder` sets `{k}`, a key, sequence or tie-breaker column or one the dimension adds: a placeholder only fills attributes")));
+            }
+            let v = match v {
+                serde_yaml::Value::String(s) => s,
+                serde_yaml::Value::Number(n) => n.to_string(),
+                serde_yaml::Value::Bool(b) => b.to_string(),
+                _ => {
+                    return Err(self.invalid(
+                        "placeholder",
+                        format!(
+                            "`placeholder.{k}` must be a single value (text, number or true/false)"
+                        ),
+                    ))
+                }
+            };
+            values.push((k.to_string(), v));
+        }
+        let alert_after = alert_after
+            .map(|v| self.duration("alert_after", &v))
+            .transpose()?;
+        let fail_after = fail_after
+            .map(|v| self.duration("fail_after", &v))
+            .transpose()?;
+        if let (Some(a), Some(f)) = (alert_after, fail_after) {
+            if f < a {
+                return Err(self.invalid("fail_after", "`fail_after` is shorter than `alert_after`: a run would fail before it warned; make `fail_after` the longer one"));
+            }
+        }
+        Ok(Some(Infer {
+            from: out,
+            placeholder: values,
+            alert_after,
+            fail_after,
+        }))
+    }
+}
+
+fn roles_owned(roles: &[&String]) -> Vec<String> {
+    roles.iter().map(|s| s.to_string()).collect()
 }
