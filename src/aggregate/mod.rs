@@ -15,6 +15,7 @@
 mod adjust;
 pub mod compute;
 pub mod days;
+mod lookup;
 mod plan;
 pub mod status;
 mod stream;
@@ -122,6 +123,7 @@ impl Run<'_> {
 
         // read: the days' groups from the source's live rows
         let df = crate::run::frame(&self.ctx, &source, &spec.source_uri, Phase::Read).await?;
+        let df = lookup::apply(&self.ctx, self.p, spec, df).await?;
         if full {
             return self
                 .restate_all(

@@ -705,3 +705,146 @@ async fn facts_that_come_first_get_a_placeholder_completed_in_place() {
     );
     assert_eq!(version(&d.join("lake/merchants")).await, planned);
 }
+
+/// Payments with their time and arrival, for an aggregate that looks merchants up.
+async fn payments(dir: &Path, rows: &[(&str, &str, i64)], arrived: i64) {
+    let tsf = |n: &str| {
+        Field::new(
+            n,
+            DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+            false,
+        )
+    };
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("payment_id", DataType::Utf8, false),
+        Field::new("merchant_id", DataType::Utf8, true),
+        tsf("created_at"),
+        tsf("_ingested_at"),
+    ]));
+    let ts = |v: Vec<i64>| TimestampMicrosecondArray::from(v).with_timezone("UTC");
+    let b = RecordBatch::try_new(
+        schema,
+        vec![
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.0).collect::<Vec<_>>(),
+            )),
+            Arc::new(StringArray::from(
+                rows.iter().map(|r| r.1).collect::<Vec<_>>(),
+            )),
+            Arc::new(ts(rows.iter().map(|r| r.2).collect())),
+            Arc::new(ts(vec![arrived; rows.len()])),
+        ],
+    )
+    .expect("batch");
+    append_batch(&dir.join("lake/payments"), b).await;
+}
+
+/// gold's (day, segment, payments), sorted.
+async fn gold(dir: &Path) -> Vec<(String, String, i64)> {
+    let mut out = Vec::new();
+    for b in read_all(&dir.join("lake/gold")).await {
+        let s = |c: &str| {
+            arrow::compute::cast(b.column_by_name(c).expect(c), &DataType::Utf8).expect("cast")
+        };
+        let (day, seg) = (s("event_date"), s("segment"));
+        let n = arrow::compute::cast(
+            b.column_by_name("payments").expect("payments"),
+            &DataType::Int64,
+        )
+        .expect("cast");
+        for i in 0..b.num_rows() {
+            out.push((
+                day.as_string::<i32>().value(i).to_string(),
+                seg.as_string::<i32>().value(i).to_string(),
+                n.as_primitive::<arrow::datatypes::Int64Type>().value(i),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// An aggregate grouped by the segment each payment's merchant had **when it was made**: a
+/// merchant that moves segment moves its later payments only; a payment for a merchant the
+/// dimension inferred, or from before its merchant's first record, counts under the inferred
+/// member's values (never dropped); a late payment lands in the segment of its own time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn aggregates_look_the_dimension_up_as_of_each_payment() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd2");
+    let text = std::fs::read_to_string(&p).expect("read")
+        + &format!(
+            "infer_from: [{{ source: \"{}/lake/payments\", key: merchant_id }}]\nplaceholder: {{ name: \"Unknown (pending)\", segment: unknown }}\n",
+            d.display()
+        );
+    std::fs::write(&p, text).expect("write");
+    let agg = d.join("by_segment.yml");
+    std::fs::write(
+        &agg,
+        format!(
+            "name: by_segment\nkind: aggregate\nsource: {{ uri: \"{l}/payments\" }}\ntarget: {{ uri: \"{l}/gold\" }}\nevent_date: {{ column: created_at }}\ngroup_by: [segment]\nmeasures:\n  - {{ name: payments, agg: count }}\nrecompute: {{ lookback: 3d }}\nlookups:\n  - {{ dimension: merchants, key: merchant_id, as_of: created_at, columns: [segment] }}\n",
+            l = d.join("lake").display()
+        ),
+    )
+    .expect("write");
+    let h = HOUR;
+    land(
+        d,
+        &[
+            rec("m1", T0 + h, "small", "Acme"),
+            rec("m1", T0 + 30 * h, "large", "Acme"),
+        ],
+    )
+    .await;
+    payments(
+        d,
+        &[
+            ("p1", "m1", T0 + 2 * h),  // day 1: m1 was small
+            ("p2", "m1", T0 + 31 * h), // day 2: m1 is large
+            ("p3", "m9", T0 + 3 * h),  // unknown merchant: inferred
+            ("p4", "m1", T0 + h / 2),  // before m1's first record: the inferred member's values
+        ],
+        T0 + 32 * h,
+    )
+    .await;
+    run(&p, T0 + 33 * h, &[]);
+    let date = |us: i64| {
+        chrono::DateTime::from_timestamp_micros(us)
+            .expect("date")
+            .date_naive()
+            .to_string()
+    };
+    let (day1, day2) = (date(T0), date(T0 + 24 * h));
+    let out = exec(
+        tidemark_at(T0 + 33 * h)
+            .arg("run")
+            .arg(&agg)
+            .args(["--logical-date", &day2]),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        gold(d).await,
+        vec![
+            (day1.clone(), "small".into(), 1),
+            (day1.clone(), "unknown".into(), 2),
+            (day2.clone(), "large".into(), 1),
+        ]
+    );
+
+    // A payment from day 1 arrives late, after m1 moved: it counts as small, as m1 was then.
+    payments(d, &[("p5", "m1", T0 + 5 * h)], T0 + 34 * h).await;
+    run(&p, T0 + 35 * h, &[]);
+    let out = exec(
+        tidemark_at(T0 + 35 * h)
+            .arg("run")
+            .arg(&agg)
+            .args(["--logical-date", &day2]),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        gold(d).await.contains(&(day1, "small".into(), 2)),
+        "{:?}",
+        gold(d).await
+    );
+}

@@ -98,6 +98,25 @@ pub struct Aggregate {
     /// How far back a changed row may reopen (restate) a final day.
     pub max_lookback_days: u32,
     pub after_close: AfterClose,
+    /// Dimension columns joined to each source row, as of a time (`lookups:`).
+    pub lookups: Vec<Lookup>,
+}
+
+/// A dimension looked up for each source row: its version valid at the row's `as_of` time (or
+/// its current row, for an SCD1 dimension), adding `columns` the groups may use.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Lookup {
+    /// The dimension table.
+    pub uri: String,
+    /// Its key column, and the source column holding the key.
+    pub dimension_key: String,
+    pub key: String,
+    /// The source's time column: the version valid at that instant (SCD2 dimensions).
+    pub as_of: Option<String>,
+    pub columns: Vec<String>,
+    /// The inferred member's values (a row with no version at its instant gets these: it is
+    /// never dropped), from the dimension pipeline's `placeholder:`.
+    pub placeholder: Vec<(String, String)>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -124,6 +143,21 @@ pub(super) struct RawAggregate {
     recompute: Option<RawRecompute>,
     #[serde(default)]
     after_close: AfterClose,
+    #[serde(default)]
+    lookups: Vec<RawLookup>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLookup {
+    /// A `dimension` pipeline beside this file, or a dimension table's location.
+    dimension: String,
+    key: String,
+    #[serde(default)]
+    dimension_key: Option<String>,
+    #[serde(default)]
+    as_of: Option<String>,
+    columns: Vec<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -298,6 +332,7 @@ impl Ctx<'_> {
                 }
             }
         }
+        let lookups = self.lookups(raw.lookups, vars)?;
         Ok(Aggregate {
             source_uri,
             target_uri,
@@ -315,7 +350,92 @@ impl Ctx<'_> {
             touched: recompute.touched,
             max_lookback_days,
             after_close: raw.after_close,
+            lookups,
         })
+    }
+
+    /// `lookups:`: each dimension resolved (a pipeline beside this file: its table, key and
+    /// placeholder), its columns distinct from each other.
+    fn lookups(&self, raw: Vec<RawLookup>, vars: &Vars) -> Result<Vec<Lookup>, ConfigError> {
+        let mut out: Vec<Lookup> = Vec::new();
+        let mut added: Vec<String> = Vec::new();
+        for l in raw {
+            if l.columns.is_empty() {
+                return Err(self.invalid_at_text(
+                    &l.dimension,
+                    format!("lookup of `{}` adds no `columns`; list the dimension's columns to add, e.g. [segment]", l.dimension),
+                ));
+            }
+            for c in &l.columns {
+                if added.contains(c) || RESERVED.contains(&c.as_str()) {
+                    return Err(self.invalid_at_text(
+                        &l.dimension,
+                        format!("lookup column `{c}` is added twice or is one the output adds itself; each column comes from one place"),
+                    ));
+                }
+                added.push(c.clone());
+            }
+            let by_path = l.dimension.contains('/')
+                || l.dimension.contains("://")
+                || l.dimension.contains("${");
+            let (uri, dimension_key, placeholder, scd1) = if by_path {
+                let uri = self.substitute("lookups.dimension", &l.dimension, vars)?;
+                (
+                    uri,
+                    l.dimension_key.clone().unwrap_or_else(|| l.key.clone()),
+                    Vec::new(),
+                    false,
+                )
+            } else {
+                let dir = self.path.parent().unwrap_or(std::path::Path::new("."));
+                let file = ["yml", "yaml"]
+                    .iter()
+                    .map(|ext| dir.join(format!("{}.{ext}", l.dimension)))
+                    .find(|f| f.is_file())
+                    .ok_or_else(|| {
+                        self.invalid_at_text(
+                            &l.dimension,
+                            format!("`dimension: {}` is neither a dimension pipeline beside this file ({}.yml) nor a table path or URI", l.dimension, l.dimension),
+                        )
+                    })?;
+                let other = super::Pipeline::load(&file, vars)?;
+                let super::Spec::Dimension(d) = &other.spec else {
+                    return Err(self.invalid_at_text(
+                        &l.dimension,
+                        format!("`dimension: {}` names a {} pipeline; a lookup reads a `kind: dimension` table", l.dimension, other.kind()),
+                    ));
+                };
+                if d.keys.len() != 1 {
+                    return Err(self.invalid_at_text(&l.dimension, format!("dimension `{}` has {} key columns; a lookup matches one source column to a single key", l.dimension, d.keys.len())));
+                }
+                let placeholder = d
+                    .infer
+                    .as_ref()
+                    .map(|i| i.placeholder.clone())
+                    .unwrap_or_default();
+                (
+                    d.target_uri.clone(),
+                    d.keys[0].clone(),
+                    placeholder,
+                    d.history == super::dimension::HistoryMode::Scd1,
+                )
+            };
+            if scd1 && l.as_of.is_some() {
+                return Err(self.invalid_at_text(
+                    &l.dimension,
+                    format!("`as_of` picks the version valid at a time, and dimension `{}` keeps no history (`history: scd1`); remove `as_of` to use its current rows", l.dimension),
+                ));
+            }
+            out.push(Lookup {
+                uri,
+                dimension_key,
+                key: l.key,
+                as_of: l.as_of,
+                columns: l.columns,
+                placeholder,
+            });
+        }
+        Ok(out)
     }
 
     /// A whole number of days (`3d`, `72h`, `1w`).
