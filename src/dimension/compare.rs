@@ -4,6 +4,9 @@
 use std::collections::HashSet;
 
 use arrow::array::RecordBatch;
+use datafusion::common::JoinType;
+use datafusion::logical_expr::{cast, Expr};
+use datafusion::prelude::{ident, SessionContext};
 use deltalake::DeltaTable;
 
 use super::fold;
@@ -21,32 +24,79 @@ pub(super) async fn written_layout(table: &DeltaTable, pipeline: &str) -> Option
         .and_then(|r| r["layout"].as_str().map(str::to_string))
 }
 
-/// The table's rows split into those of other keys (kept as they are) and those of the keys
-/// being rebuilt (`rebuilt`; `None`: every key), both in `schema`.
-pub(super) fn split_held(
+/// The table's rows of the keys in `wanted` (batches of key columns; `None`: every row), read
+/// through a semi-join on the key columns (a whole-key-column scan, not a whole-table read).
+pub(super) async fn held_rows(
+    ctx: &SessionContext,
+    table: &DeltaTable,
+    uri: &str,
+    keys: &[String],
+    wanted: Option<Vec<RecordBatch>>,
+) -> Result<Vec<RecordBatch>, RunError> {
+    let q = |e| RunError::query(Phase::Compare)(e);
+    let mut df = crate::run::frame(ctx, table, uri, Phase::Compare).await?;
+    if let Some(wanted) = wanted {
+        let schema = df.schema().clone();
+        let cast_keys: Vec<Expr> = keys
+            .iter()
+            .map(|k| {
+                let t = schema
+                    .field_with_unqualified_name(k)
+                    .map(|f| f.data_type().clone())
+                    .map_err(q)?;
+                Ok(cast(ident(k), t).alias(k))
+            })
+            .collect::<Result<_, RunError>>()?;
+        let wanted = match wanted.first() {
+            Some(_) => ctx
+                .read_batches(wanted)
+                .and_then(|w| w.select(cast_keys))
+                .map_err(q)?,
+            None => return Ok(Vec::new()),
+        };
+        let cols: Vec<&str> = keys.iter().map(String::as_str).collect();
+        df = df
+            .join(wanted, JoinType::LeftSemi, &cols, &cols, None)
+            .map_err(q)?;
+    }
+    df.collect().await.map_err(|e| RunError::TargetRead {
+        uri: uri.to_string(),
+        source: Box::new(deltalake::DeltaTableError::from(e)),
+    })
+}
+
+/// `held` in `schema`, as one batch.
+pub(super) fn as_one(
     held: &[RecordBatch],
     schema: &arrow::datatypes::SchemaRef,
-    keys: &[String],
-    rebuilt: Option<&HashSet<String>>,
-) -> Result<(RecordBatch, RecordBatch), RunError> {
+) -> Result<RecordBatch, RunError> {
     let a = |e| RunError::arrow(Phase::Compare)(e);
-    let mut kept = Vec::new();
-    let mut before = Vec::new();
-    for b in held {
-        let b = lake::storage::cast_to(b, schema).map_err(a)?;
-        let Some(set) = rebuilt else {
-            before.push(b);
-            continue;
-        };
-        let text = fold::key_text(&b, keys).map_err(a)?;
-        let mask: arrow::array::BooleanArray = text.iter().map(|k| Some(set.contains(k))).collect();
-        before.push(arrow::compute::filter_record_batch(&b, &mask).map_err(a)?);
-        let not = arrow::compute::not(&mask).map_err(a)?;
-        kept.push(arrow::compute::filter_record_batch(&b, &not).map_err(a)?);
-    }
-    let kept = arrow::compute::concat_batches(schema, &kept).map_err(a)?;
-    let before = arrow::compute::concat_batches(schema, &before).map_err(a)?;
-    Ok((kept, before))
+    let cast = held
+        .iter()
+        .map(|b| lake::storage::cast_to(b, schema))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(a)?;
+    arrow::compute::concat_batches(schema, &cast).map_err(a)
+}
+
+/// A Delta predicate: the key column is one of `keys` (key text), for a replace-where.
+pub(super) fn keys_predicate(
+    key: &str,
+    data_type: &arrow::datatypes::DataType,
+    keys: &[&String],
+) -> String {
+    let numeric = data_type.is_numeric();
+    let list: Vec<String> = keys
+        .iter()
+        .map(|k| {
+            if numeric {
+                k.to_string()
+            } else {
+                format!("'{}'", k.replace('\'', "''"))
+            }
+        })
+        .collect();
+    format!("\"{}\" IN ({})", key.replace('"', "\"\""), list.join(", "))
 }
 
 /// How many keys have different rows in `before` and `after` (compared as sets of rows).

@@ -20,9 +20,10 @@ use datafusion::prelude::{ident, SessionContext};
 use deltalake::DeltaTable;
 use tracing::{info, info_span, Instrument};
 
-use super::compare::{changed_keys, split_held, written_layout};
+use super::compare::{self, changed_keys, written_layout};
 use super::fold::{self, Layout};
 use super::infer;
+use crate::config::pipeline::dimension::{INFERRED_AT, IS_INFERRED};
 use crate::config::pipeline::{Dimension, Kind};
 use crate::config::Pipeline;
 use crate::lake;
@@ -81,6 +82,9 @@ struct Run<'a> {
     /// [`Layout::describe`] of this run, recorded in its commit.
     layout: String,
 }
+
+/// The most keys an incremental run replaces by name; more are rebuilt with the whole table.
+const MAX_KEYS_REPLACED: usize = 50_000;
 
 /// Which keys a run rebuilds.
 enum Scope {
@@ -248,25 +252,52 @@ impl Run<'_> {
             _ => HashSet::new(),
         };
         let all = matches!(scope, Scope::All);
-        let held = match &target {
-            Some(t) => crate::run::frame(&self.ctx, t, &d.target_uri, Phase::Compare)
-                .await?
-                .collect()
-                .await
-                .map_err(|e| RunError::TargetRead {
-                    uri: d.target_uri.clone(),
-                    source: Box::new(deltalake::DeltaTableError::from(e)),
-                })?,
-            None => Vec::new(),
+        // An incremental run reads and rewrites only the rebuilt keys' rows (replace-where on
+        // the keys: only the files holding them are written again); otherwise every row.
+        let partial = !all && !self.relayout && target.is_some();
+        let held = match (&target, &scope) {
+            (Some(t), Scope::Keys(batches, _)) if partial => {
+                compare::held_rows(&self.ctx, t, &d.target_uri, &d.keys, Some(batches.clone()))
+                    .await?
+            }
+            (Some(_), Scope::Nothing) => Vec::new(),
+            (Some(t), _) => compare::held_rows(&self.ctx, t, &d.target_uri, &d.keys, None).await?,
+            (None, _) => Vec::new(),
         };
         let inferred = infer::inferred_keys(&held, &d.keys)?;
         let held = if self.relayout { Vec::new() } else { held };
-        let (kept, before) = split_held(
-            &held,
-            &storage_schema,
-            &d.keys,
-            all.then_some(()).map_or(Some(&rebuilt), |_| None),
-        )?;
+        let before = compare::as_one(&held, &storage_schema)?;
+        // The other keys' rows, for inference: their keys and whether they are placeholders.
+        let others = match (&target, &d.infer) {
+            (Some(t), Some(_)) if partial => {
+                let mut cols: Vec<Expr> = d.keys.iter().map(ident).collect();
+                cols.push(ident(IS_INFERRED));
+                cols.push(ident(INFERRED_AT));
+                let rows = crate::run::frame(&self.ctx, t, &d.target_uri, Phase::Compare)
+                    .await?
+                    .select(cols)
+                    .map_err(q(Phase::Compare))?
+                    .collect()
+                    .await
+                    .map_err(|e| RunError::TargetRead {
+                        uri: d.target_uri.clone(),
+                        source: Box::new(deltalake::DeltaTableError::from(e)),
+                    })?;
+                let mut kept = Vec::new();
+                for b in rows {
+                    let text =
+                        fold::key_text(&b, &d.keys).map_err(RunError::arrow(Phase::Compare))?;
+                    let mask: arrow::array::BooleanArray =
+                        text.iter().map(|k| Some(!rebuilt.contains(k))).collect();
+                    kept.push(
+                        arrow::compute::filter_record_batch(&b, &mask)
+                            .map_err(RunError::arrow(Phase::Compare))?,
+                    );
+                }
+                kept
+            }
+            _ => Vec::new(),
+        };
 
         // fold, add placeholders for keys the facts name first, then compare
         let (fresh, folded) = fold::fold(&valid, &layout, &out_schema, &inferred)
@@ -285,8 +316,11 @@ impl Run<'_> {
         } else {
             rebuilt.len() as u64
         };
+        let mut new_keys: Vec<String> = Vec::new();
         if let Some(infer) = &d.infer {
-            let new = self.infer(infer, &df, &[&kept, &fresh], &inferred).await?;
+            let mut rows: Vec<&RecordBatch> = others.iter().collect();
+            rows.push(&fresh);
+            let new = self.infer(infer, &df, &rows, &inferred).await?;
             let rows = fold::placeholders(&new, &layout, &out_schema, &infer.placeholder)
                 .map_err(|col| {
                     self.p.error_at(
@@ -300,7 +334,10 @@ impl Run<'_> {
             self.c.num_inferred_new = new.len() as u64;
             fresh = arrow::compute::concat_batches(&storage_schema, [&fresh, &rows])
                 .map_err(RunError::arrow(Phase::Compare))?;
-            let pending = infer::pending(&[&kept, &fresh], &d.keys)?;
+            let mut rows: Vec<&RecordBatch> = others.iter().collect();
+            rows.push(&fresh);
+            let pending = infer::pending(&rows, &d.keys)?;
+            new_keys = new.iter().map(|(k, _)| k.clone()).collect();
             let overdue = infer::check(self.p, infer, &pending, self.now)?;
             self.c.num_inferred_pending = overdue.pending;
             self.c.num_inferred_overdue = overdue.overdue;
@@ -312,16 +349,22 @@ impl Run<'_> {
         self.c.num_keys_changed = changed;
         self.c.num_rows_before = before.num_rows() as u64;
         self.c.num_rows_after = fresh.num_rows() as u64;
-        self.c.num_rows_total = (kept.num_rows() + fresh.num_rows()) as u64;
+        self.c.num_rows_total = if partial {
+            let total = target
+                .as_ref()
+                .and_then(|t| lake::row_count_from_stats(t).ok().flatten())
+                .unwrap_or_default();
+            (total + fresh.num_rows() as u64).saturating_sub(before.num_rows() as u64)
+        } else {
+            fresh.num_rows() as u64
+        };
         self.end_phase(Phase::Compare)?;
         let bootstrap = target.is_none();
         if self.opts.dry_run || (changed == 0 && !bootstrap && !self.relayout) {
             return Ok(());
         }
 
-        // write: one overwrite commit (the other keys' rows copied)
-        let rows = arrow::compute::concat_batches(&storage_schema, [&kept, &fresh])
-            .map_err(RunError::arrow(Phase::Write))?;
+        // write: one commit — the rebuilt keys' rows replaced (an incremental run), or the table
         let planned = target.as_ref().and_then(|t| t.version());
         let table = lake::or_new(target, &d.target_uri)?;
         if let Some(v) = planned {
@@ -336,11 +379,25 @@ impl Run<'_> {
                 });
             }
         }
+        // Written in key order, in files of the merge's size: an hour's keys touch a few.
         let mut builder = table
-            .write(vec![rows])
+            .write(vec![fresh])
             .with_save_mode(deltalake::protocol::SaveMode::Overwrite)
-            .with_schema_mode(deltalake::operations::write::SchemaMode::Overwrite)
+            .with_target_file_size(std::num::NonZeroU64::new(
+                crate::config::pipeline::DEFAULT_TARGET_FILE_SIZE,
+            ))
             .with_commit_properties(self.commit_properties());
+        if partial {
+            let replaced: Vec<&String> = rebuilt.iter().chain(new_keys.iter()).collect();
+            let key_type = storage_schema
+                .field_with_name(&d.keys[0])
+                .map(|f| f.data_type().clone())
+                .map_err(RunError::arrow(Phase::Write))?;
+            builder = builder
+                .with_replace_where(compare::keys_predicate(&d.keys[0], &key_type, &replaced));
+        } else {
+            builder = builder.with_schema_mode(deltalake::operations::write::SchemaMode::Overwrite);
+        }
         if bootstrap {
             builder = builder.with_table_name(&self.p.name);
         }
@@ -475,6 +532,10 @@ impl Run<'_> {
             .collect()
             .await
             .map_err(RunError::scan(Phase::Plan, &d.source_uri))?;
+        // (so many keys that naming each in the commit's predicate costs more than a rewrite)
+        if batches.iter().map(RecordBatch::num_rows).sum::<usize>() > MAX_KEYS_REPLACED {
+            return Ok(Scope::All);
+        }
         Ok(Scope::Keys(batches, Box::new(landed)))
     }
 
