@@ -456,6 +456,78 @@ pub(crate) fn render_landing(report: &generate::LandingReport, output: OutputFor
 
 /// `tidemark generate`.
 pub async fn generate_command(args: GenerateArgs) -> Result<String, AppError> {
+    let merchants = match &args.merchants {
+        Some(uri) => Some((uri.clone(), generate_merchants(&args, uri).await?)),
+        None => None,
+    };
+    let said = |(uri, n): &(String, u64)| match args.output {
+        OutputFormat::Json => serde_json::json!({"merchants": {"table": uri, "records": n}}),
+        OutputFormat::Text => serde_json::Value::String(format!(
+            "merchants: {n} change record(s) written to {uri}\n"
+        )),
+    };
+    if args.out.is_none() && args.landing.is_none() {
+        return match merchants.as_ref().map(said) {
+            Some(serde_json::Value::String(t)) => Ok(t),
+            Some(v) => Ok(format!("{v}\n")),
+            None => Err(AppError::Usage(
+                "say where to write: --out <bronze table>, --landing <folder>, and/or --merchants <table>".into(),
+            )),
+        };
+    }
+    let text = generate_payments(&args).await?;
+    Ok(match merchants.as_ref().map(said) {
+        None => text,
+        Some(serde_json::Value::String(m)) => text + &m,
+        Some(serde_json::Value::Object(m)) => {
+            // One JSON object: the payments' report with the merchants' beside it.
+            match serde_json::from_str::<serde_json::Value>(text.trim()) {
+                Ok(serde_json::Value::Object(mut report)) => {
+                    report.extend(m);
+                    format!("{}\n", serde_json::Value::Object(report))
+                }
+                _ => text,
+            }
+        }
+        Some(_) => text,
+    })
+}
+
+/// `--merchants`: the world's merchants feed, landed by the end of `--days` (a new table), or
+/// the next hour(s) after the newest record the table holds (`--next-hour`).
+async fn generate_merchants(args: &GenerateArgs, uri: &str) -> Result<u64, AppError> {
+    let start = args
+        .start
+        .and_hms_opt(0, 0, 0)
+        .map(|t| t.and_utc().timestamp_micros())
+        .unwrap_or_default();
+    let all = generate::merchants::records(args.seed, start, args.days);
+    let hour = 3_600_000_000i64;
+    let existing = lake::open_if_exists(uri).await?;
+    let (after, until) = match (&existing, args.next_hour) {
+        (Some(t), true) => {
+            let newest = match lake::max_from_stats(t, "_ingested_at") {
+                Ok(lake::StatsMax::Max(us)) => us,
+                _ => start + i64::from(args.days) * 24 * hour,
+            };
+            (Some(newest), newest + i64::from(args.hours) * hour)
+        }
+        (None, true) => {
+            return Err(AppError::Usage(format!(
+                "--next-hour appends to the merchants table {uri}, which does not exist; generate it first without --next-hour"
+            )))
+        }
+        (Some(_), false) => {
+            return Err(AppError::Usage(format!(
+                "{uri} already is a Delta table; remove it first, or use --next-hour to append to it"
+            )))
+        }
+        (None, false) => (None, start + i64::from(args.days) * 24 * hour),
+    };
+    Ok(generate::merchants::land(uri, &all, after, until).await?)
+}
+
+async fn generate_payments(args: &GenerateArgs) -> Result<String, AppError> {
     if let Some(dir) = &args.landing {
         let report = if args.next_hour {
             generate::landing_next(dir, args.hours)?

@@ -325,7 +325,7 @@ pub struct RestoreArgs {
 }
 
 #[derive(Debug, Args)]
-#[command(group(clap::ArgGroup::new("dest").required(true).args(["out", "landing"])))]
+#[command(group(clap::ArgGroup::new("dest").required(true).multiple(true).args(["out", "landing", "merchants"])))]
 pub struct GenerateArgs {
     /// Bronze table path or URI: write the rows straight into a Delta table.
     #[arg(long)]
@@ -344,6 +344,12 @@ pub struct GenerateArgs {
     /// UTC date of day 0 (YYYY-MM-DD).
     #[arg(long, default_value = "2024-01-01")]
     pub start: chrono::NaiveDate,
+    /// Also write the merchants' change records (a dimension's CDC feed: first records, segment
+    /// moves, renames, closures; some merchants recorded days after their first payments) to
+    /// this Delta table: those landed by the end of --days (with --next-hour: those landed in
+    /// the next hour(s) after the newest one it holds).
+    #[arg(long)]
+    pub merchants: Option<String>,
     /// Append the next hour(s) of arrivals to an existing generated table (or landing folder).
     #[arg(long)]
     pub next_hour: bool,

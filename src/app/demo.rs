@@ -201,6 +201,31 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     if text {
         out.push_str(&render_landing(&landed, args.output));
     }
+    // The merchants' change records that landed by the same hour (the dimension's feed).
+    if let Some(uri) = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
+        Spec::Dimension(d) => Some(d.source_uri.clone()),
+        _ => None,
+    }) {
+        let after = match lake::open_if_exists(&uri).await? {
+            Some(t) => match lake::max_from_stats(&t, "_ingested_at") {
+                Ok(lake::StatsMax::Max(us)) => Some(us),
+                _ => None,
+            },
+            None => None,
+        };
+        let start = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
+            .and_then(|d| d.and_hms_opt(0, 0, 0))
+            .map(|t| t.and_utc().timestamp_micros())
+            .unwrap_or_default();
+        let all = generate::merchants::records(42, start, DEMO_DAYS);
+        let n = generate::merchants::land(&uri, &all, after, landed.frontier.timestamp_micros())
+            .await?;
+        if text {
+            out.push_str(&format!(
+                "merchants: {n} change record(s) landed in {uri}\n"
+            ));
+        }
+    }
     // The hour just landed is "now" for the job: files arrive, the job runs five minutes later.
     let clock: Arc<dyn Clock> = Arc::new(FixedClock(landed.frontier + Duration::minutes(5)));
     let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
@@ -211,6 +236,17 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     });
     if let (true, None, Some((name, spec))) = (text, &result.failure, gold) {
         out.push_str(&gold_story(&name, &spec).await?);
+    }
+    let dimension = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
+        Spec::Dimension(d) => Some(d.target_uri.clone()),
+        _ => None,
+    });
+    let by_segment = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
+        Spec::Aggregate(a) if !a.lookups.is_empty() => Some(a.target_uri.clone()),
+        _ => None,
+    });
+    if let (true, None, Some(dim)) = (text, &result.failure, dimension) {
+        out.push_str(&merchants_story(&dim, by_segment.as_deref()).await?);
     }
     if text && result.failure.is_none() {
         out.push_str(&format!(
@@ -244,5 +280,107 @@ async fn gold_story(
             format!("{adjustments} adjustment row(s) so far in {}", spec.adjustments_uri)
         },
     ));
+    Ok(out)
+}
+
+/// The merchants dimension after the hour: merchants, versions, placeholders pending and
+/// completed, and gold by segment for the newest days.
+async fn merchants_story(dim: &str, by_segment: Option<&str>) -> Result<String, AppError> {
+    use datafusion::prelude::SessionContext;
+    let ctx = SessionContext::new();
+    let query =
+        |e: datafusion::error::DataFusionError| AppError::Usage(format!("the demo's summary: {e}"));
+    let Some(table) = lake::open_if_exists(dim).await? else {
+        return Ok(String::new());
+    };
+    table
+        .update_datafusion_session(&ctx.state())
+        .map_err(|e| AppError::Usage(e.to_string()))?;
+    ctx.register_table("merchants", table.table_provider().await.map_err(query)?)
+        .map_err(query)?;
+    let rows = ctx
+        .sql("SELECT count(DISTINCT merchant_id) AS merchants, count(*) AS versions, \
+              count(*) FILTER (WHERE is_inferred) AS pending, \
+              count(DISTINCT merchant_id) FILTER (WHERE NOT is_inferred AND inferred_at IS NOT NULL) AS completed, \
+              min(merchant_id) FILTER (WHERE is_inferred) AS example \
+              FROM merchants")
+        .await
+        .map_err(query)?
+        .collect()
+        .await
+        .map_err(query)?;
+    let cell = |c: &str| -> String {
+        rows.first()
+            .and_then(|b| b.column_by_name(c).cloned())
+            .and_then(|a| arrow::util::display::array_value_to_string(&a, 0).ok())
+            .unwrap_or_default()
+    };
+    let done = ctx
+        .sql("SELECT merchant_id, segment, CAST(inferred_at AS VARCHAR) AS inferred FROM merchants \
+              WHERE NOT is_inferred AND inferred_at IS NOT NULL AND valid_from < TIMESTAMP '1901-01-01' \
+              ORDER BY inferred_at DESC, merchant_id LIMIT 1")
+        .await
+        .map_err(query)?
+        .collect()
+        .await
+        .map_err(query)?;
+    let completed_example = done
+        .first()
+        .filter(|b| b.num_rows() > 0)
+        .map(|b| {
+            let v = |c: usize| arrow::util::display::array_value_to_string(b.column(c), 0).unwrap_or_default();
+            format!(
+                " (e.g. {}: inferred {}; its first real version, `{}`, is valid from 1900-01-01, so its earlier payments count under a real segment)",
+                v(0),
+                v(2),
+                v(1)
+            )
+        })
+        .unwrap_or_default();
+    let mut out = format!(
+        "\nmerchants (SCD2, {dim}): {} merchants in {} versions; {} placeholder(s) pending for merchants the payments named before their record (e.g. {}); {} completed in place since their record arrived{completed_example}.\n",
+        cell("merchants"),
+        cell("versions"),
+        cell("pending"),
+        if cell("example").is_empty() { "-".to_string() } else { cell("example") },
+        cell("completed"),
+    );
+    if let Some(gold) = by_segment {
+        if let Some(t) = lake::open_if_exists(gold).await? {
+            t.update_datafusion_session(&ctx.state())
+                .map_err(|e| AppError::Usage(e.to_string()))?;
+            ctx.register_table("segments", t.table_provider().await.map_err(query)?)
+                .map_err(query)?;
+            let batches = ctx
+                .sql(
+                    "SELECT event_date, segment, sum(payments) AS payments FROM segments \
+                      WHERE event_date = (SELECT max(event_date) - 1 FROM segments) \
+                      GROUP BY event_date, segment ORDER BY segment",
+                )
+                .await
+                .map_err(query)?
+                .collect()
+                .await
+                .map_err(query)?;
+            let mut parts = Vec::new();
+            let mut day = String::new();
+            for b in &batches {
+                for i in 0..b.num_rows() {
+                    let v = |c: usize| {
+                        arrow::util::display::array_value_to_string(b.column(c), i)
+                            .unwrap_or_default()
+                    };
+                    day = v(0);
+                    parts.push(format!("{} {}", v(1), v(2)));
+                }
+            }
+            if !parts.is_empty() {
+                out.push_str(&format!(
+                    "payments of {day} by the segment each merchant had at the time ({gold}): {}; `unknown` are merchants still pending.\n",
+                    parts.join(", ")
+                ));
+            }
+        }
+    }
     Ok(out)
 }

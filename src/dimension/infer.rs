@@ -68,16 +68,29 @@ pub fn pending(batches: &[&RecordBatch], keys: &[String]) -> Result<Vec<(String,
     Ok(out)
 }
 
-/// Every key the facts of `infer` name (nulls left out), as key text.
+/// What the facts say: every key they name (nulls left out, as key text), and their newest
+/// arrival (`_ingested_at`, µs) when they record one.
+pub struct Facts {
+    pub keys: HashSet<String>,
+    pub newest_arrival: Option<i64>,
+}
+
+/// Every key the facts of `infer` name, and their newest arrival.
 pub async fn fact_keys(
     ctx: &SessionContext,
     p: &Pipeline,
     infer: &Infer,
-) -> Result<HashSet<String>, RunError> {
+) -> Result<Facts, RunError> {
     let mut out = HashSet::new();
+    let mut newest_arrival = None;
     for f in &infer.from {
         let uri = f.source.clone();
         let table = lake::open_required(&uri, "infer_from source").await?;
+        if let Ok(lake::StatsMax::Max(us)) =
+            lake::max_from_stats(&table, crate::config::pipeline::ingest::INGESTED_AT)
+        {
+            newest_arrival = newest_arrival.max(Some(us));
+        }
         let df = crate::run::frame(ctx, &table, &uri, Phase::Read).await?;
         if df.schema().field_with_unqualified_name(&f.key).is_err() {
             let at = format!("key: {}", f.key);
@@ -112,7 +125,10 @@ pub async fn fact_keys(
             );
         }
     }
-    Ok(out)
+    Ok(Facts {
+        keys: out,
+        newest_arrival,
+    })
 }
 
 /// What the pending placeholders say: the counts and warnings, or the error when some are
@@ -123,15 +139,21 @@ pub struct Overdue {
     pub warning: Option<String>,
 }
 
+/// A placeholder's age is measured on the facts' clock: from when it was inferred to the facts'
+/// newest arrival (the run's time when they record none, or when that is later) — a pipeline
+/// that stopped, or a clock ahead of the data, does not make the dimension's feed look broken.
 pub fn check(
     p: &Pipeline,
     infer: &Infer,
     pending: &[(String, i64)],
     now: DateTime<Utc>,
+    newest_arrival: Option<i64>,
 ) -> Result<Overdue, RunError> {
+    let reference =
+        newest_arrival.map_or(now.timestamp_micros(), |a| a.min(now.timestamp_micros()));
     let older = |d: Option<std::time::Duration>| -> Vec<&(String, i64)> {
         let Some(d) = d else { return Vec::new() };
-        let horizon = now.timestamp_micros() - i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
+        let horizon = reference - i64::try_from(d.as_micros()).unwrap_or(i64::MAX);
         let mut v: Vec<&(String, i64)> = pending.iter().filter(|(_, t)| *t < horizon).collect();
         v.sort_by_key(|(_, t)| *t);
         v

@@ -320,7 +320,7 @@ impl Run<'_> {
         if let Some(infer) = &d.infer {
             let mut rows: Vec<&RecordBatch> = others.iter().collect();
             rows.push(&fresh);
-            let new = self.infer(infer, &df, &rows, &inferred).await?;
+            let (new, newest_arrival) = self.infer(infer, &df, &rows, &inferred).await?;
             let rows = fold::placeholders(&new, &layout, &out_schema, &infer.placeholder)
                 .map_err(|col| {
                     self.p.error_at(
@@ -338,7 +338,7 @@ impl Run<'_> {
             rows.push(&fresh);
             let pending = infer::pending(&rows, &d.keys)?;
             new_keys = new.iter().map(|(k, _)| k.clone()).collect();
-            let overdue = infer::check(self.p, infer, &pending, self.now)?;
+            let overdue = infer::check(self.p, infer, &pending, self.now, newest_arrival)?;
             self.c.num_inferred_pending = overdue.pending;
             self.c.num_inferred_overdue = overdue.overdue;
             if let Some(w) = overdue.warning {
@@ -548,9 +548,11 @@ impl Run<'_> {
         source: &datafusion::prelude::DataFrame,
         rows: &[&RecordBatch],
         inferred: &std::collections::HashMap<String, i64>,
-    ) -> Result<Vec<(String, i64)>, RunError> {
+    ) -> Result<(Vec<(String, i64)>, Option<i64>), RunError> {
         let d = self.d;
         let facts = infer::fact_keys(&self.ctx, self.p, infer).await?;
+        let newest_arrival = facts.newest_arrival;
+        let facts = facts.keys;
         let mut known: HashSet<String> = HashSet::new();
         let keys: Vec<Expr> = d.keys.iter().map(ident).collect();
         let recorded = source
@@ -574,7 +576,7 @@ impl Run<'_> {
             })
             .collect();
         new.sort();
-        Ok(new)
+        Ok((new, newest_arrival))
     }
 
     fn warn(&mut self, message: String) {

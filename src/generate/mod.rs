@@ -37,6 +37,7 @@ use rand_distr::{Exp1, StandardNormal};
 use serde::{Deserialize, Serialize};
 
 mod landing;
+pub mod merchants;
 mod world;
 pub use landing::{landing_from, landing_full, landing_next, LandingReport};
 use world::*;

@@ -140,9 +140,9 @@ fn relative_locations_resolve_against_the_bundle_root() {
     ]));
     assert_eq!(runs.code, 0, "{}", runs.stderr);
     let rows: serde_json::Value = serde_json::from_str(runs.stdout.trim()).expect("json");
-    // Two runs (the demo's and the job's) of four tasks: ingest_events, ingest_partner, merge,
-    // daily_payments.
-    assert_eq!(rows.as_array().map(Vec::len), Some(8), "{rows}");
+    // Two runs (the demo's and the job's) of six tasks: ingest_events, ingest_partner, merge,
+    // daily_payments, merchants, daily_segments.
+    assert_eq!(rows.as_array().map(Vec::len), Some(12), "{rows}");
     // A single-pipeline command takes the same lake from the bundle.
     let run = exec(tidemark(&elsewhere).args([
         "run",

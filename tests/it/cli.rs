@@ -971,7 +971,8 @@ fn demo_bootstraps_then_runs_incrementally() {
     assert_eq!(job["job"], "payments_hourly", "{job}");
     assert_eq!(job["status"], "succeeded", "{job}");
     // ingest_events, ingest_partner (landing -> bronze), merge_payments (bronze -> silver), then
-    // daily_payments (silver -> gold).
+    // daily_payments (silver -> gold), merchants (the dimension) and daily_segments (gold by
+    // segment, looked up as of each payment).
     let keys: Vec<&str> = job["tasks"]
         .as_array()
         .expect("tasks")
@@ -984,7 +985,9 @@ fn demo_bootstraps_then_runs_incrementally() {
             "ingest_events",
             "ingest_partner",
             "merge_payments",
-            "daily_payments"
+            "daily_payments",
+            "merchants",
+            "daily_segments"
         ],
         "{job}"
     );

@@ -848,3 +848,76 @@ async fn aggregates_look_the_dimension_up_as_of_each_payment() {
         gold(d).await
     );
 }
+
+/// The demo tells the dimension's story: merchants the payments name first are inferred, and
+/// completed in place hours later when their record lands; gold by segment counts the pending
+/// ones as `unknown`.
+#[test]
+fn the_demo_infers_merchants_and_completes_them() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lake = dir.path().join("lake");
+    let bundle = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("bundle");
+    let mut last = String::new();
+    // (the generated world's first completion lands in the demo's 6th hour)
+    for _ in 0..8 {
+        let out = exec(
+            tidemark_at(T0)
+                .current_dir(dir.path())
+                .arg("demo")
+                .arg("--lake")
+                .arg(&lake)
+                .arg("--bundle")
+                .arg(&bundle),
+        );
+        assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+        last = out.stdout;
+    }
+    let line = last
+        .lines()
+        .find(|l| l.starts_with("merchants (SCD2"))
+        .unwrap_or_else(|| panic!("no merchants story:\n{last}"));
+    assert!(line.contains("placeholder(s) pending"), "{line}");
+    assert!(
+        line.contains("is valid from 1900-01-01"),
+        "a completed merchant: {line}"
+    );
+    let segments = last
+        .lines()
+        .find(|l| l.starts_with("payments of "))
+        .unwrap_or_else(|| panic!("no segments line:\n{last}"));
+    assert!(segments.contains("unknown"), "{segments}");
+}
+
+/// `tidemark generate --merchants` writes the merchants feed the bundle's dimension reads, and
+/// `--next-hour` appends what landed in the following hours; both say how many records.
+#[test]
+fn generate_writes_the_merchants_feed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let m = dir.path().join("merchants_raw");
+    let out = exec(
+        tidemark_at(T0)
+            .arg("generate")
+            .arg("--merchants")
+            .arg(&m)
+            .args(["--days", "5", "--output", "json"]),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert!(
+        v["merchants"]["records"].as_u64().unwrap_or(0) > 20_000,
+        "{v}"
+    );
+    let out = exec(
+        tidemark_at(T0)
+            .arg("generate")
+            .arg("--merchants")
+            .arg(&m)
+            .args(["--next-hour", "--hours", "24", "--output", "json"]),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert!(v["merchants"]["records"].as_u64().unwrap_or(0) > 0, "{v}");
+    let again = exec(tidemark_at(T0).arg("generate").arg("--merchants").arg(&m));
+    assert_eq!(again.code, 64, "{}", again.stderr);
+    assert!(again.stderr.contains("--next-hour"), "{}", again.stderr);
+}
