@@ -921,3 +921,132 @@ fn generate_writes_the_merchants_feed() {
     assert_eq!(again.code, 64, "{}", again.stderr);
     assert!(again.stderr.contains("--next-hour"), "{}", again.stderr);
 }
+
+/// The oracle with inferred members: per run (after batch `b`), the keys the facts named that no
+/// record had named yet get a placeholder; a key that was one has its first version from 1900
+/// once its records give it a version; a key whose records give none loses its row (and the
+/// mark). Returns the expected table after the last run.
+fn oracle_inferred(recs: &[(usize, Rec)], facts: &[(usize, String)], runs: usize) -> Vec<Row> {
+    let mut marked: std::collections::BTreeSet<String> = Default::default();
+    let mut rows = Vec::new();
+    for b in 0..runs {
+        let landed: Vec<Rec> = recs
+            .iter()
+            .filter(|(rb, _)| *rb <= b)
+            .map(|(_, r)| r.clone())
+            .collect();
+        let recorded: std::collections::BTreeSet<String> =
+            landed.iter().filter_map(|r| r.id.clone()).collect();
+        let named: std::collections::BTreeSet<String> = facts
+            .iter()
+            .filter(|(fb, _)| *fb <= b)
+            .map(|(_, k)| k.clone())
+            .collect();
+        let folded = oracle(&landed, true);
+        let with_versions: std::collections::BTreeSet<String> =
+            folded.iter().map(|r| r.0.clone()).collect();
+        // (a marked key whose records give no version loses its row and its mark)
+        marked.retain(|k| !recorded.contains(k) || with_versions.contains(k));
+        for k in named.iter().filter(|k| !recorded.contains(*k)) {
+            marked.insert(k.clone());
+        }
+        rows = Vec::new();
+        let mut seen_first = std::collections::BTreeSet::new();
+        let mut sorted = folded;
+        sorted.sort_by(|a, b| (a.0.as_str(), a.3).cmp(&(b.0.as_str(), b.3)));
+        for mut r in sorted {
+            if marked.contains(&r.0) && seen_first.insert(r.0.clone()) {
+                r.3 = BEGINNING;
+            }
+            rows.push(r);
+        }
+        for k in marked.iter().filter(|k| !recorded.contains(*k)) {
+            rows.push((
+                k.clone(),
+                "unknown".into(),
+                "Unknown (pending)".into(),
+                BEGINNING,
+                None,
+                true,
+            ));
+        }
+        rows.sort();
+    }
+    rows
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(6),
+        max_shrink_iters: 32,
+        .. ProptestConfig::default()
+    })]
+
+    /// Facts naming merchants before, with or after their records, in any batches, a run after
+    /// each and a full reload at the end: placeholders appear for unknown keys only, are
+    /// completed in place (first version from 1900) when records arrive, and the rest of the
+    /// table is the fold.
+    #[test]
+    fn inferred_members_are_completed_in_place_after_any_runs(
+        evs in prop::collection::vec(ev(), 1..16),
+        facts in prop::collection::vec((0u8..5, 0usize..4), 1..8),
+    ) {
+        let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+        rt.block_on(async {
+            let dir = tempfile::tempdir().expect("tmp");
+            let d = dir.path();
+            let p = pipeline(d, "scd2");
+            let text = std::fs::read_to_string(&p).expect("read")
+                + &format!(
+                    "infer_from: [{{ source: \"{}/lake/payments\", key: merchant_id }}]\nplaceholder: {{ name: \"Unknown (pending)\", segment: unknown }}\n",
+                    d.display()
+                );
+            std::fs::write(&p, text).expect("write");
+            let mut recs: Vec<(usize, Rec)> = Vec::new();
+            let mut named: Vec<(usize, String)> = Vec::new();
+            let mut runs = 0;
+            for b in 0..4 {
+                let batch: Vec<Rec> = evs
+                    .iter()
+                    .filter(|e| e.batch == b)
+                    .map(|e| Rec {
+                        id: Some(format!("m{}", e.key)),
+                        seq: T0 + e.seq as i64 * HOUR,
+                        ing: T0 + 100 * HOUR + b as i64 * HOUR,
+                        segment: format!("s{}", e.segment),
+                        name: format!("n{}", e.name),
+                        delete: e.delete,
+                    })
+                    .collect();
+                let keys: Vec<String> = facts.iter().filter(|f| f.1 == b).map(|f| format!("m{}", f.0)).collect();
+                if batch.is_empty() && keys.is_empty() && b > 0 {
+                    continue;
+                }
+                // (a run needs the source and the facts tables to exist)
+                if !batch.is_empty() || b == 0 {
+                    let landed = if batch.is_empty() { vec![rec("m_seed", T0, "s0", "n0")] } else { batch };
+                    land(d, &landed).await;
+                    recs.extend(landed.into_iter().map(|r| (runs, r)));
+                }
+                let k: Vec<&str> = keys.iter().map(String::as_str).collect();
+                facts_at(d, &k).await;
+                named.extend(keys.into_iter().map(|k| (runs, k)));
+                run(&p, T0 + 200 * HOUR, &[]);
+                runs += 1;
+                prop_assert_eq!(table(d, true).await, oracle_inferred(&recs, &named, runs), "after run {}", runs);
+            }
+            let before = table(d, true).await;
+            run(&p, T0 + 200 * HOUR, &["--full-reload"]);
+            prop_assert_eq!(table(d, true).await, before);
+            Ok(())
+        })?;
+    }
+}
+
+/// [`facts`], creating the table even with no key (so the pipeline's facts always exist).
+async fn facts_at(dir: &Path, merchants: &[&str]) {
+    if merchants.is_empty() && dir.join("lake/payments").exists() {
+        return;
+    }
+    facts(dir, merchants).await;
+}
