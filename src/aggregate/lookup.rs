@@ -91,7 +91,26 @@ async fn one(
                 )
                 .into())
         }
-        other => other.clone(),
+        Some(t) => {
+            let ty = df
+                .schema()
+                .field_with_unqualified_name(t)
+                .map(|f| f.data_type().clone())
+                .map_err(q)?;
+            if !matches!(
+                ty,
+                arrow::datatypes::DataType::Timestamp(..) | arrow::datatypes::DataType::Date32
+            ) {
+                return Err(p
+                    .error_at_text(
+                        t,
+                        format!("`as_of: {t}` is {ty} in the source; the version valid at a row's time needs a timestamp or date column (e.g. created_at)"),
+                    )
+                    .into());
+            }
+            Some(t.clone())
+        }
+        None => None,
     };
     let at = |c: &str| format!("{PREFIX}{n}_{c}");
     let mut select: Vec<Expr> = vec![ident(&l.dimension_key).alias(at("key"))];

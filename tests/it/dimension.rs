@@ -832,6 +832,30 @@ async fn aggregates_look_the_dimension_up_as_of_each_payment() {
         ]
     );
 
+    // An `as_of` that is not a time is a config error at its line (gold untouched).
+    let bad = d.join("bad.yml");
+    std::fs::write(
+        &bad,
+        std::fs::read_to_string(&agg)
+            .expect("read")
+            .replace("as_of: created_at", "as_of: payment_id"),
+    )
+    .expect("write");
+    let gold_version = version(&d.join("lake/gold")).await;
+    let out = exec(
+        tidemark_at(T0 + 33 * h)
+            .arg("run")
+            .arg(&bad)
+            .args(["--logical-date", &day2]),
+    );
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("bad.yml:11:") && out.stderr.contains("timestamp or date"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(version(&d.join("lake/gold")).await, gold_version);
+
     // A payment from day 1 arrives late, after m1 moved: it counts as small, as m1 was then.
     payments(d, &[("p5", "m1", T0 + 5 * h)], T0 + 34 * h).await;
     run(&p, T0 + 35 * h, &[]);
