@@ -246,7 +246,8 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
         _ => None,
     });
     if let (true, None, Some(dim)) = (text, &result.failure, dimension) {
-        out.push_str(&merchants_story(&dim, by_segment.as_deref()).await?);
+        let silver = merge.pipeline.target_uri().to_string();
+        out.push_str(&merchants_story(&dim, by_segment.as_deref(), &silver).await?);
     }
     if text && result.failure.is_none() {
         out.push_str(&format!(
@@ -285,7 +286,11 @@ async fn gold_story(
 
 /// The merchants dimension after the hour: merchants, versions, placeholders pending and
 /// completed, and gold by segment for the newest days.
-async fn merchants_story(dim: &str, by_segment: Option<&str>) -> Result<String, AppError> {
+async fn merchants_story(
+    dim: &str,
+    by_segment: Option<&str>,
+    silver: &str,
+) -> Result<String, AppError> {
     use datafusion::prelude::SessionContext;
     let ctx = SessionContext::new();
     let query =
@@ -345,6 +350,49 @@ async fn merchants_story(dim: &str, by_segment: Option<&str>) -> Result<String, 
         if cell("example").is_empty() { "-".to_string() } else { cell("example") },
         cell("completed"),
     );
+    // A late payment counted under the segment its merchant had when it was made.
+    if let Some(t) = lake::open_if_exists(silver).await? {
+        t.update_datafusion_session(&ctx.state())
+            .map_err(|e| AppError::Usage(e.to_string()))?;
+        ctx.register_table("payments", t.table_provider().await.map_err(query)?)
+            .map_err(query)?;
+        let late = ctx
+            .sql(
+                "SELECT p.payment_id AS payment, p.merchant_id AS merchant, \
+                  CAST(CAST(p.created_at AS DATE) AS VARCHAR) AS made, \
+                  CAST(CAST(p._ingested_at AS DATE) AS VARCHAR) AS landed, \
+                  then.segment AS then_segment, now.segment AS now_segment, \
+                  p._ingested_at AS arrival \
+                  FROM payments p \
+                  JOIN merchants then ON then.merchant_id = p.merchant_id \
+                    AND then.valid_from <= p.created_at \
+                    AND (then.valid_to IS NULL OR p.created_at < then.valid_to) \
+                  JOIN merchants now ON now.merchant_id = p.merchant_id AND now.is_current \
+                  WHERE then.segment <> now.segment \
+                    AND p._ingested_at > p.created_at + INTERVAL '1 day' \
+                  ORDER BY arrival DESC, payment LIMIT 1",
+            )
+            .await
+            .map_err(query)?
+            .collect()
+            .await
+            .map_err(query)?;
+        if let Some(b) = late.first().filter(|b| b.num_rows() > 0) {
+            let v = |c: usize| {
+                arrow::util::display::array_value_to_string(b.column(c), 0).unwrap_or_default()
+            };
+            out.push_str(&format!(
+                "a late payment: {} of {}, made {} and landed {}, counts under `{}` — the segment {} had then (it is `{}` now).\n",
+                v(0),
+                v(1),
+                v(2),
+                v(3),
+                v(4),
+                v(1),
+                v(5)
+            ));
+        }
+    }
     if let Some(gold) = by_segment {
         if let Some(t) = lake::open_if_exists(gold).await? {
             t.update_datafusion_session(&ctx.state())

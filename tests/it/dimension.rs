@@ -910,6 +910,14 @@ fn the_demo_infers_merchants_and_completes_them() {
         .find(|l| l.starts_with("payments of "))
         .unwrap_or_else(|| panic!("no segments line:\n{last}"));
     assert!(segments.contains("unknown"), "{segments}");
+    let late = last
+        .lines()
+        .find(|l| l.starts_with("a late payment: "))
+        .unwrap_or_else(|| panic!("no late payment example:\n{last}"));
+    assert!(
+        late.contains("the segment") && late.contains("had then"),
+        "{late}"
+    );
 }
 
 /// `tidemark generate --merchants` writes the merchants feed the bundle's dimension reads, and
