@@ -17,6 +17,15 @@ use crate::run::{Phase, RunError};
 /// The prefix of the joined dimension's columns (dropped after the lookup).
 const PREFIX: &str = "__tidemark_dim_";
 
+/// An error at the line that says `fragment` (e.g. `as_of: created`), else at `lookups:`.
+fn at(p: &Pipeline, fragment: &str, message: String) -> RunError {
+    if p.mentions(fragment) {
+        p.error_at_text(fragment, message).into()
+    } else {
+        p.error_at("lookups", message).into()
+    }
+}
+
 /// `df` with every lookup's columns added.
 pub async fn apply(
     ctx: &SessionContext,
@@ -67,29 +76,35 @@ async fn one(
     let mut needed = vec![l.key.clone()];
     needed.extend(l.as_of.iter().cloned());
     if let Some(c) = missing(&needed, &src_cols) {
-        return Err(p
-            .error_at_text(
-                &c,
-                format!("the source has no column `{c}` to look the dimension {} up by; its columns: {}", l.uri, src_cols.join(", ")),
-            )
-            .into());
+        let fragment = if l.key == c {
+            format!("key: {c}")
+        } else {
+            format!("as_of: {c}")
+        };
+        return Err(at(
+            p,
+            &fragment,
+            format!(
+                "the source has no column `{c}` to look the dimension {} up by; its columns: {}",
+                l.uri,
+                src_cols.join(", ")
+            ),
+        ));
     }
     if let Some(c) = l.columns.iter().find(|c| src_cols.contains(c)) {
-        return Err(p
-            .error_at_text(
-                c,
-                format!("lookup column `{c}` is already a source column; rename it in the dimension or leave it out of `columns`"),
-            )
-            .into());
+        return Err(at(
+            p,
+            "columns: [",
+            format!("lookup column `{c}` is already a source column; rename it in the dimension or leave it out of `columns`"),
+        ));
     }
     let as_of = match &l.as_of {
         Some(t) if !dim_cols.iter().any(|c| c == VALID_FROM) => {
-            return Err(p
-                .error_at_text(
-                    t,
-                    format!("`as_of: {t}` picks the version valid at a time, and {} has no `{VALID_FROM}` (not an SCD2 dimension); remove `as_of` to use its current rows", l.uri),
-                )
-                .into())
+            return Err(at(
+                p,
+                &format!("as_of: {t}"),
+                format!("`as_of: {t}` picks the version valid at a time, and {} has no `{VALID_FROM}` (not an SCD2 dimension); remove `as_of` to use its current rows", l.uri),
+            ))
         }
         Some(t) => {
             let ty = df
@@ -101,12 +116,11 @@ async fn one(
                 ty,
                 arrow::datatypes::DataType::Timestamp(..) | arrow::datatypes::DataType::Date32
             ) {
-                return Err(p
-                    .error_at_text(
-                        t,
-                        format!("`as_of: {t}` is {ty} in the source; the version valid at a row's time needs a timestamp or date column (e.g. created_at)"),
-                    )
-                    .into());
+                return Err(at(
+                    p,
+                    &format!("as_of: {t}"),
+                    format!("`as_of: {t}` is {ty} in the source; the version valid at a row's time needs a timestamp or date column (e.g. created_at)"),
+                ));
             }
             Some(t.clone())
         }

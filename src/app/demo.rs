@@ -197,35 +197,57 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
             out.push_str(&render_generate(&report, args.output));
         }
     }
-    let landed = generate::landing_from(Path::new(&landing), &bronze_uri, 1).await?;
-    if text {
-        out.push_str(&render_landing(&landed, args.output));
-    }
-    // The merchants' change records that landed by the same hour (the dimension's feed).
-    if let Some(uri) = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
+    // The next hour's files, and the merchants' records that landed by then. A signal here
+    // stops the demo with a message; what already landed is taken up by the next demo.
+    let dimension_source = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
         Spec::Dimension(d) => Some(d.source_uri.clone()),
         _ => None,
-    }) {
-        let after = match lake::open_if_exists(&uri).await? {
-            Some(t) => match lake::max_from_stats(&t, "_ingested_at") {
-                Ok(lake::StatsMax::Max(us)) => Some(us),
-                _ => None,
-            },
-            None => None,
-        };
-        let start = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
-            .and_then(|d| d.and_hms_opt(0, 0, 0))
-            .map(|t| t.and_utc().timestamp_micros())
-            .unwrap_or_default();
-        let all = generate::merchants::records(42, start, DEMO_DAYS);
-        let n = generate::merchants::land(&uri, &all, after, landed.frontier.timestamp_micros())
-            .await?;
+    });
+    let land_hour = async {
+        let landed = generate::landing_from(Path::new(&landing), &bronze_uri, 1).await?;
+        let mut said = String::new();
         if text {
-            out.push_str(&format!(
-                "merchants: {n} change record(s) landed in {uri}\n"
-            ));
+            said.push_str(&render_landing(&landed, args.output));
         }
-    }
+        if let Some(uri) = &dimension_source {
+            let after = match lake::open_if_exists(uri).await? {
+                Some(t) => match lake::max_from_stats(&t, "_ingested_at") {
+                    Ok(lake::StatsMax::Max(us)) => Some(us),
+                    _ => None,
+                },
+                None => None,
+            };
+            let start = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
+                .and_then(|d| d.and_hms_opt(0, 0, 0))
+                .map(|t| t.and_utc().timestamp_micros())
+                .unwrap_or_default();
+            let all = generate::merchants::records(42, start, DEMO_DAYS);
+            let n = generate::merchants::land(uri, &all, after, landed.frontier.timestamp_micros())
+                .await?;
+            if text {
+                said.push_str(&format!(
+                    "merchants: {n} change record(s) landed in {uri}\n"
+                ));
+            }
+        }
+        Ok::<_, AppError>((landed, said))
+    };
+    let (landed, said) = tokio::select! {
+        r = land_hour => r?,
+        class = crate::signal::stop_signal() => {
+            return Ok(Output {
+                stdout: out,
+                failure: Some((
+                    class,
+                    format!(
+                        "{} received: the demo stopped while it landed the next hour, before the job ran; nothing is half-written (a landing file or merchants' commit that completed is taken up by the next run). Run `{demo_again}` again to continue",
+                        crate::signal::name(class)
+                    ),
+                )),
+            });
+        }
+    };
+    out.push_str(&said);
     // The hour just landed is "now" for the job: files arrive, the job runs five minutes later.
     let clock: Arc<dyn Clock> = Arc::new(FixedClock(landed.frontier + Duration::minutes(5)));
     let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
@@ -424,7 +446,7 @@ async fn merchants_story(
             }
             if !parts.is_empty() {
                 out.push_str(&format!(
-                    "payments of {day} by the segment each merchant had at the time ({gold}): {}; `unknown` are merchants still pending.\n",
+                    "payments of {day} by the segment each merchant had at the time ({gold}): {}; `unknown`: no version of the merchant at the payment's time (a merchant still pending, a payment before its merchant's first record, or after its closure).\n",
                     parts.join(", ")
                 ));
             }

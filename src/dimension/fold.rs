@@ -203,8 +203,6 @@ fn deletes(batch: &RecordBatch, layout: &Layout) -> ArrowResult<Vec<bool>> {
 pub struct Folded {
     /// Upserts folded into an open version in place (no new version).
     pub updated_in_place: u64,
-    /// Keys that were placeholders and now have a real version (completed in place).
-    pub completed: u64,
 }
 
 /// The instant an inferred member's versions start from: 1900-01-01, in the sequence's type
@@ -302,9 +300,6 @@ pub fn fold(
             .collect();
         let h = History::fold(changes, |a, b| tracked.row(*a) == tracked.row(*b));
         let was = inferred.get(&key_text[idx[start]]).copied();
-        if was.is_some() && !h.versions.is_empty() {
-            folded.completed += 1;
-        }
         for (k, v) in h.versions.iter().enumerate() {
             folded.updated_in_place += v.changes.iter().filter(|c| !c.delete).count() as u64 - 1;
             let closer = if v.closed_by_delete() {

@@ -144,6 +144,24 @@ impl Run<'_> {
                 .into());
         }
         self.layout = layout.describe();
+        if let Some(infer) = &d.infer {
+            if let Some((c, _)) = infer
+                .placeholder
+                .iter()
+                .find(|(c, _)| !layout.columns.contains(c) || d.keys.contains(c))
+            {
+                return Err(self
+                    .p
+                    .error_at(
+                        "placeholder",
+                        format!(
+                            "`placeholder.{c}` is not an attribute of the dimension; its attributes: {}",
+                            layout.columns.iter().filter(|a| !d.keys.contains(a)).cloned().collect::<Vec<_>>().join(", ")
+                        ),
+                    )
+                    .into());
+            }
+        }
         let out_schema = layout
             .output_schema(&schema)
             .map_err(RunError::arrow(Phase::Plan))?;
@@ -265,6 +283,12 @@ impl Run<'_> {
             (None, _) => Vec::new(),
         };
         let inferred = infer::inferred_keys(&held, &d.keys)?;
+        // Placeholders the table held for the rebuilt keys (to count those completed now).
+        let was_pending: HashSet<String> =
+            infer::pending(&held.iter().collect::<Vec<_>>(), &d.keys)?
+                .into_iter()
+                .map(|(k, _)| k)
+                .collect();
         let held = if self.relayout { Vec::new() } else { held };
         let before = compare::as_one(&held, &storage_schema)?;
         // The other keys' rows, for inference: their keys and whether they are placeholders.
@@ -306,7 +330,16 @@ impl Run<'_> {
             .and_then(|b| lake::storage::cast_to(&b, &storage_schema))
             .map_err(RunError::arrow(Phase::Compare))?;
         self.c.num_updated_in_place = folded.updated_in_place;
-        self.c.num_inferred_completed = folded.completed;
+        self.c.num_inferred_completed = if was_pending.is_empty() {
+            0
+        } else {
+            fold::key_text(&fresh, &d.keys)
+                .map_err(RunError::arrow(Phase::Compare))?
+                .into_iter()
+                .filter(|k| was_pending.contains(k))
+                .collect::<HashSet<_>>()
+                .len() as u64
+        };
         self.c.num_keys_read = if all {
             fold::key_text(&valid, &d.keys)
                 .map_err(RunError::arrow(Phase::Compare))?
@@ -331,7 +364,9 @@ impl Run<'_> {
             let rows = lake::storage::storage_batch(&rows)
                 .and_then(|b| lake::storage::cast_to(&b, &storage_schema))
                 .map_err(RunError::arrow(Phase::Compare))?;
-            self.c.num_inferred_new = new.len() as u64;
+            // (a placeholder the table already held is not new: a reload writes it again)
+            self.c.num_inferred_new =
+                new.iter().filter(|(k, _)| !was_pending.contains(k)).count() as u64;
             fresh = arrow::compute::concat_batches(&storage_schema, [&fresh, &rows])
                 .map_err(RunError::arrow(Phase::Compare))?;
             let mut rows: Vec<&RecordBatch> = others.iter().collect();

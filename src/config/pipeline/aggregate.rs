@@ -362,14 +362,14 @@ impl Ctx<'_> {
         for l in raw {
             if l.columns.is_empty() {
                 return Err(self.invalid_at_text(
-                    &l.dimension,
+                    &format!("dimension: {}", l.dimension),
                     format!("lookup of `{}` adds no `columns`; list the dimension's columns to add, e.g. [segment]", l.dimension),
                 ));
             }
             for c in &l.columns {
                 if added.contains(c) || RESERVED.contains(&c.as_str()) {
                     return Err(self.invalid_at_text(
-                        &l.dimension,
+                        &format!("dimension: {}", l.dimension),
                         format!("lookup column `{c}` is added twice or is one the output adds itself; each column comes from one place"),
                     ));
                 }
@@ -394,19 +394,19 @@ impl Ctx<'_> {
                     .find(|f| f.is_file())
                     .ok_or_else(|| {
                         self.invalid_at_text(
-                            &l.dimension,
+                            &format!("dimension: {}", l.dimension),
                             format!("`dimension: {}` is neither a dimension pipeline beside this file ({}.yml) nor a table path or URI", l.dimension, l.dimension),
                         )
                     })?;
-                let other = super::Pipeline::load(&file, vars)?;
+                let other = self.load_referenced(&file, vars, "lookups")?;
                 let super::Spec::Dimension(d) = &other.spec else {
                     return Err(self.invalid_at_text(
-                        &l.dimension,
+                        &format!("dimension: {}", l.dimension),
                         format!("`dimension: {}` names a {} pipeline; a lookup reads a `kind: dimension` table", l.dimension, other.kind()),
                     ));
                 };
                 if d.keys.len() != 1 {
-                    return Err(self.invalid_at_text(&l.dimension, format!("dimension `{}` has {} key columns; a lookup matches one source column to a single key", l.dimension, d.keys.len())));
+                    return Err(self.invalid_at_text(&format!("dimension: {}", l.dimension), format!("dimension `{}` has {} key columns; a lookup matches one source column to a single key", l.dimension, d.keys.len())));
                 }
                 let placeholder = d
                     .infer
@@ -422,7 +422,7 @@ impl Ctx<'_> {
             };
             if scd1 && l.as_of.is_some() {
                 return Err(self.invalid_at_text(
-                    &l.dimension,
+                    &format!("dimension: {}", l.dimension),
                     format!("`as_of` picks the version valid at a time, and dimension `{}` keeps no history (`history: scd1`); remove `as_of` to use its current rows", l.dimension),
                 ));
             }

@@ -14,6 +14,12 @@ use crate::config::location::{
 };
 use crate::config::{ConfigError, Vars};
 
+thread_local! {
+    /// The pipeline files being loaded because another one names them (`infer_from`,
+    /// `lookups`): a file met again refers back to itself.
+    static REFERRING: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
 pub(super) struct Ctx<'a> {
     pub(super) path: &'a Path,
     pub(super) text: &'a str,
@@ -26,6 +32,35 @@ impl Ctx<'_> {
             line: line_of_key(self.text, key),
             message: message.into(),
         }
+    }
+
+    /// Loads the pipeline `file` that this one names at `key`; refuses one that leads back to
+    /// this file (directly or through the pipelines it names in turn).
+    pub(super) fn load_referenced(
+        &self,
+        file: &Path,
+        vars: &Vars,
+        key: &str,
+    ) -> Result<Pipeline, ConfigError> {
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        let (me, other) = (canon(self.path), canon(file));
+        let back = other == me || REFERRING.with(|r| r.borrow().contains(&other));
+        if back {
+            return Err(self.invalid(
+                key,
+                format!(
+                    "`{key}` names {}, which leads back to this pipeline ({}): a pipeline cannot read a table that depends on its own; name the facts table (e.g. the payments pipeline) or the dimension itself",
+                    file.display(),
+                    self.path.display()
+                ),
+            ));
+        }
+        REFERRING.with(|r| r.borrow_mut().push(me));
+        let loaded = Pipeline::load(file, vars);
+        REFERRING.with(|r| {
+            r.borrow_mut().pop();
+        });
+        loaded
     }
 
     pub(super) fn substitute(

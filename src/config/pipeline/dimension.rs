@@ -342,7 +342,9 @@ impl Ctx<'_> {
                             format!("`infer_from.source: {}` is neither a table path or URI nor a pipeline beside this file ({}.yml); give the facts table's location or the pipeline that writes it", f.source, f.source),
                         )
                     })?;
-                super::Pipeline::load(&file, vars)?.target_uri().to_string()
+                self.load_referenced(&file, vars, "infer_from")?
+                    .target_uri()
+                    .to_string()
             };
             out.push(InferFrom { source, key: f.key });
         }
