@@ -10,6 +10,7 @@ mod compare;
 pub mod fold;
 pub mod history;
 mod infer;
+mod plan;
 mod run;
 
 pub(crate) use run::run_once;
