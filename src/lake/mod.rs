@@ -6,6 +6,7 @@
 
 mod compact;
 pub mod datafile;
+pub mod dv;
 mod error;
 pub mod facts;
 #[cfg(feature = "failpoints")]

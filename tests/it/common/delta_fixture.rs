@@ -49,9 +49,6 @@ use parquet::arrow::ProjectionMask;
 use roaring::RoaringTreemap;
 use serde_json::{json, Value};
 
-/// Magic number of a portable RoaringBitmapArray (little-endian in the DV bytes).
-const PORTABLE_MAGIC: u32 = 1_681_511_377;
-
 /// Where the DVs of one [`delete_where`] commit are stored.
 #[derive(Debug, Clone, Copy)]
 pub enum DvStorage {
@@ -210,12 +207,10 @@ fn positions(file: &Path, column: &str, values: &BTreeSet<&str>) -> RoaringTreem
     out
 }
 
-/// The DV bytes: little-endian magic, then the RoaringTreemap portable serialization.
+/// The DV bytes: little-endian magic, then the RoaringTreemap portable serialization (the same
+/// encoder tidemark writes its own deletion vectors with, `tidemark::lake::dv`).
 fn dv_bytes(rows: &RoaringTreemap) -> Vec<u8> {
-    let mut bytes = PORTABLE_MAGIC.to_le_bytes().to_vec();
-    rows.serialize_into(&mut bytes)
-        .expect("serialize roaring treemap");
-    bytes
+    tidemark::lake::dv::to_bytes(rows).expect("serialize roaring treemap")
 }
 
 /// Marks as deleted, with deletion vectors, every row whose `column` is one of `values`, in one
