@@ -1082,3 +1082,48 @@ async fn facts_at(dir: &Path, merchants: &[&str]) {
     }
     facts(dir, merchants).await;
 }
+
+/// A mistake in the dimension's file is one error, though two of the job's pipelines load it
+/// (its own task, and the gold that looks it up).
+#[test]
+fn a_broken_dimension_file_is_one_error_for_the_demo() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let root = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    for sub in ["bundle", "bundle/resources", "pipelines"] {
+        std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+        for e in std::fs::read_dir(root.join(sub))
+            .expect("read dir")
+            .filter_map(Result::ok)
+        {
+            if e.path().is_file() {
+                std::fs::copy(e.path(), dir.path().join(sub).join(e.file_name())).expect("copy");
+            }
+        }
+    }
+    let m = dir.path().join("pipelines/merchants.yml");
+    let text = std::fs::read_to_string(&m)
+        .expect("read")
+        .replace("sequence_by: updated_at", "sequence_by: [updated_at]");
+    std::fs::write(&m, text).expect("write");
+    let out = exec(
+        tidemark_at(T0)
+            .current_dir(dir.path())
+            .arg("demo")
+            .arg("--bundle")
+            .arg(dir.path().join("bundle"))
+            .arg("--lake")
+            .arg(dir.path().join("lake")),
+    );
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("the bundle has 1 error"),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(
+        out.stderr.matches("merchants.yml:").count(),
+        1,
+        "{}",
+        out.stderr
+    );
+}

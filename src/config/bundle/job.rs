@@ -313,7 +313,12 @@ impl JobCtx<'_> {
             match Pipeline::load(&path, self.vars) {
                 Ok(p) => Some(p),
                 Err(e) => {
-                    self.d.errors.push(pipeline_diagnostic(e, &self.src.path, pipeline_line));
+                    // (a pipeline another one names — a dimension a gold looks up — reports
+                    // its own error once, not once per pipeline that loads it)
+                    let diag = pipeline_diagnostic(e, &self.src.path, pipeline_line);
+                    if !self.d.errors.contains(&diag) {
+                        self.d.errors.push(diag);
+                    }
                     None
                 }
             }
