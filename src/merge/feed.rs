@@ -83,7 +83,7 @@ impl Change {
 }
 
 /// The column of a change data file that names the change.
-const CHANGE_TYPE: &str = "_change_type";
+pub(crate) const CHANGE_TYPE: &str = "_change_type";
 
 /// The commit patch that turns delta-rs' feed of a MERGE into the live feed (module docs).
 pub(crate) struct LiveFeed {
@@ -272,6 +272,41 @@ impl CdcFile {
     }
 }
 
+/// Why a change data file could not be written.
+#[derive(Debug)]
+pub(crate) enum ChangeFileError {
+    Parquet(parquet::errors::ParquetError),
+    Store(object_store::Error),
+}
+
+/// Writes `batches` (in `schema`: the table's columns and `_change_type`) as one change data
+/// file under `dir` (`_change_data`, or a partition's folder in it); returns its path and size.
+/// The copy-on-write rewrite and the rewrite of delta-rs' feed both write their files here.
+pub(crate) async fn write_change_file(
+    store: &Arc<dyn ObjectStore>,
+    dir: &str,
+    schema: SchemaRef,
+    batches: &[RecordBatch],
+) -> Result<(String, usize), ChangeFileError> {
+    let path = format!(
+        "{dir}/cdc-00000-{}.c000.snappy.parquet",
+        uuid::Uuid::new_v4()
+    );
+    let p = ChangeFileError::Parquet;
+    let mut writer =
+        ArrowWriter::try_new(Vec::new(), schema, Some(writer_properties(1 << 16))).map_err(p)?;
+    for b in batches {
+        writer.write(b).map_err(p)?;
+    }
+    let bytes = writer.into_inner().map_err(p)?;
+    let size = bytes.len();
+    store
+        .put(&store_path(&path), Bytes::from(bytes).into())
+        .await
+        .map_err(ChangeFileError::Store)?;
+    Ok((path, size))
+}
+
 /// Writes `batch` as a change data file under `dir` and returns `template` (a `cdc` action)
 /// pointing at it.
 async fn put(
@@ -280,20 +315,12 @@ async fn put(
     dir: &str,
     batch: &RecordBatch,
 ) -> Result<Value, TransactionError> {
-    let path = format!(
-        "{dir}/cdc-00000-{}.c000.snappy.parquet",
-        uuid::Uuid::new_v4()
-    );
-    let mut writer =
-        ArrowWriter::try_new(Vec::new(), batch.schema(), Some(writer_properties(1 << 16)))
-            .map_err(|e| parquet_err(&path, e))?;
-    writer.write(batch).map_err(|e| parquet_err(&path, e))?;
-    let bytes = writer.into_inner().map_err(|e| parquet_err(&path, e))?;
-    let size = bytes.len();
-    store
-        .put(&store_path(&path), Bytes::from(bytes).into())
+    let (path, size) = write_change_file(store, dir, batch.schema(), std::slice::from_ref(batch))
         .await
-        .map_err(store_err)?;
+        .map_err(|e| match e {
+            ChangeFileError::Parquet(e) => parquet_err(dir, e),
+            ChangeFileError::Store(e) => store_err(e),
+        })?;
     let mut action = template.clone();
     action["cdc"]["path"] = Value::from(path);
     action["cdc"]["size"] = Value::from(size);

@@ -12,13 +12,9 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use bytes::Bytes;
 use deltalake::kernel::AddCDCFile;
-use object_store::path::Path;
-use object_store::ObjectStoreExt;
-use parquet::arrow::ArrowWriter;
 
-use crate::lake::datafile::{writer_properties, FastPath};
+use crate::lake::datafile::FastPath;
 use crate::lake::storage::cast_to;
 pub(super) use crate::merge::feed::Change;
 use crate::run::{Phase, RunError};
@@ -81,7 +77,11 @@ impl FeedRows {
 /// The table's columns and `_change_type`.
 pub(super) fn feed_schema(schema: &SchemaRef) -> SchemaRef {
     let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
-    fields.push(Arc::new(Field::new("_change_type", DataType::Utf8, false)));
+    fields.push(Arc::new(Field::new(
+        crate::merge::feed::CHANGE_TYPE,
+        DataType::Utf8,
+        false,
+    )));
     Arc::new(Schema::new(fields))
 }
 
@@ -92,26 +92,21 @@ pub(super) async fn put(
     uri: &str,
     batches: &[RecordBatch],
 ) -> Result<AddCDCFile, RunError> {
-    let schema = feed_schema(&fast.schema);
-    let d = |e: parquet::errors::ParquetError| RunError::delta(Phase::Compare, uri)(e.into());
-    let mut writer =
-        ArrowWriter::try_new(Vec::new(), schema, Some(writer_properties(1 << 16))).map_err(d)?;
-    for b in batches {
-        writer.write(b).map_err(d)?;
-    }
-    let bytes = writer.into_inner().map_err(d)?;
-    let path = format!(
-        "_change_data/cdc-00000-{}.c000.snappy.parquet",
-        uuid::Uuid::new_v4()
-    );
-    let size = bytes.len() as i64;
-    fast.store
-        .put(&Path::from(path.as_str()), Bytes::from(bytes).into())
-        .await
-        .map_err(|e| RunError::write(Phase::Compare, uri)(e.into()))?;
+    use crate::merge::feed::{write_change_file, ChangeFileError};
+    let (path, size) = write_change_file(
+        &fast.store,
+        "_change_data",
+        feed_schema(&fast.schema),
+        batches,
+    )
+    .await
+    .map_err(|e| match e {
+        ChangeFileError::Parquet(e) => RunError::delta(Phase::Compare, uri)(e.into()),
+        ChangeFileError::Store(e) => RunError::write(Phase::Compare, uri)(e.into()),
+    })?;
     Ok(AddCDCFile {
         path,
-        size,
+        size: size as i64,
         partition_values: Default::default(),
         data_change: false,
         tags: None,
