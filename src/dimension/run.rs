@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use arrow::array::RecordBatch;
 use chrono::{DateTime, Utc};
-use datafusion::logical_expr::{lit, Expr};
+use datafusion::logical_expr::Expr;
 use datafusion::prelude::{ident, SessionContext};
 use tracing::{info, info_span, Instrument};
 
@@ -192,27 +192,8 @@ impl Run<'_> {
                 )
                 .map_err(q(Phase::Read))?;
         }
-        let null = d
-            .keys
-            .iter()
-            .map(|k| (ident(k).is_null(), format!("null key column `{k}`")))
-            .chain(std::iter::once((
-                ident(&d.sequence_by).is_null(),
-                format!("null sequence column `{}`", d.sequence_by),
-            )))
-            .collect::<Vec<_>>();
-        let any_null = null
-            .iter()
-            .map(|(e, _)| e.clone())
-            .reduce(Expr::or)
-            .unwrap_or_else(|| lit(false));
-        let mut reason = datafusion::logical_expr::when(null[0].0.clone(), lit(null[0].1.clone()));
-        for (cond, text) in &null[1..] {
-            reason = reason.when(cond.clone(), lit(text.clone()));
-        }
-        let reason = reason
-            .otherwise(lit("invalid row"))
-            .map_err(q(Phase::Read))?;
+        let rules = crate::run::expect::built_in_for(&d.keys, &d.sequence_by);
+        let (any_null, reason) = crate::run::validate::rejection(&rules).map_err(q(Phase::Read))?;
         let rejected = landed
             .filter(any_null.clone())
             .and_then(|df| df.with_column(REASON_COLUMN, reason))

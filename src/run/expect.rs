@@ -96,8 +96,13 @@ pub fn compile(
 
 /// The built-in rules as conditions, with the reasons their rows are quarantined under.
 pub fn built_in(roles: &ColumnRoles) -> Vec<(Expr, String)> {
-    let mut out: Vec<(Expr, String)> = roles
-        .keys
+    built_in_for(&roles.keys, roles.sequence())
+}
+
+/// The built-in rules over `keys` and the sequence column `seq`: each key column, then the
+/// sequence, must not be null (every kind that reads change records checks these).
+pub fn built_in_for(keys: &[String], seq: &str) -> Vec<(Expr, String)> {
+    let mut out: Vec<(Expr, String)> = keys
         .iter()
         .map(|k| {
             (
@@ -106,7 +111,6 @@ pub fn built_in(roles: &ColumnRoles) -> Vec<(Expr, String)> {
             )
         })
         .collect();
-    let seq = roles.sequence();
     out.push((
         datafusion::prelude::ident(seq).is_null(),
         format!("null sequence column `{seq}`"),

@@ -71,6 +71,26 @@ impl Split {
     }
 }
 
+/// Whether a row fails any of `rules` (condition, reason), and the reason of the first it
+/// fails (what the quarantine's `_quarantine_reason` says).
+pub fn rejection(
+    rules: &[(Expr, String)],
+) -> Result<(Expr, Expr), datafusion::error::DataFusionError> {
+    let any = rules
+        .iter()
+        .map(|(e, _)| e.clone())
+        .reduce(Expr::or)
+        .unwrap_or_else(|| lit(false));
+    let Some(((first, text), rest)) = rules.split_first() else {
+        return Ok((any, lit("invalid row")));
+    };
+    let mut reason = when(first.clone(), lit(text.clone()));
+    for (cond, text) in rest {
+        reason = reason.when(cond.clone(), lit(text.clone()));
+    }
+    Ok((any, reason.otherwise(lit("invalid row"))?))
+}
+
 /// The latest sequence value (µs) a run starting at `now` merges: later rows are deferred.
 pub fn due_micros(now: DateTime<Utc>, max_future_skew: std::time::Duration) -> i64 {
     let skew = i64::try_from(max_future_skew.as_micros()).unwrap_or(i64::MAX);
@@ -104,19 +124,8 @@ pub fn split(
             .map(|r| (r.fails.clone(), format!("expectation `{}` failed", r.name))),
     );
 
-    let any_null = nulls
-        .iter()
-        .map(|(e, _)| e.clone())
-        .reduce(Expr::or)
-        .unwrap_or_else(|| lit(false));
-    let mut reason = when(nulls[0].0.clone(), lit(nulls[0].1.clone()));
-    for (cond, text) in &nulls[1..] {
-        reason = reason.when(cond.clone(), lit(text.clone()));
-    }
-    let reason = reason
-        .otherwise(lit("invalid row"))
-        .map_err(q(Phase::Validate))?
-        .alias(REASON_COLUMN);
+    let (any_null, reason) = rejection(&nulls).map_err(q(Phase::Validate))?;
+    let reason = reason.alias(REASON_COLUMN);
 
     let all = input.clone();
     let rejected = input
