@@ -496,12 +496,8 @@ pub async fn generate_command(args: GenerateArgs) -> Result<String, AppError> {
 /// `--merchants`: the world's merchants feed, landed by the end of `--days` (a new table), or
 /// the next hour(s) after the newest record the table holds (`--next-hour`).
 async fn generate_merchants(args: &GenerateArgs, uri: &str) -> Result<u64, AppError> {
-    let start = args
-        .start
-        .and_hms_opt(0, 0, 0)
-        .map(|t| t.and_utc().timestamp_micros())
-        .unwrap_or_default();
-    let all = generate::merchants::records(args.seed, start, args.days);
+    let all = generate::merchants::records(args.seed, args.start, args.days);
+    let start = generate::merchants::start_of(args.start);
     let hour = 3_600_000_000i64;
     let existing = lake::open_if_exists(uri).await?;
     let (after, until) = match (&existing, args.next_hour) {

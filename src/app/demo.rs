@@ -156,7 +156,7 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
             payments: DEMO_PAYMENTS,
             days: DEMO_DAYS,
             seed: 42,
-            start: chrono::NaiveDate::from_ymd_opt(2024, 1, 1).unwrap_or_default(),
+            start: demo_start(),
             mode: GenerateMode::Full,
         };
         let mut report = tokio::select! {
@@ -217,11 +217,7 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
                 },
                 None => None,
             };
-            let start = chrono::NaiveDate::from_ymd_opt(2024, 1, 1)
-                .and_then(|d| d.and_hms_opt(0, 0, 0))
-                .map(|t| t.and_utc().timestamp_micros())
-                .unwrap_or_default();
-            let all = generate::merchants::records(42, start, DEMO_DAYS);
+            let all = generate::merchants::records(42, demo_start(), DEMO_DAYS);
             let n = generate::merchants::land(uri, &all, after, landed.frontier.timestamp_micros())
                 .await?;
             if text {
@@ -304,6 +300,11 @@ async fn gold_story(
         },
     ));
     Ok(out)
+}
+
+/// Day 0 of the demo's generated world (its payments and its merchants).
+fn demo_start() -> chrono::NaiveDate {
+    chrono::NaiveDate::from_ymd_opt(2024, 1, 1).unwrap_or_default()
 }
 
 /// The merchants dimension after the hour: merchants, versions, placeholders pending and

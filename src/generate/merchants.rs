@@ -36,9 +36,17 @@ pub struct MerchantRecord {
     pub delete: bool,
 }
 
-/// The records of every merchant for a world starting at `start_us` with `days` of payments
+/// Midnight UTC of `day`, in µs.
+pub fn start_of(day: chrono::NaiveDate) -> i64 {
+    day.and_time(chrono::NaiveTime::MIN)
+        .and_utc()
+        .timestamp_micros()
+}
+
+/// The records of every merchant for a world starting at `start` with `days` of payments
 /// (changes continue 30 days past the range, for the hours a demo adds), in landing order.
-pub fn records(seed: u64, start_us: i64, days: u32) -> Vec<MerchantRecord> {
+pub fn records(seed: u64, start: chrono::NaiveDate, days: u32) -> Vec<MerchantRecord> {
+    let start_us = start_of(start);
     let end = start_us + (i64::from(days) + 30) * DAY;
     let mut out = Vec::new();
     for m in 0..MERCHANTS {
@@ -195,9 +203,11 @@ mod tests {
 
     #[test]
     fn the_feed_is_deterministic_and_has_late_onboarding_moves_and_deletes() {
-        let start = 1_704_067_200_000_000; // 2024-01-01
-        let a = records(42, start, 30);
-        assert_eq!(a, records(42, start, 30));
+        let day = chrono::NaiveDate::from_ymd_opt(2024, 1, 1).expect("date");
+        let start = start_of(day);
+        assert_eq!(start, 1_704_067_200_000_000);
+        let a = records(42, day, 30);
+        assert_eq!(a, records(42, day, 30));
         let firsts: std::collections::BTreeMap<u64, &MerchantRecord> =
             a.iter().rev().map(|r| (r.merchant, r)).collect();
         assert_eq!(
