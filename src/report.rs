@@ -195,6 +195,13 @@ pub struct MergeCounters {
     /// Rows decoded and encoded again (the row groups holding a changed key); the other
     /// copied rows moved as bytes.
     pub num_rows_reencoded: u64,
+    /// Rows written into data files (rewritten files and the run's new file): with
+    /// copy-on-write, the copied and re-encoded rows too.
+    pub num_rows_written: u64,
+    /// Old versions marked deleted in deletion vectors (`target.apply: deletion_vectors`).
+    pub num_rows_marked_deleted: u64,
+    /// Files whose deletion vector grew.
+    pub num_files_marked: u64,
     /// True when nothing was left to do because an earlier run already applied this source
     /// version (for example a run whose success response was lost).
     pub already_applied: bool,

@@ -42,10 +42,16 @@ struct Group {
     outputs: u64,
 }
 
-/// Plans the compaction: files smaller than half of `target_size`, grouped by partition, at
-/// most [`MAX_BYTES_PER_COMPACTION`] in all; a group of fewer than two files is left alone.
-/// Each group becomes `ceil(bytes / target_size)` files of equal row counts (from the files'
-/// `numRecords` statistics; a group without them becomes one file).
+/// A file whose deletion vector deletes at least this share of its rows is rewritten by the
+/// compaction without them (a *purge*): readers stop skipping them and their bytes go.
+pub const PURGE_DELETED_SHARE: f64 = 0.05;
+
+/// Plans the compaction: files smaller than half of `target_size`, and files whose deletion
+/// vector deletes at least [`PURGE_DELETED_SHARE`] of their rows, grouped by partition, at most
+/// [`MAX_BYTES_PER_COMPACTION`] in all; a group of fewer than two files is left alone unless it
+/// purges one. Each group becomes `ceil(bytes / target_size)` files of equal row counts (from
+/// the files' `numRecords` statistics less the rows their deletion vectors delete; a group
+/// without them becomes one file).
 fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableError> {
     let snapshot = table.snapshot()?;
     let mut small: Vec<(
@@ -57,15 +63,18 @@ fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableEr
     )> = snapshot
         .log_data()
         .iter()
-        .filter(|f| (f.size() as u64) < target_size / 2)
+        .filter(|f| (f.size() as u64) < target_size / 2 || purge(f))
         .map(|f| {
             let mut partition: Vec<(String, Option<String>)> =
                 f.partition_values_map().into_iter().collect();
             partition.sort();
+            let deleted = f
+                .deletion_vector_descriptor()
+                .map_or(0, |d| d.cardinality.max(0) as usize);
             (
                 f.path().to_string(),
                 f.size(),
-                f.num_records(),
+                f.num_records().map(|n| n.saturating_sub(deleted)),
                 format!("{partition:?}"),
                 f.remove_action(false),
             )
@@ -82,7 +91,10 @@ fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableEr
         by_partition.entry(f.3.clone()).or_default().push(f);
     }
     let mut groups = Vec::new();
-    for files in by_partition.into_values().filter(|g| g.len() >= 2) {
+    for files in by_partition
+        .into_values()
+        .filter(|g| g.len() >= 2 || g.iter().any(|f| f.4.deletion_vector.is_some()))
+    {
         let bytes: u64 = files.iter().map(|f| f.1.max(0) as u64).sum();
         let rows: Option<usize> = files.iter().map(|f| f.2).sum();
         let wanted = bytes.div_ceil(target_size.max(1)).max(1) as usize;
@@ -101,6 +113,15 @@ fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableEr
         });
     }
     Ok(groups)
+}
+
+/// Whether the compaction rewrites `file` for the rows its deletion vector deletes.
+fn purge(file: &deltalake::kernel::LogicalFileView) -> bool {
+    match (file.deletion_vector_descriptor(), file.num_records()) {
+        (Some(d), Some(n)) if n > 0 => d.cardinality as f64 >= PURGE_DELETED_SHARE * n as f64,
+        (Some(_), _) => true,
+        _ => false,
+    }
 }
 
 /// Rewrites the files smaller than half of `target_size`, sorted by `keys` (none: in file

@@ -11,12 +11,13 @@
 //! Only plain tables take this path (no partitions, no column mapping, no deletion vectors);
 //! [`FastPath::check`] says which do.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use arrow::array::{ArrayRef, RecordBatch};
 use arrow::datatypes::SchemaRef;
 use bytes::Bytes;
-use deltalake::kernel::Add;
+use deltalake::kernel::{Add, DeletionVectorDescriptor};
 use deltalake::logstore::ObjectStoreRef;
 use deltalake::{DeltaTable, DeltaTableError};
 use futures::TryStreamExt;
@@ -66,12 +67,18 @@ pub struct FastPath {
     pub stats: StatsColumns,
     /// The table keeps a change data feed: the rewrite writes its `_change_data` file.
     pub change_data_feed: bool,
+    /// The deletion vectors of the live files that have one, by path: their rows are not
+    /// part of the table.
+    pub deletion_vectors: Arc<HashMap<String, DeletionVectorDescriptor>>,
+    /// The table may take new deletion vectors (the `deletionVectors` writer feature).
+    pub dv_enabled: bool,
 }
 
 impl FastPath {
     /// `None` when the table uses a feature the direct path does not handle (partitions,
-    /// column mapping, deletion vectors); the caller then goes through delta-rs' MERGE. A change
-    /// data feed is written by the rewrite itself (`merge::cow::feed`).
+    /// column mapping); the caller then goes through delta-rs' MERGE. A change data feed is
+    /// written by the rewrite itself (`merge::cow::feed`); deletion vectors are honoured (their
+    /// rows skipped) and, with `target.apply: deletion_vectors`, written.
     pub fn check(table: &DeltaTable) -> Result<Option<FastPath>, DeltaTableError> {
         let snapshot = table.snapshot()?;
         let metadata = snapshot.metadata();
@@ -85,13 +92,14 @@ impl FastPath {
         {
             return Ok(None);
         }
-        if snapshot
+        let deletion_vectors: HashMap<String, DeletionVectorDescriptor> = snapshot
             .log_data()
             .iter()
-            .any(|f| f.deletion_vector_descriptor().is_some())
-        {
-            return Ok(None);
-        }
+            .filter_map(|f| {
+                f.deletion_vector_descriptor()
+                    .map(|d| (f.path().to_string(), d))
+            })
+            .collect();
         let schema = Arc::new(super::storage::storage_schema(
             &snapshot.snapshot().arrow_schema(),
         ));
@@ -102,6 +110,8 @@ impl FastPath {
             schema,
             stats,
             change_data_feed: change_data_feed(table),
+            deletion_vectors: Arc::new(deletion_vectors),
+            dv_enabled: super::dv::enabled(table),
         }))
     }
 }

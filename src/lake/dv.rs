@@ -14,11 +14,48 @@
 //! below read tables with these DVs back through delta-rs.
 
 use bytes::Bytes;
-use deltalake::kernel::{DeletionVectorDescriptor, StorageType};
+use deltalake::kernel::{Add, DeletionVectorDescriptor, StorageType};
 use deltalake::logstore::ObjectStoreRef;
+use deltalake::DeltaTable;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use roaring::RoaringTreemap;
+
+/// The table property that lets writers add deletion vectors (set with the feature).
+pub const ENABLE: &str = "delta.enableDeletionVectors";
+
+/// Whether `table`'s protocol has the `deletionVectors` writer feature, so deletion vectors
+/// may be written into it.
+pub fn enabled(table: &DeltaTable) -> bool {
+    table.snapshot().is_ok_and(|s| {
+        serde_json::to_value(s.protocol()).is_ok_and(|p| {
+            p["writerFeatures"]
+                .as_array()
+                .is_some_and(|f| f.iter().any(|v| v == "deletionVectors"))
+        })
+    })
+}
+
+/// The `add` that keeps `file` in the table with `rows` deleted (`d` their descriptor): the
+/// same file, size and statistics, the statistics marked wide (`tightBounds: false`, their
+/// bounds may still count deleted rows; `numRecords` stays the file's physical row count, as
+/// the protocol asks).
+pub fn marked_add(file: &Add, d: DeletionVectorDescriptor) -> Add {
+    let mut add = file.clone();
+    add.deletion_vector = Some(d);
+    add.data_change = true;
+    add.modification_time = file.modification_time;
+    add.stats = file.stats.as_deref().map(|raw| {
+        match serde_json::from_str::<serde_json::Map<String, serde_json::Value>>(raw) {
+            Ok(mut stats) => {
+                stats.insert("tightBounds".into(), serde_json::Value::Bool(false));
+                serde_json::Value::Object(stats).to_string()
+            }
+            Err(_) => raw.to_string(),
+        }
+    });
+    add
+}
 
 /// The magic number that starts a DV's bytes (little-endian).
 pub const MAGIC: u32 = 1_681_511_377;

@@ -146,6 +146,8 @@ impl Run<'_> {
                     file_size: self.m.target_file_size,
                     row_group_rows: self.m.target_row_group_rows,
                     change_data_feed: self.m.change_data_feed,
+                    deletion_vectors: self.m.target_apply
+                        == crate::config::pipeline::Apply::DeletionVectors,
                 },
                 plan,
                 write::OverwriteCommit { props, final_facts },

@@ -297,6 +297,7 @@ impl Run<'_> {
                 fast,
                 row_group_rows: self.m.target_row_group_rows,
                 parallelism: self.ctx.state().config().target_partitions(),
+                apply: self.m.target_apply,
             },
             roles,
             winners,
@@ -321,6 +322,9 @@ impl Run<'_> {
         self.c.num_files_candidate = rewrite.files_candidate;
         self.c.num_rows_copied = rewrite.rows_copied;
         self.c.num_rows_reencoded = rewrite.rows_reencoded;
+        self.c.num_rows_written = rewrite.rows_written;
+        self.c.num_rows_marked_deleted = rewrite.rows_marked;
+        self.c.num_files_marked = rewrite.files_marked;
         self.end_phase(Phase::Compare)?;
         if rewrite.is_empty() || self.opts.dry_run {
             return Ok(());

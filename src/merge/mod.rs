@@ -204,7 +204,10 @@ impl<'a> Run<'a> {
             None => None,
         };
         let target = match target {
-            Some(t) => Some(self.enable_change_data_feed(t).await?),
+            Some(t) => {
+                let t = self.enable_change_data_feed(t).await?;
+                Some(self.enable_deletion_vectors(t).await?)
+            }
             None => None,
         };
         if let Some(t) = &target {
@@ -243,6 +246,34 @@ impl<'a> Run<'a> {
             .map_err(RunError::write(Phase::Plan, &self.m.target_uri))?;
         self.warn(format!(
             "turned on the change data feed of {} (delta.enableChangeDataFeed = true, in a commit of its own, version {}): runs from now on write it",
+            self.m.target_uri,
+            t.version().unwrap_or_default()
+        ));
+        Ok(t)
+    }
+
+    /// `target.apply: deletion_vectors` on a target without the feature: upgrades the table to
+    /// it (`delta.enableDeletionVectors = true`, protocol reader 3 / writer 7 with the
+    /// `deletionVectors` feature), in a commit of its own, before the run plans. A full reload
+    /// writes new files and needs no upgrade yet.
+    async fn enable_deletion_vectors(&mut self, t: DeltaTable) -> Result<DeltaTable, RunError> {
+        if self.m.target_apply != crate::config::pipeline::Apply::DeletionVectors
+            || lake::dv::enabled(&t)
+            || self.opts.dry_run
+            || self.opts.full_reload
+        {
+            return Ok(t);
+        }
+        let t = t
+            .set_tbl_properties()
+            .with_properties(std::collections::HashMap::from([(
+                lake::dv::ENABLE.to_string(),
+                "true".to_string(),
+            )]))
+            .await
+            .map_err(RunError::write(Phase::Plan, &self.m.target_uri))?;
+        self.warn(format!(
+            "upgraded {} to deletion vectors (delta.enableDeletionVectors = true; Delta reader version 3 / writer version 7, in a commit of its own, version {}): readers must support the deletionVectors feature",
             self.m.target_uri,
             t.version().unwrap_or_default()
         ));

@@ -172,6 +172,8 @@ pub struct FileShape {
     pub row_group_rows: usize,
     /// Create the table with `delta.enableChangeDataFeed = true`.
     pub change_data_feed: bool,
+    /// Create the table with the `deletionVectors` feature (`target.apply: deletion_vectors`).
+    pub deletion_vectors: bool,
 }
 
 /// What the overwrite commit carries: the run's facts known before the write, and those
@@ -198,6 +200,7 @@ pub async fn overwrite(
         file_size,
         row_group_rows,
         change_data_feed,
+        deletion_vectors,
     } = shape;
     let size = NonZeroU64::new(file_size);
     // A failed bootstrap leaves no empty target folder behind.
@@ -243,6 +246,9 @@ pub async fn overwrite(
                 lake::datafile::CHANGE_DATA_FEED.to_string(),
                 Some("true".to_string()),
             ));
+        }
+        if deletion_vectors {
+            config.push((lake::dv::ENABLE.to_string(), Some("true".to_string())));
         }
         builder = builder.with_table_name(name).with_configuration(config);
     }

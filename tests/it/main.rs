@@ -11,6 +11,7 @@ mod bundle_vars;
 mod cdf;
 mod cli;
 mod commit_facts;
+mod deletion_vectors;
 mod dimension;
 mod expectations;
 mod faults;

@@ -6,6 +6,7 @@
 use crate::common;
 
 use chrono::{TimeZone, Utc};
+use common::delta_fixture::has_deletion_vectors;
 use common::*;
 use proptest::prelude::*;
 use tidemark::clock::FixedClock;
@@ -109,6 +110,8 @@ const RULE: &str =
 struct Extras {
     change_data_feed: bool,
     expectation: bool,
+    /// `target.apply: deletion_vectors` (merge-on-read) instead of copy-on-write.
+    deletion_vectors: bool,
 }
 
 async fn check_scenario(
@@ -116,7 +119,8 @@ async fn check_scenario(
     actions: Vec<Action>,
     row_group_rows: usize,
     extras: Extras,
-) -> Result<(), TestCaseError> {
+) -> Result<bool, TestCaseError> {
+    let mut saw_deletion_vectors = false;
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_pipeline(dir.path(), "10m", "soft", "");
     if extras.expectation {
@@ -131,6 +135,9 @@ async fn check_scenario(
     };
     merge.target_row_group_rows = row_group_rows;
     merge.change_data_feed = extras.change_data_feed;
+    if extras.deletion_vectors {
+        merge.target_apply = tidemark::config::pipeline::Apply::DeletionVectors;
+    }
     let mut landed: Vec<Change> = Vec::new();
     let mut last_watermark: Option<i64> = None;
     for (b, action) in actions.iter().enumerate() {
@@ -162,6 +169,12 @@ async fn check_scenario(
             .collect();
         let expected = oracle(&kept, now, false);
         let actual = read_target(&silver(dir.path())).await;
+        let dvs = has_deletion_vectors(&silver(dir.path()));
+        prop_assert!(
+            extras.deletion_vectors || !dvs,
+            "copy-on-write wrote a deletion vector"
+        );
+        saw_deletion_vectors |= dvs;
         if let (true, Some(before), Some(v)) =
             (extras.change_data_feed, before, summary.target_version)
         {
@@ -219,7 +232,7 @@ async fn check_scenario(
             prop_assert_eq!(read_target(&silver(dir.path())).await, expected);
         }
     }
-    Ok(())
+    Ok(saw_deletion_vectors)
 }
 
 proptest! {
@@ -235,9 +248,10 @@ proptest! {
         row_group_rows in prop_oneof![Just(1usize), Just(2), Just(8192)],
         change_data_feed in prop::bool::weighted(0.3),
         expectation in prop::bool::weighted(0.3),
+        deletion_vectors in prop::bool::weighted(0.5),
     ) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-        rt.block_on(check_scenario(events, actions, row_group_rows, Extras { change_data_feed, expectation }))?;
+        rt.block_on(check_scenario(events, actions, row_group_rows, Extras { change_data_feed, expectation, deletion_vectors }))?;
     }
 }
 
@@ -274,23 +288,31 @@ async fn late_deleted_conflicting_and_future_rows_converge() {
         Action::FullReload,
     ];
     for row_group_rows in [1, 8192] {
-        check_scenario(
-            events.clone(),
-            actions.clone(),
-            row_group_rows,
-            Extras::default(),
-        )
-        .await
-        .expect("converges");
+        for deletion_vectors in [false, true] {
+            let extras = Extras {
+                deletion_vectors,
+                ..Extras::default()
+            };
+            let saw = check_scenario(events.clone(), actions.clone(), row_group_rows, extras)
+                .await
+                .unwrap_or_else(|e| {
+                    panic!("converges (deletion vectors: {deletion_vectors}): {e}")
+                });
+            assert_eq!(saw, deletion_vectors, "row groups of {row_group_rows}");
+        }
     }
     // The same with the change data feed (each run's feed replayed) and an expectation.
-    let extras = Extras {
-        change_data_feed: true,
-        expectation: true,
-    };
-    check_scenario(events, actions, 2, extras)
-        .await
-        .expect("converges with the feed and an expectation");
+    for deletion_vectors in [false, true] {
+        let extras = Extras {
+            change_data_feed: true,
+            expectation: true,
+            deletion_vectors,
+        };
+        let saw = check_scenario(events.clone(), actions.clone(), 2, extras)
+            .await
+            .unwrap_or_else(|e| panic!("converges with the feed and an expectation (deletion vectors: {deletion_vectors}): {e}"));
+        assert_eq!(saw, deletion_vectors);
+    }
 }
 
 /// After `restore` to an earlier version, the next incremental run must re-read everything that

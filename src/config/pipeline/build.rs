@@ -374,6 +374,7 @@ impl Ctx<'_> {
             target_uri,
             target_file_size,
             target_row_group_rows,
+            target_apply: raw.target.apply,
             change_data_feed: raw.target.change_data_feed,
             quarantine: Quarantine {
                 uri: quarantine_uri,

@@ -48,6 +48,21 @@ pub enum DeleteMode {
     Hard,
 }
 
+/// How an hourly run applies a changed key held in an old target file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Apply {
+    /// Write the file again: its untouched row groups copied as bytes, the row groups holding
+    /// a changed key re-encoded. Readers need nothing beyond plain Delta.
+    #[default]
+    CopyOnWrite,
+    /// Mark the old row deleted in the file's deletion vector and write the new version into
+    /// the run's new file: no unchanged row is written. Upgrades the table to the
+    /// `deletionVectors` feature (reader 3 / writer 7); `maintain` purges files whose deleted
+    /// share grows.
+    DeletionVectors,
+}
+
 /// What an incremental run does when the source has columns the target lacks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -124,6 +139,8 @@ pub struct CdcMerge {
     /// Rows per Parquet row group in the target's files: the unit an hourly run re-encodes
     /// around a changed row (every other row group of a rewritten file is copied as bytes).
     pub target_row_group_rows: usize,
+    /// `target.apply`: how an hourly run applies a change to a key held in an old file.
+    pub target_apply: Apply,
     /// `target.change_data_feed`: the target keeps a Delta change data feed
     /// (`delta.enableChangeDataFeed`), set when tidemark creates it or on the next run.
     pub change_data_feed: bool,

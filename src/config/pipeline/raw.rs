@@ -120,6 +120,8 @@ pub(super) struct RawTarget {
     pub(super) file_size: Option<String>,
     pub(super) row_group_rows: Option<u64>,
     #[serde(default)]
+    pub(super) apply: super::Apply,
+    #[serde(default)]
     pub(super) change_data_feed: bool,
 }
 

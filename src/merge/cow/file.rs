@@ -14,7 +14,6 @@ pub(super) async fn rewrite_file(
     let s = &r.slice;
     let d = |e| s.delta_err(e);
     let read = |e| s.read_err(e);
-    let hard = s.roles.hard_deletes();
     let bytes = file.fetch(&s.fast.store).await.map_err(read)?;
     let mut new = NewFile::new(
         s.fast.schema.clone(),
@@ -23,25 +22,15 @@ pub(super) async fn rewrite_file(
     )
     .map_err(d)?;
     let copy = new.can_copy_from(file);
-    let mut o = FileOutcome {
-        path: file.path.clone(),
-        replaced: 0,
-        copied: 0,
-        reencoded: 0,
-        updated: 0,
-        deleted: 0,
-        conflicts: 0,
-        max_sequence: None,
-        changed_sequences: Vec::new(),
-        lost: Vec::new(),
-        add: None,
-        feed: Vec::new(),
-    };
-    let w = &s.w;
-    for g in 0..file.row_groups().len() {
-        if copy && !groups.contains(&g) {
+    let mut o = FileOutcome::new(&file.path);
+    let dead = r.dead.get(&f);
+    let starts = row_group_starts(file);
+    for (g, &start) in starts.iter().enumerate() {
+        let rows = file.row_groups()[g].num_rows() as u64;
+        let holds_dead = dead.is_some_and(|d| d.range_cardinality(start..start + rows) > 0);
+        if copy && !groups.contains(&g) && !holds_dead {
             new.copy_row_group(file, &bytes, g).map_err(read)?;
-            o.copied += file.row_groups()[g].num_rows() as u64;
+            o.copied += rows;
             continue;
         }
         let batch = file.decode(&bytes, g).map_err(read)?;
@@ -51,49 +40,19 @@ pub(super) async fn rewrite_file(
             .enc
             .encode(&batch)
             .map_err(RunError::arrow(Phase::Compare))?;
-        // For each row: keep it, or take winner i in its place, or drop it (hard delete).
+        // For each row: keep it, or take winner i in its place, or drop it (hard delete, or
+        // already deleted by the file's deletion vector).
         let mut pieces: Vec<(bool, u32)> = Vec::with_capacity(batch.num_rows());
         let mut feed = FeedRows::default();
         for row in 0..batch.num_rows() {
-            let Some(&i) = s.index.get(t.keys.row(row).as_ref()) else {
-                pieces.push((false, row as u32));
-                continue;
-            };
-            if r.found[i] != Found::Decide(f) {
-                pieces.push((false, row as u32));
+            if dead.is_some_and(|d| d.contains(start + row as u64)) {
                 continue;
             }
-            let deleted = w.is_deleted(i);
-            let target_deleted = t.is_deleted(row);
-            let (verdict, conflict) = decide::matched(
-                w.tuples.row(i).cmp(&t.tuples.row(row)),
-                w.contents.row(i).cmp(&t.contents.row(row)),
-                deleted,
-                target_deleted,
-                r.already_conflicting.contains(w.keys.row(i).as_ref()),
-            );
-            o.conflicts += u64::from(conflict);
-            match verdict {
-                Verdict::Unchanged => {
-                    o.lost.push(i);
-                    pieces.push((false, row as u32));
-                    continue;
-                }
-                Verdict::Delete => o.deleted += 1,
-                // (a held key is never an insert)
-                Verdict::Update | Verdict::Insert => o.updated += 1,
+            match replace(r, f, &t, row, &mut o, &mut feed) {
+                None => pieces.push((false, row as u32)),
+                Some((i, true)) => pieces.push((true, i as u32)),
+                Some((_, false)) => {}
             }
-            if r.feed {
-                for &(change, from_winner) in Change::of_update(!target_deleted, !deleted) {
-                    feed.push(change, from_winner, row, i);
-                }
-            }
-            if decide::stays(deleted, hard) {
-                o.max_sequence = o.max_sequence.max(w.sequence_micros(i));
-                pieces.push((true, i as u32));
-            }
-            o.changed_sequences.extend(w.sequence_micros(i));
-            o.replaced += 1;
         }
         o.copied += pieces.iter().filter(|(w, _)| !w).count() as u64;
         o.feed
@@ -101,6 +60,7 @@ pub(super) async fn rewrite_file(
         new.write(&assemble(&batch, &s.winners, &pieces, &s.fast.schema)?)
             .map_err(d)?;
     }
+    o.written = new.rows;
     if o.replaced > 0 && !r.dry_run {
         o.add = new
             .put(&s.fast)
@@ -108,6 +68,69 @@ pub(super) async fn rewrite_file(
             .map_err(RunError::write(Phase::Compare, &s.uri))?;
     }
     Ok(o)
+}
+
+/// The physical index of each row group's first row in `file`.
+pub(super) fn row_group_starts(file: &DataFile) -> Vec<u64> {
+    let mut at = 0u64;
+    file.row_groups()
+        .iter()
+        .map(|g| {
+            let start = at;
+            at += g.num_rows() as u64;
+            start
+        })
+        .collect()
+}
+
+/// Decides target row `row` of file `f` (`t`: its row group, encoded) against the slice: `None`
+/// when the row stays as it is, else the winner that replaces it and whether that winner stays
+/// in the target (every winner but a hard delete). Counts the outcome and its feed rows.
+pub(super) fn replace(
+    r: &Rewrite,
+    f: usize,
+    t: &EncodedBatch,
+    row: usize,
+    o: &mut FileOutcome,
+    feed: &mut FeedRows,
+) -> Option<(usize, bool)> {
+    let s = &r.slice;
+    let w = &s.w;
+    let &i = s.index.get(t.keys.row(row).as_ref())?;
+    if r.found[i] != Found::Decide(f) {
+        return None;
+    }
+    let deleted = w.is_deleted(i);
+    let target_deleted = t.is_deleted(row);
+    let (verdict, conflict) = decide::matched(
+        w.tuples.row(i).cmp(&t.tuples.row(row)),
+        w.contents.row(i).cmp(&t.contents.row(row)),
+        deleted,
+        target_deleted,
+        r.already_conflicting.contains(w.keys.row(i).as_ref()),
+    );
+    o.conflicts += u64::from(conflict);
+    match verdict {
+        Verdict::Unchanged => {
+            o.lost.push(i);
+            return None;
+        }
+        Verdict::Delete => o.deleted += 1,
+        // (a held key is never an insert)
+        Verdict::Update | Verdict::Insert => o.updated += 1,
+    }
+    if r.feed {
+        for &(change, from_winner) in Change::of_update(!target_deleted, !deleted) {
+            feed.push(change, from_winner, row, i);
+        }
+    }
+    let stays = decide::stays(deleted, s.roles.hard_deletes());
+    if stays {
+        o.max_sequence = o.max_sequence.max(w.sequence_micros(i));
+    }
+    o.changed_sequences.extend(w.sequence_micros(i));
+    o.replaced += 1;
+    Some((i, stays))
 }
 
 /// Builds the rewritten batch: `(false, r)` keeps row `r` of `batch`, `(true, i)` takes winner `i`.

@@ -34,6 +34,7 @@ use futures::StreamExt;
 
 mod feed;
 mod file;
+mod mark;
 mod prune;
 
 use feed::{Change, FeedRows};
@@ -41,7 +42,7 @@ use file::rewrite_file;
 use prune::{admitted_row_groups, candidates, key_converter, sorted_first_keys, sub_schema};
 
 use super::decide::{self, Verdict};
-use crate::config::pipeline::DELETED_COLUMN;
+use crate::config::pipeline::{Apply, DELETED_COLUMN};
 use crate::lake::datafile::{DataFile, FastPath, NewFile};
 use crate::lake::storage::cast_to;
 use crate::run::dedup::{EncodedBatch, RowEncoders};
@@ -72,6 +73,12 @@ pub struct Rewritten {
     pub rows_reencoded: u64,
     /// Rows written to the change data feed (0 when the target keeps none).
     pub feed_rows: u64,
+    /// Files whose deletion vector grew (`target.apply: deletion_vectors`).
+    pub files_marked: u64,
+    /// Rows this run marked deleted in deletion vectors: the old versions of changed keys.
+    pub rows_marked: u64,
+    /// Rows written into data files: rewritten files (copied and re-encoded) and the new file.
+    pub rows_written: u64,
     actions: Vec<Action>,
 }
 
@@ -90,6 +97,8 @@ pub struct Target<'a> {
     pub row_group_rows: usize,
     /// Files rewritten at the same time (the run's `--threads`).
     pub parallelism: usize,
+    /// How a changed key in an old file is applied (`target.apply`).
+    pub apply: Apply,
 }
 
 struct FileInfo {
@@ -188,22 +197,29 @@ fn joined_or_panic<T>(joined: Result<T, tokio::task::JoinError>) -> Result<T, Ru
 /// that can hold a slice key. Returns, in row order, each slice key found: `None` when the
 /// target's version is newer (settled), else the row group that holds it (to be decided in
 /// the rewrite).
-async fn probe_file(
-    s: &Slice,
-    path: &str,
-    size: u64,
-) -> Result<(DataFile, Vec<(usize, Option<usize>)>), RunError> {
+async fn probe_file(s: &Slice, path: &str, size: u64) -> Result<Probed, RunError> {
     let read = |e| s.read_err(e);
     let file = DataFile::open(&s.fast.store, path, size)
         .await
         .map_err(read)?;
+    let dead = match s.fast.deletion_vectors.get(path) {
+        Some(d) => Some(crate::lake::dv::read(&s.fast.store, d).await.map_err(|e| {
+            read(deltalake::DeltaTableError::GenericError {
+                source: Box::new(e),
+            })
+        })?),
+        None => None,
+    };
+    let starts = file::row_group_starts(&file);
     let groups = admitted_row_groups(&file, &s.roles.keys[0], &s.key_type, &s.sorted)?;
     // Rows arrive in the order of `groups`: cumulative counts map a row to its group.
     let mut bounds = Vec::with_capacity(groups.len());
     let mut end = 0u64;
     for &g in &groups {
-        end += file.row_groups()[g].num_rows() as u64;
-        bounds.push((end, g));
+        let rows = file.row_groups()[g].num_rows() as u64;
+        end += rows;
+        // (end of the group in the rows read, the group, its first row's position in the file)
+        bounds.push((end, g, starts[g] + rows));
     }
     let nk = s.roles.keys.len();
     let mut matches = Vec::new();
@@ -227,7 +243,16 @@ async fn probe_file(
             while at < bounds.len() && row >= bounds[at].0 {
                 at += 1;
             }
+            // A row the file's deletion vector deletes is not in the table.
+            let dead_row = dead.as_ref().is_some_and(|d| {
+                bounds
+                    .get(at)
+                    .is_some_and(|&(end, _, file_end)| d.contains(file_end - (end - row)))
+            });
             row += 1;
+            if dead_row {
+                continue;
+            }
             let Some(&i) = s.index.get(keys.row(r).as_ref()) else {
                 continue;
             };
@@ -242,7 +267,19 @@ async fn probe_file(
             matches.push((i, group));
         }
     }
-    Ok((file, matches))
+    Ok(Probed {
+        file,
+        dead,
+        matches,
+    })
+}
+
+/// A probed candidate: its footer, the rows its deletion vector deletes, and the slice keys
+/// found in it (see [`probe_file`]).
+struct Probed {
+    file: DataFile,
+    dead: Option<roaring::RoaringTreemap>,
+    matches: Vec<(usize, Option<usize>)>,
 }
 
 /// What the rewrite of every touched file shares (read only).
@@ -254,6 +291,8 @@ struct Rewrite {
     dry_run: bool,
     /// The target keeps a change data feed: collect the changed rows' feed.
     feed: bool,
+    /// Per probed file, the rows its deletion vector already deletes.
+    dead: HashMap<usize, roaring::RoaringTreemap>,
 }
 
 /// What rewriting one file decided (and wrote, unless a dry run).
@@ -272,6 +311,67 @@ struct FileOutcome {
     add: Option<deltalake::kernel::Add>,
     /// The file's rows in the change data feed (when the target keeps one).
     feed: Vec<RecordBatch>,
+    /// Rows written into the rewritten file.
+    written: u64,
+    /// Merge-on-read: rows decoded to decide, the positions to mark deleted and the winners
+    /// that take their place in the run's new file.
+    decoded: u64,
+    marks: roaring::RoaringTreemap,
+    moved: Vec<usize>,
+    /// The file's physical row count.
+    file_rows: u64,
+}
+
+/// A file whose deletion vector grows: its log entry and the rows now deleted in it.
+struct Marked {
+    remove: deltalake::kernel::Remove,
+    add: deltalake::kernel::Add,
+    deleted: roaring::RoaringTreemap,
+    rows: u64,
+}
+
+/// The actions of the marked files: each file's `remove` and, unless every row of it is now
+/// deleted, its `add` again with the grown deletion vector (stored first).
+/// Also returns how many files are removed whole.
+async fn mark_files(s: &Slice, marked: Vec<Marked>) -> Result<(Vec<Action>, u64), RunError> {
+    let (whole, partial): (Vec<Marked>, Vec<Marked>) =
+        marked.into_iter().partition(|m| m.deleted.len() >= m.rows);
+    let dvs: Vec<roaring::RoaringTreemap> = partial.iter().map(|m| m.deleted.clone()).collect();
+    let stored = mark::store_all(s, &dvs).await?;
+    let mut actions = Vec::new();
+    let emptied = whole.len() as u64;
+    for m in whole {
+        actions.push(Action::Remove(m.remove));
+    }
+    for (m, d) in partial.into_iter().zip(stored) {
+        actions.push(Action::Remove(m.remove));
+        actions.push(Action::Add(crate::lake::dv::marked_add(&m.add, d)));
+    }
+    Ok((actions, emptied))
+}
+
+impl FileOutcome {
+    fn new(path: &str) -> Self {
+        FileOutcome {
+            path: path.to_string(),
+            replaced: 0,
+            copied: 0,
+            reencoded: 0,
+            updated: 0,
+            deleted: 0,
+            conflicts: 0,
+            max_sequence: None,
+            changed_sequences: Vec::new(),
+            lost: Vec::new(),
+            add: None,
+            feed: Vec::new(),
+            written: 0,
+            decoded: 0,
+            marks: roaring::RoaringTreemap::new(),
+            moved: Vec::new(),
+            file_rows: 0,
+        }
+    }
 }
 
 /// Decides and (unless `dry_run`) writes the changes of `winners` against the target.
@@ -338,9 +438,17 @@ pub async fn rewrite(
     let mut files: Vec<DataFile> = Vec::with_capacity(listed.len());
     let mut touched: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
     let mut seen_in: HashMap<usize, usize> = HashMap::new();
+    let mut dead: HashMap<usize, roaring::RoaringTreemap> = HashMap::new();
     let mut f = 0usize;
     while let Some(joined) = probes.next().await {
-        let (file, matches) = joined_or_panic(joined)??;
+        let Probed {
+            file,
+            dead: file_dead,
+            matches,
+        } = joined_or_panic(joined)??;
+        if let Some(d) = file_dead {
+            dead.insert(f, d);
+        }
         for (i, group) in matches {
             if let Some(prev) = seen_in.insert(i, f) {
                 let key = render_key(winners, &roles.keys, i);
@@ -380,41 +488,69 @@ pub async fn rewrite(
     let mut adds: Vec<Action> = Vec::new();
     let mut removes: Vec<Action> = Vec::new();
     let mut feed_batches: Vec<RecordBatch> = Vec::new();
-    let views: HashMap<String, deltalake::kernel::Remove> = if touched.is_empty() {
-        HashMap::new()
-    } else {
-        target
-            .table
-            .snapshot()
-            .map_err(RunError::delta(Phase::Compare, uri))?
-            .log_data()
-            .iter()
-            .map(|v| (v.path().to_string(), v.remove_action(true)))
-            .collect()
-    };
+    // Merge-on-read only where the table takes deletion vectors (the run turned the feature on
+    // before planning; a dry run of a table without it shows copy-on-write's costs).
+    let mark = target.apply == Apply::DeletionVectors && target.fast.dv_enabled;
+    #[allow(deprecated)] // the log's own `add`, kept with a new deletion vector
+    let views: HashMap<String, (deltalake::kernel::Remove, deltalake::kernel::Add)> =
+        if touched.is_empty() {
+            HashMap::new()
+        } else {
+            target
+                .table
+                .snapshot()
+                .map_err(RunError::delta(Phase::Compare, uri))?
+                .log_data()
+                .iter()
+                .map(|v| {
+                    (
+                        v.path().to_string(),
+                        (v.remove_action(true), v.add_action()),
+                    )
+                })
+                .collect()
+        };
     // Files are rewritten side by side (each is independent: keys are unique across files),
     // and their outcomes merged in file order, so the result does not depend on timing.
-    let shared = Arc::new(Rewrite {
+    let rewrite = Arc::new(Rewrite {
         slice: slice.clone(),
         found: found.clone(),
         already_conflicting: already_conflicting.clone(),
         row_group_rows: target.row_group_rows,
         dry_run,
         feed: target.fast.change_data_feed,
+        dead,
     });
     let jobs: Vec<(usize, DataFile, BTreeSet<usize>)> = files
         .into_iter()
         .enumerate()
         .filter_map(|(f, file)| touched.remove(&f).map(|groups| (f, file, groups)))
         .collect();
+    let shared = rewrite.clone();
     let mut outcomes = futures::stream::iter(jobs)
         .map(move |(f, file, groups)| {
             let shared = shared.clone();
-            tokio::spawn(async move { rewrite_file(&shared, f, &file, &groups).await })
+            tokio::spawn(async move {
+                let o = if mark {
+                    mark::mark_file(&shared, f, &file, &groups).await
+                } else {
+                    rewrite_file(&shared, f, &file, &groups).await
+                };
+                o.map(|o| (f, o))
+            })
         })
         .buffered(parallelism);
+    let view = |path: &str| {
+        views.get(path).cloned().ok_or_else(|| RunError::Internal {
+            phase: Phase::Compare,
+            message: format!("rewrote {path}, which is not in the planned snapshot"),
+        })
+    };
+    // Merge-on-read: (the file's `remove` and `add`, its rows, its new deletion vector).
+    let mut marked: Vec<Marked> = Vec::new();
+    let mut moved: Vec<u32> = Vec::new();
     while let Some(joined) = outcomes.next().await {
-        let o = joined_or_panic(joined)??;
+        let (f, o) = joined_or_panic(joined)??;
         for i in &o.lost {
             found[*i] = Found::Older;
         }
@@ -427,19 +563,28 @@ pub async fn rewrite(
         if o.replaced == 0 {
             continue;
         }
+        if mark {
+            out.files_marked += 1;
+            out.rows_marked += o.marks.len();
+            moved.extend(o.moved.iter().map(|&i| i as u32));
+            let (remove, add) = view(&o.path)?;
+            let mut deleted = rewrite.dead.get(&f).cloned().unwrap_or_default();
+            deleted |= o.marks;
+            marked.push(Marked {
+                remove,
+                add,
+                deleted,
+                rows: o.file_rows,
+            });
+            continue;
+        }
         out.files_rewritten += 1;
         out.rows_copied += o.copied;
         out.rows_reencoded += o.reencoded;
+        out.rows_written += o.written;
         if !dry_run {
             adds.extend(o.add.map(Action::Add));
-            let remove = views
-                .get(o.path.as_str())
-                .cloned()
-                .ok_or_else(|| RunError::Internal {
-                    phase: Phase::Compare,
-                    message: format!("rewrote {}, which is not in the planned snapshot", o.path),
-                })?;
-            removes.push(Action::Remove(remove));
+            removes.push(Action::Remove(view(&o.path)?.0));
         }
     }
     drop(outcomes);
@@ -478,6 +623,16 @@ pub async fn rewrite(
         inserts.push(i as u32);
     }
     out.unchanged += found.iter().filter(|f| **f == Found::Older).count() as u64;
+    // Merge-on-read: the changed keys' new versions join the new keys, in key order.
+    inserts.extend(moved);
+    inserts.sort_unstable();
+    out.rows_written += inserts.len() as u64;
+    let mut marked_actions = Vec::new();
+    if !dry_run {
+        let (actions, emptied) = mark_files(&slice, marked).await?;
+        marked_actions = actions;
+        out.files_removed += emptied;
+    }
     if !inserts.is_empty() && !dry_run {
         let rows = arrow::compute::take_record_batch(winners, &UInt32Array::from(inserts))
             .map_err(RunError::arrow(Phase::Compare))?;
@@ -492,8 +647,12 @@ pub async fn rewrite(
         );
     }
     out.files_added = adds.len() as u64;
-    out.files_removed = removes.len() as u64;
-    let mut actions: Vec<Action> = removes.into_iter().chain(adds).collect();
+    out.files_removed += removes.len() as u64;
+    let mut actions: Vec<Action> = removes
+        .into_iter()
+        .chain(marked_actions)
+        .chain(adds)
+        .collect();
     if target.fast.change_data_feed && !actions.is_empty() {
         feed_batches.extend(feed.batch(winners, winners, schema)?);
         let cdc = feed::put(target.fast, uri, &feed_batches).await?;

@@ -2,6 +2,8 @@
 //! a target back, and pipeline files.
 #![allow(dead_code)]
 
+pub mod delta_fixture;
+
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 

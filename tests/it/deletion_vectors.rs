@@ -1,0 +1,268 @@
+//! `target.apply: deletion_vectors` through the binary: an hourly run marks a changed key's old
+//! row deleted in its file's deletion vector and writes only the changed rows; the table equals
+//! the oracle; a rerun commits nothing; a full reload and `maintain` (the purge) leave no
+//! deletion vector behind; an existing copy-on-write target is upgraded once.
+
+use std::path::{Path, PathBuf};
+
+use assert_cmd::Command;
+use serde_json::Value;
+
+use crate::common::*;
+
+/// The instant the binary believes it is.
+const NOW: i64 = T0 + 12 * HOUR;
+
+fn tidemark(dir: &Path) -> Command {
+    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
+    c.current_dir(dir)
+        .env("TIDEMARK_FAKE_NOW", rfc3339(NOW))
+        .env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .env_remove("TIDEMARK_FAILPOINTS");
+    c
+}
+
+/// Whether any live file of the table has a deletion vector (read through delta-rs, which
+/// also reads checkpoints).
+async fn has_dvs(path: &Path) -> bool {
+    let url =
+        deltalake::table::builder::parse_table_uri(path.to_str().expect("utf8")).expect("url");
+    let table = deltalake::open_table(url).await.expect("open");
+    let snapshot = table.snapshot().expect("snapshot");
+    let found = snapshot
+        .log_data()
+        .iter()
+        .any(|f| f.deletion_vector_descriptor().is_some());
+    found
+}
+
+fn ok_json(out: &Out, what: &str) -> Value {
+    assert_eq!(
+        out.code, 0,
+        "{what} failed\nstdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    serde_json::from_str(out.stdout.trim())
+        .unwrap_or_else(|e| panic!("{what}: stdout is not JSON ({e}): {}", out.stdout))
+}
+
+fn run_ok(dir: &Path, pipeline: &Path) -> Value {
+    let out = exec(
+        tidemark(dir)
+            .arg("run")
+            .arg(pipeline)
+            .args(["--output", "json"]),
+    );
+    ok_json(&out, "run")
+}
+
+/// The test pipeline with `target.apply` set and row groups of 2 rows, so that a file holds
+/// several row groups.
+fn pipeline(dir: &Path, apply: &str) -> PathBuf {
+    let path = write_pipeline(dir, "15m", "soft", "");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let text = text.replace(
+        "target: { uri: \"",
+        &format!("target: {{ apply: {apply}, row_group_rows: 2, uri: \""),
+    );
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+/// Ten keys in one file at T0, then an hour that updates k3, deletes k7 and adds k11.
+fn first_load() -> Vec<Change> {
+    (1..=10)
+        .map(|i| Change::upsert(&format!("k{i:02}"), T0 + HOUR, T0 + HOUR, 1))
+        .collect()
+}
+
+fn next_hour() -> Vec<Change> {
+    vec![
+        Change::upsert("k03", T0 + 2 * HOUR, NOW - MIN, 2),
+        Change::delete("k07", T0 + 2 * HOUR, NOW - MIN),
+        Change::upsert("k11", T0 + 2 * HOUR, NOW - MIN, 1),
+    ]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hour_marks_old_rows_and_writes_only_the_changed_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = pipeline(d, "deletion_vectors");
+    let mut all = first_load();
+    append(&bronze(d), &all).await;
+    assert_eq!(run_ok(d, &p)["mode"], "bootstrap");
+    assert!(!has_dvs(&silver(d)).await);
+
+    let next = next_hour();
+    append(&bronze(d), &next).await;
+    all.extend(next);
+    let v = run_ok(d, &p);
+    assert_eq!(v["mode"], "incremental", "{v}");
+    assert_eq!(
+        (
+            v["num_inserted"].as_u64(),
+            v["num_updated"].as_u64(),
+            v["num_deleted"].as_u64()
+        ),
+        (Some(1), Some(1), Some(1)),
+        "{v}"
+    );
+    // k03's and k07's old rows are marked; their new versions (k07's tombstone) and k11 are
+    // the only rows written, into one new file; the old file is kept, not rewritten.
+    assert_eq!(v["num_rows_marked_deleted"], 2, "{v}");
+    assert_eq!(v["num_files_marked"], 1, "{v}");
+    assert_eq!(v["num_rows_written"], 3, "{v}");
+    assert_eq!(v["num_rows_copied"], 0, "{v}");
+    assert_eq!(v["num_files_added"], 1, "{v}");
+    assert_eq!(v["num_files_removed"], 0, "{v}");
+    assert!(has_dvs(&silver(d)).await);
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+
+    // A rerun finds nothing to do (the marked rows are not seen again).
+    let before = version(&silver(d)).await;
+    let again = run_ok(d, &p);
+    assert_eq!(again["target_version"], Value::Null, "{again}");
+    assert_eq!(version(&silver(d)).await, before);
+
+    // Another hour changes k03 again (now in the new file) and k05 (in the marked file): the
+    // marked file's deletion vector grows, the first run's file gets one.
+    let more = vec![
+        Change::upsert("k03", T0 + 3 * HOUR, NOW - MIN / 2, 3),
+        Change::upsert("k05", T0 + 3 * HOUR, NOW - MIN / 2, 3),
+    ];
+    append(&bronze(d), &more).await;
+    all.extend(more);
+    let v = run_ok(d, &p);
+    assert_eq!(v["num_updated"], 2, "{v}");
+    assert_eq!(v["num_rows_marked_deleted"], 2, "{v}");
+    assert_eq!(v["num_files_marked"], 2, "{v}");
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+
+    // reconcile reads the table as any reader does: identical to the source.
+    let out = exec(
+        tidemark(d)
+            .arg("reconcile")
+            .arg(&p)
+            .args(["--output", "json"]),
+    );
+    let report = ok_json(&out, "reconcile");
+    assert_eq!(report["identical"], true, "{report}");
+
+    // maintain purges: the files whose deletion vectors delete ≥ 5% of their rows are
+    // rewritten without those rows, and the table reads the same.
+    let out = exec(
+        tidemark(d)
+            .arg("maintain")
+            .arg(&p)
+            .args(["--output", "json"]),
+    );
+    let m = ok_json(&out, "maintain");
+    assert!(m["files_compacted"].as_u64() >= Some(2), "{m}");
+    assert!(!has_dvs(&silver(d)).await, "{m}");
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+
+    // And the next hour works on the purged table.
+    let last = vec![Change::upsert("k01", T0 + 4 * HOUR, NOW - MIN / 4, 4)];
+    append(&bronze(d), &last).await;
+    all.extend(last);
+    let v = run_ok(d, &p);
+    assert_eq!(v["num_rows_marked_deleted"], 1, "{v}");
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+
+    // A full reload writes plain files: no deletion vector is left.
+    let out = exec(
+        tidemark(d)
+            .arg("run")
+            .arg(&p)
+            .args(["--full-reload", "--output", "json"]),
+    );
+    ok_json(&out, "full reload");
+    assert!(!has_dvs(&silver(d)).await);
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+}
+
+/// A copy-on-write target switched to `deletion_vectors`: the next run upgrades it once (a
+/// warning says so), then marks; switched back, copy-on-write rewrites the marked file and
+/// drops the rows its deletion vector deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn switching_modes_upgrades_once_and_back_rewrites() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let cow = pipeline(d, "copy_on_write");
+    let mut all = first_load();
+    append(&bronze(d), &all).await;
+    run_ok(d, &cow);
+    let v0 = version(&silver(d)).await.expect("table");
+
+    let dv = pipeline(d, "deletion_vectors");
+    let next = next_hour();
+    append(&bronze(d), &next).await;
+    all.extend(next);
+    let v = run_ok(d, &dv);
+    let warnings = v["warnings"].to_string();
+    assert!(
+        warnings.contains("upgraded") && warnings.contains("deletion vectors"),
+        "{v}"
+    );
+    assert_eq!(v["target_version"], v0 + 2, "upgrade, then the run: {v}");
+    assert_eq!(v["num_rows_marked_deleted"], 2, "{v}");
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+
+    let again = run_ok(d, &dv);
+    assert_eq!(
+        again["warnings"],
+        serde_json::json!([]),
+        "upgraded once: {again}"
+    );
+
+    let cow = pipeline(d, "copy_on_write");
+    let more = vec![Change::upsert("k05", T0 + 3 * HOUR, NOW - MIN / 2, 3)];
+    append(&bronze(d), &more).await;
+    all.extend(more);
+    let v = run_ok(d, &cow);
+    assert_eq!(v["num_rows_marked_deleted"], 0, "{v}");
+    assert_eq!(v["num_updated"], 1, "{v}");
+    assert!(!has_dvs(&silver(d)).await, "{v}");
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+}
+
+/// With the change data feed, a merge-on-read run's feed is the live change (the pre-image
+/// from the marked row, the post-image from the new file).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_feed_of_a_marking_run_is_the_live_change() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = pipeline(d, "deletion_vectors");
+    let text = std::fs::read_to_string(&p).expect("read").replace(
+        "apply: deletion_vectors,",
+        "apply: deletion_vectors, change_data_feed: true,",
+    );
+    std::fs::write(&p, text).expect("write");
+    append(&bronze(d), &first_load()).await;
+    run_ok(d, &p);
+    let before = live_rows(read_target(&silver(d)).await);
+    append(&bronze(d), &next_hour()).await;
+    let v = run_ok(d, &p);
+    let version = v["target_version"].as_u64().expect("committed");
+    let out = exec(tidemark(d).arg("changes").arg(&p).args([
+        "--from-version",
+        &version.to_string(),
+        "--output",
+        "json",
+    ]));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let mut state = before;
+    let feed = feed_rows(&silver(d), version, version).await;
+    let rows: Vec<(&str, &TargetRow)> = feed.iter().map(|(_, k, r)| (k.as_str(), r)).collect();
+    apply_feed_version(&mut state, &rows).expect("a live feed");
+    let after = live_rows(read_target(&silver(d)).await);
+    assert_eq!(state, after);
+    let kinds: Vec<&str> = feed.iter().map(|(_, k, _)| k.as_str()).collect();
+    assert_eq!(
+        kinds.len(),
+        4,
+        "update pre/post of k03, delete of k07, insert of k11: {kinds:?}"
+    );
+}
