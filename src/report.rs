@@ -103,6 +103,11 @@ pub struct DimensionCounters {
     pub num_inferred_completed: u64,
     pub num_inferred_pending: u64,
     pub num_inferred_overdue: u64,
+    /// Rows marked deleted in deletion vectors (`target.apply: deletion_vectors`): the rebuilt
+    /// keys' rows replaced, none of the other rows of their files written.
+    pub num_rows_marked_deleted: u64,
+    /// Files whose deletion vector grew.
+    pub num_files_marked: u64,
 }
 
 /// What an `aggregate` run counts.

@@ -161,21 +161,8 @@ fn rows_of(batch: &RecordBatch, cols: &[String]) -> ArrowResult<Rows> {
 
 /// Each row's key values as text (what the surrogate keys hash: stable across versions).
 pub fn key_text(batch: &RecordBatch, keys: &[String]) -> ArrowResult<Vec<String>> {
-    let mut out = vec![String::new(); batch.num_rows()];
-    for k in keys {
-        let c = batch
-            .column_by_name(k)
-            .ok_or_else(|| arrow::error::ArrowError::SchemaError(format!("no column {k}")))?;
-        let c = arrow::compute::cast(c, &DataType::Utf8)?;
-        let c = c.as_string::<i32>();
-        for (i, o) in out.iter_mut().enumerate() {
-            if !o.is_empty() {
-                o.push('\u{1f}');
-            }
-            o.push_str(if c.is_valid(i) { c.value(i) } else { "\u{0}" });
-        }
-    }
-    Ok(out)
+    crate::lake::replace_keys::key_text(batch, keys)
+        .map_err(|e| arrow::error::ArrowError::ExternalError(Box::new(e)))
 }
 
 /// FNV-1a of `text`, folded to a non-negative i64: stable across builds and platforms.

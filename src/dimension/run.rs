@@ -27,10 +27,12 @@ use crate::config::pipeline::dimension::{INFERRED_AT, IS_INFERRED};
 use crate::config::pipeline::{Dimension, Kind};
 use crate::config::Pipeline;
 use crate::lake;
+use crate::lake::datafile::FastPath;
 use crate::report::{Counters, DimensionCounters, RunMode, RunSummary};
 use crate::run::phase::{self, Phase, Timer};
 use crate::run::validate::REASON_COLUMN;
 use crate::run::{Engine, RunError, RunOptions};
+use deltalake::DeltaTable;
 
 /// One attempt of a `dimension` run: at most one new commit to the table.
 pub(crate) async fn run_once(
@@ -241,7 +243,15 @@ impl Run<'_> {
         let all = matches!(scope, Scope::All);
         // An incremental run reads and rewrites only the rebuilt keys' rows (replace-where on
         // the keys: only the files holding them are written again); otherwise every row.
-        let partial = !all && !self.relayout && target.is_some();
+        // (the fallback's replace-where names one key column: a composite key needs the direct
+        // path, else every key is rebuilt)
+        let direct = match &target {
+            Some(t) => FastPath::check(t)
+                .map_err(RunError::delta(Phase::Compare, &d.target_uri))?
+                .is_some(),
+            None => false,
+        };
+        let partial = !all && !self.relayout && target.is_some() && (direct || d.keys.len() == 1);
         let held = match (&target, &scope) {
             (Some(t), Scope::Keys(batches, _)) if partial => {
                 compare::held_rows(&self.ctx, t, &d.target_uri, &d.keys, Some(batches.clone()))
@@ -383,6 +393,21 @@ impl Run<'_> {
                 });
             }
         }
+        let replaced: HashSet<String> = rebuilt.iter().chain(new_keys.iter()).cloned().collect();
+        let marking = d.target_apply == crate::config::pipeline::Apply::DeletionVectors;
+        if partial {
+            if let Some(fast) =
+                FastPath::check(&table).map_err(RunError::delta(Phase::Write, &d.target_uri))?
+            {
+                return self.replace_rows(table, fast, &replaced, &fresh).await;
+            }
+        }
+        if partial && marking {
+            self.warn(format!(
+                "{} is partitioned or column-mapped: this run replaces the keys' rows by rewriting their files (target.apply: deletion_vectors needs a plain table)",
+                d.target_uri
+            ));
+        }
         // Written in key order, in files of the merge's size: an hour's keys touch a few.
         let mut builder = table
             .write(vec![fresh])
@@ -392,7 +417,7 @@ impl Run<'_> {
             ))
             .with_commit_properties(self.commit_properties());
         if partial {
-            let replaced: Vec<&String> = rebuilt.iter().chain(new_keys.iter()).collect();
+            let replaced: Vec<&String> = replaced.iter().collect();
             let key_type = storage_schema
                 .field_with_name(&d.keys[0])
                 .map(|f| f.data_type().clone())
@@ -404,6 +429,10 @@ impl Run<'_> {
         }
         if bootstrap {
             builder = builder.with_table_name(&self.p.name);
+            if d.target_apply == crate::config::pipeline::Apply::DeletionVectors {
+                builder = builder
+                    .with_configuration([(lake::dv::ENABLE.to_string(), Some("true".to_string()))]);
+            }
         }
         let table = builder
             .await
@@ -414,6 +443,73 @@ impl Run<'_> {
                 self.summary.num_files_added = e.files_added;
                 self.summary.num_files_removed = e.files_removed;
             }
+        }
+        self.end_phase(Phase::Write)
+    }
+
+    /// The incremental write: the rows the table holds for `keys` leave — marked deleted with
+    /// `target.apply: deletion_vectors` (the table upgraded to the feature first, in a commit of
+    /// its own, when it lacks it), else their files rewritten without them — and `fresh` is
+    /// written into one new file, in one commit.
+    async fn replace_rows(
+        &mut self,
+        table: DeltaTable,
+        fast: FastPath,
+        keys: &HashSet<String>,
+        fresh: &RecordBatch,
+    ) -> Result<(), RunError> {
+        let d = self.d;
+        let mark = d.target_apply == crate::config::pipeline::Apply::DeletionVectors;
+        let (table, fast) = if fast.dv_enabled || !mark {
+            (table, fast)
+        } else {
+            let table = table
+                .set_tbl_properties()
+                .with_properties(std::collections::HashMap::from([(
+                    lake::dv::ENABLE.to_string(),
+                    "true".to_string(),
+                )]))
+                .await
+                .map_err(RunError::write(Phase::Write, &d.target_uri))?;
+            self.warn(format!(
+                "upgraded {} to deletion vectors (delta.enableDeletionVectors = true; Delta reader version 3 / writer version 7, in a commit of its own, version {}): readers must support the deletionVectors feature",
+                d.target_uri,
+                table.version().unwrap_or_default()
+            ));
+            let fast = FastPath::check(&table)
+                .map_err(RunError::delta(Phase::Write, &d.target_uri))?
+                .ok_or_else(|| RunError::Internal {
+                    phase: Phase::Write,
+                    message: "the upgraded table is no longer directly writable".into(),
+                })?;
+            (table, fast)
+        };
+        let done = lake::replace_keys::replace_keys(
+            &table,
+            &fast,
+            &d.keys,
+            keys,
+            fresh,
+            mark,
+            crate::lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+            self.ctx.state().config().target_partitions(),
+            self.commit_properties(),
+            deltalake::protocol::DeltaOperation::Merge {
+                predicate: None,
+                merge_predicate: Some("key match (tidemark dimension)".into()),
+                matched_predicates: vec![],
+                not_matched_predicates: vec![],
+                not_matched_by_source_predicates: vec![],
+            },
+        )
+        .await
+        .map_err(RunError::write(Phase::Write, &d.target_uri))?;
+        self.summary.target_version = done.version;
+        self.summary.num_files_added = done.files_added;
+        self.summary.num_files_removed = done.files_removed;
+        if mark {
+            self.c.num_rows_marked_deleted = done.rows_marked;
+            self.c.num_files_marked = done.files_marked;
         }
         self.end_phase(Phase::Write)
     }

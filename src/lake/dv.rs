@@ -173,6 +173,34 @@ pub async fn store(
         .ok_or_else(|| damaged("file", "no descriptor was written"))
 }
 
+/// Descriptors for many DVs, in order: small ones inline in the log, the others together in
+/// one DV file (one write, however many files a commit marks).
+pub async fn store_many(
+    store_ref: &ObjectStoreRef,
+    dvs: &[RoaringTreemap],
+) -> Result<Vec<DeletionVectorDescriptor>, DvError> {
+    let mut out: Vec<Option<DeletionVectorDescriptor>> = Vec::with_capacity(dvs.len());
+    let mut big = Vec::new();
+    for rows in dvs {
+        let d = inline(rows)?;
+        if d.size_in_bytes as usize <= INLINE_MAX {
+            out.push(Some(d));
+        } else {
+            out.push(None);
+            big.push(rows.clone());
+        }
+    }
+    if !big.is_empty() {
+        let mut stored = write_file(store_ref, &big).await?.into_iter();
+        for slot in out.iter_mut().filter(|o| o.is_none()) {
+            *slot = stored.next();
+        }
+    }
+    out.into_iter()
+        .map(|d| d.ok_or_else(|| damaged("file", "a deletion vector was not stored")))
+        .collect()
+}
+
 /// The rows a descriptor marks deleted (inline, or read from its file at the table root; the
 /// CRC is checked).
 pub async fn read(

@@ -15,6 +15,7 @@ mod log;
 mod maintain;
 mod open;
 pub mod record;
+pub mod replace_keys;
 mod restore;
 pub mod stats;
 pub mod storage;

@@ -80,6 +80,8 @@ pub enum Tracked {
 pub struct Dimension {
     pub source_uri: String,
     pub target_uri: String,
+    /// `target.apply`: how an incremental run replaces the rows of the keys it rebuilt.
+    pub target_apply: super::Apply,
     pub keys: Vec<String>,
     pub sequence_by: String,
     pub tie_breakers: Vec<String>,
@@ -130,6 +132,8 @@ pub(super) struct RawInferFrom {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawDimTarget {
     pub(super) uri: String,
+    #[serde(default)]
+    pub(super) apply: super::Apply,
 }
 
 #[derive(Debug, Deserialize)]
@@ -276,6 +280,7 @@ impl Ctx<'_> {
         Ok(Dimension {
             source_uri,
             target_uri,
+            target_apply: raw.target.apply,
             keys: raw.keys,
             sequence_by: raw.sequence_by,
             tie_breakers: raw.tie_breakers,

@@ -77,44 +77,18 @@ pub(super) async fn mark_file(
 }
 
 /// The deletion vectors of the marked files (each the file's earlier one plus this run's
-/// marks), stored: small ones inline in the log, the others together in one DV file.
+/// marks), stored (see [`crate::lake::dv::store_many`]).
 pub(super) async fn store_all(
     s: &Slice,
     dvs: &[RoaringTreemap],
 ) -> Result<Vec<deltalake::kernel::DeletionVectorDescriptor>, RunError> {
-    let w = |e: crate::lake::dv::DvError| RunError::Write {
-        phase: Phase::Compare,
-        uri: s.uri.clone(),
-        source: Box::new(deltalake::DeltaTableError::GenericError {
-            source: Box::new(e),
-        }),
-    };
-    let mut out: Vec<Option<deltalake::kernel::DeletionVectorDescriptor>> = Vec::new();
-    let mut big = Vec::new();
-    for rows in dvs {
-        let d = crate::lake::dv::inline(rows).map_err(w)?;
-        if d.size_in_bytes as usize <= crate::lake::dv::INLINE_MAX {
-            out.push(Some(d));
-        } else {
-            out.push(None);
-            big.push(rows.clone());
-        }
-    }
-    if !big.is_empty() {
-        let mut stored = crate::lake::dv::write_file(&s.fast.store, &big)
-            .await
-            .map_err(w)?
-            .into_iter();
-        for slot in out.iter_mut().filter(|o| o.is_none()) {
-            *slot = stored.next();
-        }
-    }
-    out.into_iter()
-        .map(|d| {
-            d.ok_or_else(|| RunError::Internal {
-                phase: Phase::Compare,
-                message: "a deletion vector was not stored".into(),
-            })
+    crate::lake::dv::store_many(&s.fast.store, dvs)
+        .await
+        .map_err(|e| RunError::Write {
+            phase: Phase::Compare,
+            uri: s.uri.clone(),
+            source: Box::new(deltalake::DeltaTableError::GenericError {
+                source: Box::new(e),
+            }),
         })
-        .collect()
 }

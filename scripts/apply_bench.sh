@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The hourly run in both apply modes (issue 16): copy-on-write vs deletion vectors, side by side.
+#
+#   scripts/apply_bench.sh [--payments N] [--days D] [--reps R] [--hours H] [--week]
+#
+# What it does (release binary: TIDEMARK_BIN, default target/release/tidemark; data under
+# BENCH_DIR, default /work/bench/apply):
+#   gen      `tidemark generate --payments N --days D --seed 42` (kept and reused per scale)
+#   base     one full reload with `target.apply: deletion_vectors` (the table takes deletion
+#            vectors; a copy-on-write run on it is the plain copy-on-write run)
+#   hour     `tidemark generate --next-hour` on a hard-link copy of the bronze
+#   hourly   per rep, on fresh hard-link copies of the base, alternating which mode goes first:
+#            the hour in each mode (`--output json`: rows written, files, marked rows), under
+#            /usr/bin/time -v (wall, peak RSS), then a rerun that must commit nothing
+#   check    both modes' targets read by DuckDB's delta extension (delta-kernel-rs) and by
+#            the deltalake package: live rows' count and an order-free digest, equal to a full
+#            reload of the same bronze
+#   week     (--week) H hours (default 168) in each mode on its own copy, then DuckDB
+#            `count(*)` and a point lookup on both (median of 5 each)
+# Results: $BENCH_DIR/results/p<N>_d<D>/*.json and a summary on stdout.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "$0")/.." && pwd)
+P=1000000; D=365; REPS=3; HOURS=168; WEEK=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --payments) P=$2; shift 2 ;;
+    --days) D=$2; shift 2 ;;
+    --reps) REPS=$2; shift 2 ;;
+    --hours) HOURS=$2; shift 2 ;;
+    --week) WEEK=1; shift ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
+    *) echo "unknown argument $1 (see --help)" >&2; exit 64 ;;
+  esac
+done
+TM=${TIDEMARK_BIN:-$REPO/target/release/tidemark}
+BENCH_DIR=${BENCH_DIR:-/work/bench/apply}
+DUCK_PY=${DUCK_PY:-/work/bench/.venv-duck/bin/python}
+DATA=$BENCH_DIR/data/p${P}_d${D}
+RES=$BENCH_DIR/results/p${P}_d${D}
+mkdir -p "$DATA" "$RES"
+log() { echo "[$(date -u +%H:%M:%S)] $*" >&2; }
+
+pipeline() {  # pipeline MODE -> a pipeline file for that apply mode
+  local f=$DATA/payments_$1.yml
+  sed "s#target: { uri: \"\${var.lake}/silver/payments\" }#target: { uri: \"\${var.lake}/silver/payments\", apply: $1 }#" \
+    "$REPO/pipelines/payments.yml" > "$f"
+  grep -q "apply: $1" "$f" || { echo "could not set target.apply in $f" >&2; exit 1; }
+  echo "$f"
+}
+PCOW=$(pipeline copy_on_write)
+PDV=$(pipeline deletion_vectors)
+
+timed() {  # timed NAME CMD... : JSON stdout to $RES/NAME.json, time -v to $RES/NAME.time
+  local name=$1; shift
+  /usr/bin/time -v -o "$RES/$name.time" "$@" > "$RES/$name.json"
+}
+
+if [ ! -f "$DATA/bronze.complete" ]; then
+  rm -rf "$DATA/base"
+  log "generating $P payments over $D days"
+  "$TM" generate --out "$DATA/base/bronze/payments_raw" --payments "$P" --days "$D" --seed 42 > /dev/null
+  log "full reload (deletion-vector table)"
+  timed base "$TM" run "$PDV" --var "lake=$DATA/base" --full-reload --output json
+  rm -rf "$DATA/hour"; mkdir -p "$DATA/hour/bronze"
+  cp -al "$DATA/base/bronze/payments_raw" "$DATA/hour/bronze/"
+  "$TM" generate --out "$DATA/hour/bronze/payments_raw" --next-hour > /dev/null
+  touch "$DATA/bronze.complete"
+fi
+
+fresh() {  # fresh DIR: a lake with the hour's bronze and a copy of the base target
+  rm -rf "$1"; mkdir -p "$1/bronze" "$1/silver"
+  cp -al "$DATA/hour/bronze/payments_raw" "$1/bronze/"
+  cp -al "$DATA/base/silver/payments" "$1/silver/"
+}
+
+for i in $(seq 1 "$REPS"); do
+  if [ $((i % 2)) = 1 ]; then order="cow dv"; else order="dv cow"; fi
+  for m in $order; do
+    p=$PCOW; [ "$m" = dv ] && p=$PDV
+    fresh "$DATA/w_$m"
+    timed "${m}_hour_$i" "$TM" run "$p" --var "lake=$DATA/w_$m" --output json
+    timed "${m}_rerun_$i" "$TM" run "$p" --var "lake=$DATA/w_$m" --output json
+  done
+done
+
+log "content check"
+rm -rf "$DATA/truth"; mkdir -p "$DATA/truth/bronze"
+cp -al "$DATA/hour/bronze/payments_raw" "$DATA/truth/bronze/"
+"$TM" run "$PCOW" --var "lake=$DATA/truth" --full-reload --output json > "$RES/truth.json"
+"$DUCK_PY" "$REPO/scripts/apply_check.py" digest \
+  cow="$DATA/w_cow/silver/payments" dv="$DATA/w_dv/silver/payments" truth="$DATA/truth/silver/payments" \
+  > "$RES/check.json"
+
+if [ "$WEEK" = 1 ]; then
+  log "a week: $HOURS hours in each mode"
+  for m in cow dv; do
+    p=$PCOW; [ "$m" = dv ] && p=$PDV
+    rm -rf "$DATA/week_$m"; mkdir -p "$DATA/week_$m/bronze" "$DATA/week_$m/silver"
+    cp -al "$DATA/base/bronze/payments_raw" "$DATA/week_$m/bronze/"
+    cp -al "$DATA/base/silver/payments" "$DATA/week_$m/silver/"
+  done
+  for h in $(seq 1 "$HOURS"); do
+    "$TM" generate --out "$DATA/week_cow/bronze/payments_raw" --next-hour > /dev/null
+    "$TM" generate --out "$DATA/week_dv/bronze/payments_raw" --next-hour > /dev/null
+    for m in cow dv; do
+      p=$PCOW; [ "$m" = dv ] && p=$PDV
+      timed "week_${m}_$h" "$TM" run "$p" --var "lake=$DATA/week_$m" --output json
+      if [ $((h % 24)) = 0 ]; then
+        "$TM" maintain "$p" --var "lake=$DATA/week_$m" --output json > "$RES/week_${m}_maintain_$h.json"
+      fi
+    done
+  done
+  "$DUCK_PY" "$REPO/scripts/apply_check.py" reads \
+    cow="$DATA/week_cow/silver/payments" dv="$DATA/week_dv/silver/payments" > "$RES/week_reads.json"
+  "$DUCK_PY" "$REPO/scripts/apply_check.py" digest \
+    cow="$DATA/week_cow/silver/payments" dv="$DATA/week_dv/silver/payments" > "$RES/week_check.json"
+fi
+
+python3 "$REPO/scripts/apply_check.py" summary "$RES"
