@@ -266,3 +266,29 @@ async fn the_feed_of_a_marking_run_is_the_live_change() {
         "update pre/post of k03, delete of k07, insert of k11: {kinds:?}"
     );
 }
+
+/// Hard deletes in merge-on-read: the deleted key's row is marked and nothing is written for
+/// it; an older version landing later brings it back, as in copy-on-write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hard_deletes_are_marks_without_a_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = pipeline(d, "deletion_vectors");
+    let text = std::fs::read_to_string(&p)
+        .expect("read")
+        .replace("mode: soft", "mode: hard");
+    std::fs::write(&p, text).expect("write");
+    let mut all = first_load();
+    append(&bronze(d), &all).await;
+    run_ok(d, &p);
+    let next = next_hour();
+    append(&bronze(d), &next).await;
+    all.extend(next);
+    let v = run_ok(d, &p);
+    assert_eq!(v["num_deleted"], 1, "{v}");
+    assert_eq!(v["num_rows_marked_deleted"], 2, "k03 and k07: {v}");
+    assert_eq!(v["num_rows_written"], 2, "k03's new version and k11: {v}");
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, true));
+    let again = run_ok(d, &p);
+    assert_eq!(again["target_version"], Value::Null, "{again}");
+}

@@ -76,6 +76,36 @@ pub(super) async fn mark_file(
     Ok(o)
 }
 
+/// Applies the keys the probe decided in file `o` (`hits`: winner, position, whether the
+/// target's row is a tombstone; each winner's tuple is newer than the row's): the row is
+/// marked and, unless the winner is a hard delete, the winner moves to the new file.
+pub(super) fn direct(s: &Slice, hits: &[(usize, u64, bool)], o: &mut FileOutcome) {
+    let w = &s.w;
+    let hard = s.roles.hard_deletes();
+    for &(i, pos, target_deleted) in hits {
+        let deleted = w.is_deleted(i);
+        let (verdict, _) = decide::matched(
+            Ordering::Greater,
+            Ordering::Equal,
+            deleted,
+            target_deleted,
+            false,
+        );
+        match verdict {
+            Verdict::Unchanged => continue,
+            Verdict::Delete => o.deleted += 1,
+            Verdict::Update | Verdict::Insert => o.updated += 1,
+        }
+        o.marks.insert(pos);
+        if decide::stays(deleted, hard) {
+            o.max_sequence = o.max_sequence.max(w.sequence_micros(i));
+            o.moved.push(i);
+        }
+        o.changed_sequences.extend(w.sequence_micros(i));
+        o.replaced += 1;
+    }
+}
+
 /// The deletion vectors of the marked files (each the file's earlier one plus this run's
 /// marks), stored (see [`crate::lake::dv::store_many`]).
 pub(super) async fn store_all(
@@ -91,4 +121,35 @@ pub(super) async fn store_all(
                 source: Box::new(e),
             }),
         })
+}
+
+/// A file whose deletion vector grows: its log entry and the rows now deleted in it.
+pub(super) struct Marked {
+    pub(super) remove: deltalake::kernel::Remove,
+    pub(super) add: deltalake::kernel::Add,
+    pub(super) deleted: roaring::RoaringTreemap,
+    pub(super) rows: u64,
+}
+
+/// The actions of the marked files: each file's `remove` and, unless every row of it is now
+/// deleted, its `add` again with the grown deletion vector (stored first).
+/// Also returns how many files are removed whole.
+pub(super) async fn mark_files(
+    s: &Slice,
+    marked: Vec<Marked>,
+) -> Result<(Vec<Action>, u64), RunError> {
+    let (whole, partial): (Vec<Marked>, Vec<Marked>) =
+        marked.into_iter().partition(|m| m.deleted.len() >= m.rows);
+    let dvs: Vec<roaring::RoaringTreemap> = partial.iter().map(|m| m.deleted.clone()).collect();
+    let stored = mark::store_all(s, &dvs).await?;
+    let mut actions = Vec::new();
+    let emptied = whole.len() as u64;
+    for m in whole {
+        actions.push(Action::Remove(m.remove));
+    }
+    for (m, d) in partial.into_iter().zip(stored) {
+        actions.push(Action::Remove(m.remove));
+        actions.push(Action::Add(crate::lake::dv::marked_add(&m.add, d)));
+    }
+    Ok((actions, emptied))
 }

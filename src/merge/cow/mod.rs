@@ -35,10 +35,13 @@ use futures::StreamExt;
 mod feed;
 mod file;
 mod mark;
+mod probe;
 mod prune;
 
 use feed::{Change, FeedRows};
 use file::rewrite_file;
+use mark::Marked;
+use probe::{probe_file, Match, Probed};
 use prune::{admitted_row_groups, candidates, key_converter, sorted_first_keys, sub_schema};
 
 use super::decide::{self, Verdict};
@@ -115,6 +118,8 @@ enum Found {
     Older,
     /// In this file, with an older or equal tuple: decided while rewriting the file.
     Decide(usize),
+    /// In this file, with an older tuple: decided by the probe (merge-on-read).
+    Direct(usize),
 }
 
 /// A row group decoded from a target file, in the canonical row (hard-delete targets get an
@@ -164,6 +169,9 @@ struct Slice {
     /// The target's store, schema and statistics settings.
     fast: FastPath,
     uri: String,
+    /// Merge-on-read without a change data feed: a winner with a newer tuple is decided by the
+    /// probe, its row group never read whole.
+    direct: bool,
 }
 
 impl Slice {
@@ -191,95 +199,6 @@ fn joined_or_panic<T>(joined: Result<T, tokio::task::JoinError>) -> Result<T, Ru
             message: format!("a file task was cancelled: {e}"),
         }),
     }
-}
-
-/// Reads the footer of a candidate file and the key and ordering columns of the row groups
-/// that can hold a slice key. Returns, in row order, each slice key found: `None` when the
-/// target's version is newer (settled), else the row group that holds it (to be decided in
-/// the rewrite).
-async fn probe_file(s: &Slice, path: &str, size: u64) -> Result<Probed, RunError> {
-    let read = |e| s.read_err(e);
-    let file = DataFile::open(&s.fast.store, path, size)
-        .await
-        .map_err(read)?;
-    let dead = match s.fast.deletion_vectors.get(path) {
-        Some(d) => Some(crate::lake::dv::read(&s.fast.store, d).await.map_err(|e| {
-            read(deltalake::DeltaTableError::GenericError {
-                source: Box::new(e),
-            })
-        })?),
-        None => None,
-    };
-    let starts = file::row_group_starts(&file);
-    let groups = admitted_row_groups(&file, &s.roles.keys[0], &s.key_type, &s.sorted)?;
-    // Rows arrive in the order of `groups`: cumulative counts map a row to its group.
-    let mut bounds = Vec::with_capacity(groups.len());
-    let mut end = 0u64;
-    for &g in &groups {
-        let rows = file.row_groups()[g].num_rows() as u64;
-        end += rows;
-        // (end of the group in the rows read, the group, its first row's position in the file)
-        bounds.push((end, g, starts[g] + rows));
-    }
-    let nk = s.roles.keys.len();
-    let mut matches = Vec::new();
-    let mut row = 0u64;
-    let mut at = 0usize;
-    for batch in file
-        .read(&s.fast.store, groups, &s.probe_cols)
-        .await
-        .map_err(read)?
-    {
-        let batch = cast_to(&batch, &s.probe_schema).map_err(RunError::arrow(Phase::Compare))?;
-        let keys = s
-            .key_conv
-            .convert_columns(&batch.columns()[..nk])
-            .map_err(RunError::arrow(Phase::Compare))?;
-        let tuples = s
-            .tuple_conv
-            .convert_columns(&batch.columns()[nk..])
-            .map_err(RunError::arrow(Phase::Compare))?;
-        for r in 0..batch.num_rows() {
-            while at < bounds.len() && row >= bounds[at].0 {
-                at += 1;
-            }
-            // A row the file's deletion vector deletes is not in the table.
-            let dead_row = dead.as_ref().is_some_and(|d| {
-                bounds
-                    .get(at)
-                    .is_some_and(|&(end, _, file_end)| d.contains(file_end - (end - row)))
-            });
-            row += 1;
-            if dead_row {
-                continue;
-            }
-            let Some(&i) = s.index.get(keys.row(r).as_ref()) else {
-                continue;
-            };
-            let group = match s.w.tuples.row(i).cmp(&tuples.row(r)) {
-                Ordering::Less => None,
-                _ => Some(bounds.get(at).map(|b| b.1).ok_or_else(|| {
-                    read(deltalake::DeltaTableError::Generic(format!(
-                        "{path} returned more rows than its row groups hold"
-                    )))
-                })?),
-            };
-            matches.push((i, group));
-        }
-    }
-    Ok(Probed {
-        file,
-        dead,
-        matches,
-    })
-}
-
-/// A probed candidate: its footer, the rows its deletion vector deletes, and the slice keys
-/// found in it (see [`probe_file`]).
-struct Probed {
-    file: DataFile,
-    dead: Option<roaring::RoaringTreemap>,
-    matches: Vec<(usize, Option<usize>)>,
 }
 
 /// What the rewrite of every touched file shares (read only).
@@ -320,34 +239,6 @@ struct FileOutcome {
     moved: Vec<usize>,
     /// The file's physical row count.
     file_rows: u64,
-}
-
-/// A file whose deletion vector grows: its log entry and the rows now deleted in it.
-struct Marked {
-    remove: deltalake::kernel::Remove,
-    add: deltalake::kernel::Add,
-    deleted: roaring::RoaringTreemap,
-    rows: u64,
-}
-
-/// The actions of the marked files: each file's `remove` and, unless every row of it is now
-/// deleted, its `add` again with the grown deletion vector (stored first).
-/// Also returns how many files are removed whole.
-async fn mark_files(s: &Slice, marked: Vec<Marked>) -> Result<(Vec<Action>, u64), RunError> {
-    let (whole, partial): (Vec<Marked>, Vec<Marked>) =
-        marked.into_iter().partition(|m| m.deleted.len() >= m.rows);
-    let dvs: Vec<roaring::RoaringTreemap> = partial.iter().map(|m| m.deleted.clone()).collect();
-    let stored = mark::store_all(s, &dvs).await?;
-    let mut actions = Vec::new();
-    let emptied = whole.len() as u64;
-    for m in whole {
-        actions.push(Action::Remove(m.remove));
-    }
-    for (m, d) in partial.into_iter().zip(stored) {
-        actions.push(Action::Remove(m.remove));
-        actions.push(Action::Add(crate::lake::dv::marked_add(&m.add, d)));
-    }
-    Ok((actions, emptied))
 }
 
 impl FileOutcome {
@@ -405,6 +296,9 @@ pub async fn rewrite(
     let listed = candidates(target.table, uri, roles, &keys)?;
     out.files_candidate = listed.len() as u64;
     let (key_type, sorted) = keys;
+    // Merge-on-read only where the table takes deletion vectors (the run turned the feature on
+    // before planning; a dry run of a table without it shows copy-on-write's costs).
+    let mark = target.apply == Apply::DeletionVectors && target.fast.dv_enabled;
     let probe_cols: Vec<String> = roles
         .keys
         .iter()
@@ -425,6 +319,7 @@ pub async fn rewrite(
         w,
         fast: target.fast.clone(),
         uri: uri.to_string(),
+        direct: mark && !target.fast.change_data_feed,
     });
     let parallelism = target.parallelism.max(1);
     let jobs: Vec<(String, u64)> = listed.iter().map(|i| (i.path.clone(), i.size)).collect();
@@ -439,6 +334,9 @@ pub async fn rewrite(
     let mut touched: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
     let mut seen_in: HashMap<usize, usize> = HashMap::new();
     let mut dead: HashMap<usize, roaring::RoaringTreemap> = HashMap::new();
+    // Per file: its path and row count, and the keys the probe decided in it.
+    let mut probed: Vec<(String, u64)> = Vec::with_capacity(listed.len());
+    let mut direct: BTreeMap<usize, Vec<(usize, u64, bool)>> = BTreeMap::new();
     let mut f = 0usize;
     while let Some(joined) = probes.next().await {
         let Probed {
@@ -449,7 +347,7 @@ pub async fn rewrite(
         if let Some(d) = file_dead {
             dead.insert(f, d);
         }
-        for (i, group) in matches {
+        for (i, m) in matches {
             if let Some(prev) = seen_in.insert(i, f) {
                 let key = render_key(winners, &roles.keys, i);
                 return Err(RunError::DuplicateTargetKeys {
@@ -462,14 +360,23 @@ pub async fn rewrite(
                     },
                 });
             }
-            found[i] = match group {
-                None => Found::Older,
-                Some(g) => {
+            found[i] = match m {
+                Match::Older => Found::Older,
+                Match::Decide(g) => {
                     touched.entry(f).or_default().insert(g);
                     Found::Decide(f)
                 }
+                Match::Newer {
+                    pos,
+                    target_deleted,
+                } => {
+                    direct.entry(f).or_default().push((i, pos, target_deleted));
+                    Found::Direct(f)
+                }
             };
         }
+        let rows = file.row_groups().iter().map(|g| g.num_rows() as u64).sum();
+        probed.push((file.path.clone(), rows));
         files.push(file);
         f += 1;
     }
@@ -488,12 +395,9 @@ pub async fn rewrite(
     let mut adds: Vec<Action> = Vec::new();
     let mut removes: Vec<Action> = Vec::new();
     let mut feed_batches: Vec<RecordBatch> = Vec::new();
-    // Merge-on-read only where the table takes deletion vectors (the run turned the feature on
-    // before planning; a dry run of a table without it shows copy-on-write's costs).
-    let mark = target.apply == Apply::DeletionVectors && target.fast.dv_enabled;
     #[allow(deprecated)] // the log's own `add`, kept with a new deletion vector
     let views: HashMap<String, (deltalake::kernel::Remove, deltalake::kernel::Add)> =
-        if touched.is_empty() {
+        if touched.is_empty() && direct.is_empty() {
             HashMap::new()
         } else {
             target
@@ -549,8 +453,24 @@ pub async fn rewrite(
     // Merge-on-read: (the file's `remove` and `add`, its rows, its new deletion vector).
     let mut marked: Vec<Marked> = Vec::new();
     let mut moved: Vec<u32> = Vec::new();
+    let mut done: Vec<(usize, FileOutcome)> = Vec::new();
     while let Some(joined) = outcomes.next().await {
-        let (f, o) = joined_or_panic(joined)??;
+        done.push(joined_or_panic(joined)??);
+    }
+    drop(outcomes);
+    // The files with keys only the probe decided have no outcome yet.
+    for (&f, _) in direct.iter() {
+        if !done.iter().any(|(g, _)| *g == f) {
+            let mut o = FileOutcome::new(&probed[f].0);
+            o.file_rows = probed[f].1;
+            done.push((f, o));
+        }
+    }
+    done.sort_by_key(|(f, _)| *f);
+    for (f, mut o) in done {
+        if let Some(hits) = direct.get(&f) {
+            mark::direct(&slice, hits, &mut o);
+        }
         for i in &o.lost {
             found[*i] = Found::Older;
         }
@@ -587,7 +507,6 @@ pub async fn rewrite(
             removes.push(Action::Remove(view(&o.path)?.0));
         }
     }
-    drop(outcomes);
     let w = &slice.w;
 
     tracing::debug!(
@@ -629,7 +548,7 @@ pub async fn rewrite(
     out.rows_written += inserts.len() as u64;
     let mut marked_actions = Vec::new();
     if !dry_run {
-        let (actions, emptied) = mark_files(&slice, marked).await?;
+        let (actions, emptied) = mark::mark_files(&slice, marked).await?;
         marked_actions = actions;
         out.files_removed += emptied;
     }
