@@ -12,6 +12,7 @@
 //! feature ([`super::dv::enabled`]).
 
 use std::collections::HashSet;
+use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::DataType;
@@ -84,6 +85,7 @@ async fn mark_file(
     wanted: &HashSet<String>,
     rewrite: Option<usize>,
 ) -> Result<Option<Marked>, DeltaTableError> {
+    // (a file's key column is decoded on its own task: `parallelism` files on as many cores)
     let file = DataFile::open(&fast.store, &path, size).await?;
     let mut deleted = match fast.deletion_vectors.get(&path) {
         Some(d) => super::dv::read(&fast.store, d).await.map_err(external)?,
@@ -94,11 +96,26 @@ async fn mark_file(
     let mut pos = 0u64;
     let mut new_marks = 0u64;
     for batch in file.read(&fast.store, groups, keys).await? {
-        for text in key_text(&batch, keys)? {
-            if wanted.contains(&text) && deleted.insert(pos) {
+        let mut mark = |hit: bool| {
+            if hit && deleted.insert(pos) {
                 new_marks += 1;
             }
             pos += 1;
+        };
+        if let [key] = keys {
+            // One key column: looked up as it is, without building each row's text.
+            let c = batch
+                .column_by_name(key)
+                .ok_or_else(|| DeltaTableError::Generic(format!("no key column `{key}`")))?;
+            let c = arrow::compute::cast(c, &DataType::Utf8)?;
+            let c = c.as_string::<i32>();
+            for i in 0..c.len() {
+                mark(wanted.contains(if c.is_valid(i) { c.value(i) } else { "\u{0}" }));
+            }
+        } else {
+            for text in key_text(&batch, keys)? {
+                mark(wanted.contains(&text));
+            }
         }
     }
     if new_marks == 0 {
@@ -193,18 +210,24 @@ pub async fn replace_keys(
     } else {
         files.iter().map(|f| (f.0.clone(), f.1)).collect()
     };
+    let shared = Arc::new((fast.clone(), keys.to_vec(), wanted.clone()));
+    let rewrite = (!mark).then_some(row_group_rows);
     let marked: Vec<Marked> = futures::stream::iter(jobs)
         .map(|(path, size)| {
-            mark_file(
-                fast,
-                path,
-                size,
-                keys,
-                wanted,
-                (!mark).then_some(row_group_rows),
-            )
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let (fast, keys, wanted) = shared.as_ref();
+                mark_file(fast, path, size, keys, wanted, rewrite).await
+            })
         })
         .buffered(parallelism.max(1))
+        .map(|joined| match joined {
+            Ok(r) => r,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => Err(DeltaTableError::Generic(format!(
+                "a file task was cancelled: {e}"
+            ))),
+        })
         .try_filter_map(|m| async move { Ok(m) })
         .try_collect()
         .await?;
