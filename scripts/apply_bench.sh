@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The hourly run in both apply modes (issue 16): copy-on-write vs deletion vectors, side by side.
 #
-#   scripts/apply_bench.sh [--payments N] [--days D] [--reps R] [--hours H] [--week]
+#   scripts/apply_bench.sh [--payments N] [--days D] [--reps R]
 #
 # What it does (release binary: TIDEMARK_BIN, default target/release/tidemark; data under
 # BENCH_DIR, default /work/bench/apply):
@@ -15,20 +15,17 @@
 #   check    both modes' targets read by DuckDB's delta extension (delta-kernel-rs) and by
 #            the deltalake package: live rows' count and an order-free digest, equal to a full
 #            reload of the same bronze
-#   week     (--week) H hours (default 168) in each mode on its own copy, then DuckDB
-#            `count(*)` and a point lookup on both (median of 5 each)
+# A simulated week in both modes and how fast the results read: scripts/apply_week.sh.
 # Results: $BENCH_DIR/results/p<N>_d<D>/*.json and a summary on stdout.
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-P=1000000; D=365; REPS=3; HOURS=168; WEEK=0
+P=1000000; D=365; REPS=3
 while [ $# -gt 0 ]; do
   case $1 in
     --payments) P=$2; shift 2 ;;
     --days) D=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
-    --hours) HOURS=$2; shift 2 ;;
-    --week) WEEK=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 64 ;;
   esac
@@ -91,30 +88,5 @@ cp -al "$DATA/hour/bronze/payments_raw" "$DATA/truth/bronze/"
 "$DUCK_PY" "$REPO/scripts/apply_check.py" digest \
   cow="$DATA/w_cow/silver/payments" dv="$DATA/w_dv/silver/payments" truth="$DATA/truth/silver/payments" \
   > "$RES/check.json"
-
-if [ "$WEEK" = 1 ]; then
-  log "a week: $HOURS hours in each mode"
-  for m in cow dv; do
-    p=$PCOW; [ "$m" = dv ] && p=$PDV
-    rm -rf "$DATA/week_$m"; mkdir -p "$DATA/week_$m/bronze" "$DATA/week_$m/silver"
-    cp -al "$DATA/base/bronze/payments_raw" "$DATA/week_$m/bronze/"
-    cp -al "$DATA/base/silver/payments" "$DATA/week_$m/silver/"
-  done
-  for h in $(seq 1 "$HOURS"); do
-    "$TM" generate --out "$DATA/week_cow/bronze/payments_raw" --next-hour > /dev/null
-    "$TM" generate --out "$DATA/week_dv/bronze/payments_raw" --next-hour > /dev/null
-    for m in cow dv; do
-      p=$PCOW; [ "$m" = dv ] && p=$PDV
-      timed "week_${m}_$h" "$TM" run "$p" --var "lake=$DATA/week_$m" --output json
-      if [ $((h % 24)) = 0 ]; then
-        "$TM" maintain "$p" --var "lake=$DATA/week_$m" --output json > "$RES/week_${m}_maintain_$h.json"
-      fi
-    done
-  done
-  "$DUCK_PY" "$REPO/scripts/apply_check.py" reads \
-    cow="$DATA/week_cow/silver/payments" dv="$DATA/week_dv/silver/payments" > "$RES/week_reads.json"
-  "$DUCK_PY" "$REPO/scripts/apply_check.py" digest \
-    cow="$DATA/week_cow/silver/payments" dv="$DATA/week_dv/silver/payments" > "$RES/week_check.json"
-fi
 
 python3 "$REPO/scripts/apply_check.py" summary "$RES"
