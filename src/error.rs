@@ -115,8 +115,30 @@ pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
         E::Io { .. } => ErrorClass::Io,
         E::Transaction { .. } | E::VersionAlreadyExists(_) => ErrorClass::Retryable,
         E::InvalidJsonLog { .. } | E::InvalidStatsJson { .. } => ErrorClass::BadData,
+        E::KernelError(k) if kernel_file_damage(&k.to_string()) => ErrorClass::BadData,
+        // (delta-rs' MERGE flattens the kernel's error into its message)
+        E::Generic(text) if kernel_file_damage_within(text) => ErrorClass::BadData,
         _ => ErrorClass::Internal,
     }
+}
+
+/// Whether delta-rs' kernel says a file the log references (a data file, a deletion vector) is
+/// missing or damaged — its errors carry no type tidemark can name, only their text.
+pub(crate) fn kernel_file_damage(text: &str) -> bool {
+    [
+        "File not found:",
+        "Deletion Vector error:",
+        "Selection vector is larger",
+    ]
+    .iter()
+    .any(|p| text.starts_with(p))
+}
+
+/// [`kernel_file_damage`] for a message that quotes the kernel's error
+/// (`… Kernel error: File not found: …`).
+pub(crate) fn kernel_file_damage_within(text: &str) -> bool {
+    text.match_indices("Kernel error: ")
+        .any(|(i, m)| kernel_file_damage(&text[i + m.len()..]))
 }
 
 /// The next error in a chain. An `io::Error` that wraps another error (`io::Error::other(e)`)

@@ -266,8 +266,26 @@ pub async fn read_commits(
             operation_metrics: None,
             run: None,
         };
+        // A file removed and added again in one commit only got a new deletion vector: it
+        // is neither added nor removed.
+        let added: std::collections::HashSet<String> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Add(a) => Some(a.path.clone()),
+                _ => None,
+            })
+            .collect();
+        let marked: std::collections::HashSet<String> = actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Remove(r) if added.contains(&r.path) => Some(r.path.clone()),
+                _ => None,
+            })
+            .collect();
         for action in actions {
             match action {
+                Action::Add(a) if marked.contains(&a.path) => {}
+                Action::Remove(r) if marked.contains(&r.path) => {}
                 Action::Add(_) => entry.files_added += 1,
                 Action::Remove(_) => entry.files_removed += 1,
                 Action::CommitInfo(ci) => {

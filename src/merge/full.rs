@@ -178,6 +178,14 @@ impl Run<'_> {
         (self.c.num_superseded, self.c.num_duplicates) = (c.superseded, c.duplicates);
         self.c.num_conflicts = c.conflicts;
         self.c.num_deleted = c.deleted_winners;
+        // (the rebuilt table: every winner but a hard delete; none when nothing was committed)
+        if self.summary.target_version.is_some() && !self.opts.dry_run {
+            self.c.num_rows_written = if roles.hard_deletes() {
+                c.winners - c.deleted_winners
+            } else {
+                c.winners
+            };
+        }
         self.c.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);
         self.report_streamed(streamed);
         Ok(self.finish())
@@ -291,6 +299,9 @@ impl Run<'_> {
         self.c.num_updated = metrics.num_target_rows_updated as u64;
         self.c.num_deleted = metrics.num_target_rows_deleted as u64;
         self.c.num_unchanged = metrics.num_target_rows_copied as u64;
+        self.c.num_rows_written = (metrics.num_target_rows_inserted
+            + metrics.num_target_rows_updated
+            + metrics.num_target_rows_copied) as u64;
         (self.c.num_superseded, self.c.num_duplicates) = (c.superseded, c.duplicates);
         self.c.num_conflicts = c.conflicts;
         self.c.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);

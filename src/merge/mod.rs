@@ -259,9 +259,15 @@ impl<'a> Run<'a> {
     async fn enable_deletion_vectors(&mut self, t: DeltaTable) -> Result<DeltaTable, RunError> {
         if self.m.target_apply != crate::config::pipeline::Apply::DeletionVectors
             || lake::dv::enabled(&t)
-            || self.opts.dry_run
             || self.opts.full_reload
         {
+            return Ok(t);
+        }
+        if self.opts.dry_run {
+            self.warn(format!(
+                "a real run would first upgrade {} to deletion vectors (delta.enableDeletionVectors = true; Delta reader version 3 / writer version 7, in a commit of its own); this dry run counts what it would then mark",
+                self.m.target_uri
+            ));
             return Ok(t);
         }
         let t = t
@@ -415,6 +421,8 @@ impl<'a> Run<'a> {
             "num_conflicts": c.num_conflicts,
             "num_superseded": c.num_superseded,
             "num_duplicates": c.num_duplicates,
+            "num_rows_marked_deleted": c.num_rows_marked_deleted,
+            "num_files_marked": c.num_files_marked,
             "expectations": c.expectations,
             "source_table_id": self.source_table_id,
             "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| crate::report::rfc3339(&t)),

@@ -199,6 +199,8 @@ fn write_hint(e: &deltalake::DeltaTableError) -> &'static str {
         ". The disk (or quota) is full: free space, then rerun; nothing was committed"
     } else if crate::error::os_error_kind(e) == Some(std::io::ErrorKind::PermissionDenied) {
         ". The OS refused the write: make the table's directory (and its _delta_log) writable for the user running tidemark, then rerun; nothing was committed"
+    } else if crate::error::classify_delta(e) == crate::error::ErrorClass::BadData {
+        ". A file the target's log references is missing or damaged, and this write had to read it (a target with a change data feed is read by a full reload, to write the feed): `tidemark restore` a version from before the damage (`tidemark history` lists them); nothing was committed"
     } else {
         ""
     }
@@ -354,6 +356,19 @@ pub(crate) fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<
     let mut found = None;
     let mut next = Some(e);
     while let Some(e) = next {
+        // A deletion vector that is missing, cut short or not one: damage, like its data file's.
+        if let Some(dv) = e.downcast_ref::<crate::lake::dv::DvError>() {
+            if !matches!(dv, crate::lake::dv::DvError::Store { .. }) {
+                return Some(ErrorClass::BadData);
+            }
+        }
+        if let Some(deltalake::DeltaTableError::KernelError(k)) =
+            e.downcast_ref::<deltalake::DeltaTableError>()
+        {
+            if crate::error::kernel_file_damage(&k.to_string()) {
+                return Some(ErrorClass::BadData);
+            }
+        }
         if let Some(o) = e.downcast_ref::<O>() {
             return Some(match o {
                 O::NotFound { .. } => ErrorClass::BadData,

@@ -292,3 +292,110 @@ async fn hard_deletes_are_marks_without_a_row() {
     let again = run_ok(d, &p);
     assert_eq!(again["target_version"], Value::Null, "{again}");
 }
+
+/// `restore` of a deletion-vector target brings back the files with the vectors they had then:
+/// the restored table is the table of that version (no deleted row comes back), and the next
+/// hour merges into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_keeps_each_version_s_deletion_vectors() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = pipeline(d, "deletion_vectors");
+    let mut all = first_load();
+    append(&bronze(d), &all).await;
+    run_ok(d, &p);
+    let next = next_hour();
+    append(&bronze(d), &next).await;
+    all.extend(next);
+    let v1 = run_ok(d, &p)["target_version"].as_u64().expect("committed");
+    let at_v1 = read_target(&silver(d)).await;
+    assert_eq!(at_v1, oracle(&all, NOW, false));
+    let more = vec![
+        Change::upsert("k03", T0 + 3 * HOUR, NOW - MIN / 2, 3),
+        Change::upsert("k05", T0 + 3 * HOUR, NOW - MIN / 2, 3),
+    ];
+    append(&bronze(d), &more).await;
+    run_ok(d, &p);
+    let out = exec(
+        tidemark(d)
+            .arg("restore")
+            .arg(&p)
+            .args(["--version", &v1.to_string()]),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    assert_eq!(
+        read_target(&silver(d)).await,
+        at_v1,
+        "the table of version {v1}"
+    );
+    all.extend(more);
+    let v = run_ok(d, &p);
+    assert_eq!(
+        v["num_updated"], 2,
+        "the restored hour is merged again: {v}"
+    );
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+}
+
+/// A deletion-vector file cut short or deleted by hand is damage (65), never a bug (70), for
+/// `run` and `reconcile`; a `--full-reload` rebuilds the table without reading it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_damaged_deletion_vector_file_is_bad_data() {
+    for damage in ["cut", "delete"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let p = pipeline(d, "deletion_vectors");
+        let mut all: Vec<Change> = (0..200)
+            .map(|i| Change::upsert(&format!("k{i:03}"), T0 + HOUR, T0 + HOUR, 1))
+            .collect();
+        append(&bronze(d), &all).await;
+        run_ok(d, &p);
+        // 50 keys of the one file change: too many marks to keep inline, so a DV file.
+        let next: Vec<Change> = (0..200)
+            .step_by(4)
+            .map(|i| Change::upsert(&format!("k{i:03}"), T0 + 2 * HOUR, NOW - MIN, 2))
+            .collect();
+        append(&bronze(d), &next).await;
+        all.extend(next);
+        assert_eq!(run_ok(d, &p)["num_rows_marked_deleted"], 50);
+        let bin = std::fs::read_dir(silver(d))
+            .expect("dir")
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .find(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("deletion_vector_"))
+            })
+            .expect("a deletion vector file");
+        if damage == "cut" {
+            let bytes = std::fs::read(&bin).expect("read");
+            std::fs::write(&bin, &bytes[..10]).expect("cut");
+        } else {
+            std::fs::remove_file(&bin).expect("delete");
+        }
+        let more = vec![Change::upsert("k004", T0 + 3 * HOUR, NOW - MIN / 2, 3)];
+        append(&bronze(d), &more).await;
+        all.extend(more);
+        let out = exec(tidemark(d).arg("run").arg(&p));
+        assert_eq!(
+            out.code, 65,
+            "{damage}: run\n{}\n{}",
+            out.stdout, out.stderr
+        );
+        assert!(!out.stderr.contains("bug"), "{}", out.stderr);
+        let out = exec(tidemark(d).arg("reconcile").arg(&p));
+        assert_eq!(
+            out.code, 65,
+            "{damage}: reconcile\n{}\n{}",
+            out.stdout, out.stderr
+        );
+        assert!(!out.stderr.contains("bug"), "{}", out.stderr);
+        let out = exec(tidemark(d).arg("run").arg(&p).arg("--full-reload"));
+        assert_eq!(
+            out.code, 0,
+            "{damage}: full reload\n{}\n{}",
+            out.stdout, out.stderr
+        );
+        assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+    }
+}

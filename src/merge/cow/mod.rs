@@ -298,7 +298,8 @@ pub async fn rewrite(
     let (key_type, sorted) = keys;
     // Merge-on-read only where the table takes deletion vectors (the run turned the feature on
     // before planning; a dry run of a table without it shows copy-on-write's costs).
-    let mark = target.apply == Apply::DeletionVectors && target.fast.dv_enabled;
+    // (a dry run shows what the real run would do: it upgrades the table first)
+    let mark = target.apply == Apply::DeletionVectors && (target.fast.dv_enabled || dry_run);
     let probe_cols: Vec<String> = roles
         .keys
         .iter()
@@ -596,7 +597,14 @@ pub async fn commit(
     let snapshot = target.snapshot().map_err(d)?;
     let operation = DeltaOperation::Merge {
         predicate: None,
-        merge_predicate: Some("key match (tidemark copy-on-write)".to_string()),
+        merge_predicate: Some(
+            if rewrite.files_marked > 0 {
+                "key match (tidemark deletion vectors)"
+            } else {
+                "key match (tidemark copy-on-write)"
+            }
+            .to_string(),
+        ),
         matched_predicates: vec![],
         not_matched_predicates: vec![],
         not_matched_by_source_predicates: vec![],
