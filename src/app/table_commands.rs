@@ -268,8 +268,15 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                     e.removed_keys_uri
                 ));
             }
+            let purged = match report.files_purged {
+                0 => String::new(),
+                n => format!(
+                    " ({n} of them for their deletion vectors: at least {:.0}% of their rows deleted)",
+                    100.0 * lake::PURGE_DELETED_SHARE
+                ),
+            };
             out.push_str(&format!(
-                "  compaction: {} small files {would}compacted into {}; checkpoint {would}written at version {}\n",
+                "  compaction: {} files {would}compacted into {}{purged}; checkpoint {would}written at version {}\n",
                 report.files_compacted,
                 report.files_written,
                 report

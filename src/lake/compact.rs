@@ -24,6 +24,9 @@ const MAX_BYTES_PER_COMPACTION: i64 = 2 << 30;
 pub struct Compacted {
     pub files_removed: u64,
     pub files_added: u64,
+    /// Of the files removed, those rewritten for the rows their deletion vectors delete (not
+    /// for being small).
+    pub files_purged: u64,
 }
 
 fn external<E: std::error::Error + Send + Sync + 'static>(e: E) -> DeltaTableError {
@@ -40,6 +43,8 @@ struct Group {
     /// Rows per output file; the last may hold fewer.
     rows_per_file: usize,
     outputs: u64,
+    /// Files in the group for their deletion vectors, not their size.
+    purged: u64,
 }
 
 /// A file whose deletion vector deletes at least this share of its rows is rewritten by the
@@ -60,6 +65,7 @@ fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableEr
         Option<usize>,
         String,
         deltalake::kernel::Remove,
+        bool,
     )> = snapshot
         .log_data()
         .iter()
@@ -77,6 +83,7 @@ fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableEr
                 f.num_records().map(|n| n.saturating_sub(deleted)),
                 format!("{partition:?}"),
                 f.remove_action(false),
+                (f.size() as u64) >= target_size / 2,
             )
         })
         .collect();
@@ -107,6 +114,7 @@ fn plan(table: &DeltaTable, target_size: u64) -> Result<Vec<Group>, DeltaTableEr
             None => (usize::MAX, 1),
         };
         groups.push(Group {
+            purged: files.iter().filter(|f| f.5).count() as u64,
             files: files.into_iter().map(|f| (f.0, f.4)).collect(),
             rows_per_file,
             outputs,
@@ -137,6 +145,7 @@ pub async fn compact_clustered(
     let planned = Compacted {
         files_removed: groups.iter().map(|g| g.files.len() as u64).sum(),
         files_added: groups.iter().map(|g| g.outputs).sum(),
+        files_purged: groups.iter().map(|g| g.purged).sum(),
     };
     if dry_run || groups.is_empty() {
         return Ok((planned, None));
@@ -185,6 +194,7 @@ pub async fn compact_clustered(
         }
         adds.extend(writer.flush().await?);
         out.files_removed += group.files.len() as u64;
+        out.files_purged += group.purged;
         out.files_added += adds.len() as u64;
         actions.extend(group.files.into_iter().map(|(_, r)| Action::Remove(r)));
         actions.extend(adds.into_iter().map(|mut a| {

@@ -61,6 +61,9 @@ pub struct MaintainReport {
     pub version_after: Option<u64>,
     pub files_before: usize,
     pub files_compacted: u64,
+    /// Of the files compacted, those rewritten because their deletion vectors delete at least
+    /// 5% of their rows (a purge), not for their size.
+    pub files_purged: u64,
     pub files_written: u64,
     pub checkpoint_version: Option<u64>,
     pub retention_hours: u64,
@@ -97,6 +100,7 @@ pub async fn maintain(
     let files_before = table.snapshot()?.log_data().num_files();
     let mut table = table;
     let mut files_compacted = 0;
+    let mut files_purged = 0;
     let mut files_written = 0;
     let size = opts
         .target_file_size
@@ -109,6 +113,7 @@ pub async fn maintain(
             super::compact_clustered(&table, &keys, size.get(), opts.row_group_rows, opts.dry_run)
                 .await?;
         files_compacted = done.files_removed;
+        files_purged = done.files_purged;
         files_written = done.files_added;
         if let Some(v) = version {
             table.update_incremental(Some(v)).await?;
@@ -174,6 +179,7 @@ pub async fn maintain(
         version_after,
         files_before,
         files_compacted,
+        files_purged,
         files_written,
         checkpoint_version,
         retention_hours: retention.as_secs() / 3600,

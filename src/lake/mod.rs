@@ -22,7 +22,7 @@ pub mod storage;
 pub mod store_fault;
 pub mod txns;
 
-pub use compact::{compact_clustered, Compacted};
+pub use compact::{compact_clustered, Compacted, PURGE_DELETED_SHARE};
 pub use error::LakeError;
 pub use log::{
     commit_actions, files_added_between, live_files, max_from_stats, read_commits,
