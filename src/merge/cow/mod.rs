@@ -53,6 +53,10 @@ use crate::run::render::render_key;
 use crate::run::roles::ColumnRoles;
 use crate::run::{Phase, RunError};
 
+/// Files probed, rewritten or marked at the same time, at least (each holds one target file and
+/// its rewrite in memory: 2 MiB files by default).
+const IO_CONCURRENCY: usize = 16;
+
 /// What applying the slice did (or would do).
 #[derive(Debug, Default)]
 pub struct Rewritten {
@@ -322,7 +326,10 @@ pub async fn rewrite(
         uri: uri.to_string(),
         direct: mark && !target.fast.change_data_feed,
     });
-    let parallelism = target.parallelism.max(1);
+    // Files are probed and rewritten many at a time whatever `--threads` says: on an object
+    // store each is a few requests that mostly wait (the tasks' CPU work still runs on the
+    // runtime's `--threads` workers).
+    let parallelism = target.parallelism.max(IO_CONCURRENCY);
     let jobs: Vec<(String, u64)> = listed.iter().map(|i| (i.path.clone(), i.size)).collect();
     let for_probes = slice.clone();
     let mut probes = futures::stream::iter(jobs)
