@@ -20,7 +20,7 @@ use bytes::Bytes;
 use deltalake::kernel::{Add, DeletionVectorDescriptor};
 use deltalake::logstore::ObjectStoreRef;
 use deltalake::{DeltaTable, DeltaTableError};
-use futures::TryStreamExt;
+use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -40,6 +40,9 @@ use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 
 use super::stats::{delta_stats, StatsColumns};
+
+/// Row groups of one file fetched at the same time by [`DataFile::read`].
+pub const ROW_GROUP_FETCHES: usize = 8;
 
 /// Rows per row group when a pipeline does not say (`target.row_group_rows`): small enough that
 /// re-encoding the row group around one late refund costs little, large enough that scans and
@@ -173,8 +176,9 @@ impl DataFile {
         ))
     }
 
-    /// The named columns of the given row groups, fetched by range (only those column chunks).
-    #[allow(deprecated)]
+    /// The named columns of the given row groups, fetched by range (only those column chunks),
+    /// in the order given. Row groups are fetched [`ROW_GROUP_FETCHES`] at a time: on an object
+    /// store each is a request that mostly waits.
     pub async fn read(
         &self,
         store: &ObjectStoreRef,
@@ -185,12 +189,29 @@ impl DataFile {
             return Ok(Vec::new());
         }
         let roots = self.roots(columns)?;
-        let reader = ParquetObjectReader::new(store.clone(), object_path(&self.path)?)
-            .with_file_size(self.size);
+        let path = object_path(&self.path)?;
+        let per_group: Vec<Vec<RecordBatch>> = futures::stream::iter(row_groups)
+            .map(|g| self.read_group(store, &path, g, roots.clone()))
+            .buffered(ROW_GROUP_FETCHES)
+            .try_collect()
+            .await?;
+        Ok(per_group.into_iter().flatten().collect())
+    }
+
+    #[allow(deprecated)]
+    async fn read_group(
+        &self,
+        store: &ObjectStoreRef,
+        path: &Path,
+        row_group: usize,
+        roots: Vec<usize>,
+    ) -> Result<Vec<RecordBatch>, DeltaTableError> {
+        let reader =
+            ParquetObjectReader::new(store.clone(), path.clone()).with_file_size(self.size);
         let mask = ProjectionMask::roots(self.meta.parquet_schema(), roots);
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, self.meta.clone())
             .with_projection(mask)
-            .with_row_groups(row_groups)
+            .with_row_groups(vec![row_group])
             .with_batch_size(64 * 1024)
             .build()?;
         Ok(stream.try_collect().await?)
