@@ -102,12 +102,28 @@ pub fn explain_serde_message(message: &str) -> String {
     };
     let expected: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
     let mut out = format!("{prefix}unknown key `{field}`");
-    match nearest(field, expected.iter().copied()) {
-        Some(hint) => out.push_str(&format!(" (did you mean `{hint}`?)")),
-        None if !expected.is_empty() => {
+    // Keys that belong one level down, when written at the top.
+    const NESTED: [(&str, &str); 8] = [
+        ("apply", "target"),
+        ("file_size", "target"),
+        ("row_group_rows", "target"),
+        ("change_data_feed", "target"),
+        ("on_recreate", "source"),
+        ("max_rows", "quarantine"),
+        ("max_fraction", "quarantine"),
+        ("retain", "deletes"),
+    ];
+    let parent = NESTED
+        .iter()
+        .find(|(k, p)| *k == field && expected.contains(p) && !expected.contains(k))
+        .map(|(_, p)| *p);
+    match (nearest(field, expected.iter().copied()), parent) {
+        (Some(hint), _) => out.push_str(&format!(" (did you mean `{hint}`?)")),
+        (None, Some(p)) => out.push_str(&format!(" here: it belongs under `{p}:` (`{p}.{field}`)")),
+        (None, None) if !expected.is_empty() => {
             out.push_str(&format!("; valid keys here: {}", expected.join(", ")))
         }
-        None => {}
+        (None, None) => {}
     }
     out
 }
@@ -140,6 +156,16 @@ mod tests {
         assert_eq!(
             explain_serde_message(msg),
             "unknown key `zzz`; valid keys here: uri"
+        );
+    }
+
+    #[test]
+    fn a_target_key_written_at_the_top_is_sent_under_target() {
+        let msg =
+            "unknown field `apply`, expected one of `name`, `kind`, `source`, `target`, `keys`";
+        assert_eq!(
+            explain_serde_message(msg),
+            "unknown key `apply` here: it belongs under `target:` (`target.apply`)"
         );
     }
 }

@@ -92,6 +92,14 @@ impl Vars {
 
     /// How to give variable `name` a value, for error messages.
     pub fn how_to_set(&self, name: &str) -> String {
+        let typo = match crate::config::location::nearest(name, self.names()) {
+            Some(given) => format!(" (`{given}` has a value: a typo for `{name}`?)"),
+            None => String::new(),
+        };
+        format!("{}{typo}", self.how_to_set_plain(name))
+    }
+
+    fn how_to_set_plain(&self, name: &str) -> String {
         match &self.bundle {
             None => format!("pass --var {name}=VALUE"),
             Some(b) if !b.declared.contains(name) => format!(
@@ -237,6 +245,23 @@ mod tests {
         let err = Vars::new().substitute("${oops}").unwrap_err();
         assert!(err.how.contains("only ${var.NAME}"));
         assert!(Vars::new().substitute("${var.lake").is_err());
+    }
+
+    #[test]
+    fn a_missing_value_names_a_given_variable_it_may_be_a_typo_of() {
+        let vars = Vars::from_args(&["lak=/data/lake"]).unwrap();
+        let err = vars.substitute("${var.lake}/x").unwrap_err();
+        assert!(err.how.contains("--var lake=VALUE"), "{}", err.how);
+        assert!(
+            err.how.contains("`lak` has a value: a typo for `lake`?"),
+            "{}",
+            err.how
+        );
+        let err = Vars::from_args(&["region=eu"])
+            .unwrap()
+            .substitute("${var.lake}")
+            .unwrap_err();
+        assert!(!err.how.contains("typo"), "{}", err.how);
     }
 
     #[test]
