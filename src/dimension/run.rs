@@ -463,19 +463,10 @@ impl Run<'_> {
         let (table, fast) = if fast.dv_enabled || !mark {
             (table, fast)
         } else {
-            let table = table
-                .set_tbl_properties()
-                .with_properties(std::collections::HashMap::from([(
-                    lake::dv::ENABLE.to_string(),
-                    "true".to_string(),
-                )]))
+            let table = lake::dv::enable(table)
                 .await
                 .map_err(RunError::write(Phase::Write, &d.target_uri))?;
-            self.warn(format!(
-                "upgraded {} to deletion vectors (delta.enableDeletionVectors = true; Delta reader version 3 / writer version 7, in a commit of its own, version {}): readers must support the deletionVectors feature",
-                d.target_uri,
-                table.version().unwrap_or_default()
-            ));
+            self.warn(lake::dv::upgraded(&d.target_uri, table.version()));
             let fast = FastPath::check(&table)
                 .map_err(RunError::delta(Phase::Write, &d.target_uri))?
                 .ok_or_else(|| RunError::Internal {

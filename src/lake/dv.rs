@@ -14,7 +14,7 @@
 //! below read tables with these DVs back through delta-rs.
 
 use bytes::Bytes;
-use deltalake::kernel::{Add, DeletionVectorDescriptor, StorageType};
+use deltalake::kernel::{Action, Add, DeletionVectorDescriptor, Remove, StorageType};
 use deltalake::logstore::ObjectStoreRef;
 use deltalake::DeltaTable;
 use object_store::path::Path;
@@ -199,6 +199,58 @@ pub async fn store_many(
     out.into_iter()
         .map(|d| d.ok_or_else(|| damaged("file", "a deletion vector was not stored")))
         .collect()
+}
+
+/// A live data file whose deletion vector grows: its log entry, every row now deleted in it
+/// (the earlier vector's and the new ones) and its physical row count.
+pub struct Grown {
+    pub remove: Remove,
+    pub add: Add,
+    pub deleted: RoaringTreemap,
+    pub rows: u64,
+}
+
+/// The log actions of files whose deletion vectors grow: each file's `remove` and, unless
+/// every row of it is now deleted, its `add` again with the grown vector (stored first, see
+/// [`store_many`]). Also returns how many files leave whole.
+pub async fn grow(
+    store_ref: &ObjectStoreRef,
+    files: Vec<Grown>,
+) -> Result<(Vec<Action>, u64), DvError> {
+    let (whole, partial): (Vec<Grown>, Vec<Grown>) =
+        files.into_iter().partition(|g| g.deleted.len() >= g.rows);
+    let dvs: Vec<RoaringTreemap> = partial.iter().map(|g| g.deleted.clone()).collect();
+    let stored = store_many(store_ref, &dvs).await?;
+    let emptied = whole.len() as u64;
+    let mut actions: Vec<Action> = whole
+        .into_iter()
+        .map(|g| Action::Remove(g.remove))
+        .collect();
+    for (g, d) in partial.into_iter().zip(stored) {
+        actions.push(Action::Remove(g.remove));
+        actions.push(Action::Add(marked_add(&g.add, d)));
+    }
+    Ok((actions, emptied))
+}
+
+/// Upgrades `table` to deletion vectors (`delta.enableDeletionVectors = true`, which delta-rs
+/// turns into reader version 3 / writer version 7 with the feature), in a commit of its own.
+pub async fn enable(table: DeltaTable) -> Result<DeltaTable, deltalake::DeltaTableError> {
+    table
+        .set_tbl_properties()
+        .with_properties(std::collections::HashMap::from([(
+            ENABLE.to_string(),
+            "true".to_string(),
+        )]))
+        .await
+}
+
+/// The warning a run gives after [`enable`] committed `version` of `uri`.
+pub fn upgraded(uri: &str, version: Option<u64>) -> String {
+    format!(
+        "upgraded {uri} to deletion vectors (delta.enableDeletionVectors = true; Delta reader version 3 / writer version 7, in a commit of its own, version {}): readers must support the deletionVectors feature",
+        version.unwrap_or_default()
+    )
 }
 
 /// The rows a descriptor marks deleted (inline, or read from its file at the table root; the

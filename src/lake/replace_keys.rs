@@ -238,7 +238,26 @@ pub async fn replace_keys(
             .find(|f| f.0 == path)
             .ok_or_else(|| DeltaTableError::Generic(format!("{path} left the snapshot")))
     };
-    if !mark {
+    if mark {
+        let mut grown = Vec::with_capacity(marked.len());
+        for m in marked {
+            out.rows_marked += m.new_marks;
+            let (_, _, remove, add) = entry(&m.path)?;
+            grown.push(super::dv::Grown {
+                remove: remove.clone(),
+                add: add.clone(),
+                deleted: m.deleted,
+                rows: m.rows,
+            });
+        }
+        let files = grown.len() as u64;
+        let (marking, emptied) = super::dv::grow(&fast.store, grown)
+            .await
+            .map_err(external)?;
+        out.files_removed += emptied;
+        out.files_marked += files - emptied;
+        actions.extend(marking);
+    } else {
         for m in marked {
             out.rows_marked += m.new_marks;
             out.rows_written += m.kept;
@@ -249,61 +268,7 @@ pub async fn replace_keys(
                 actions.push(Action::Add(add));
             }
         }
-        return finish(
-            table,
-            fast,
-            rows,
-            row_group_rows,
-            actions,
-            out,
-            props,
-            operation,
-        )
-        .await;
     }
-    let (whole, partial): (Vec<Marked>, Vec<Marked>) =
-        marked.into_iter().partition(|m| m.deleted.len() >= m.rows);
-    let dvs: Vec<RoaringTreemap> = partial.iter().map(|m| m.deleted.clone()).collect();
-    let stored = super::dv::store_many(&fast.store, &dvs)
-        .await
-        .map_err(external)?;
-    for m in &whole {
-        out.rows_marked += m.new_marks;
-        out.files_removed += 1;
-        actions.push(Action::Remove(entry(&m.path)?.2.clone()));
-    }
-    for (m, d) in partial.iter().zip(stored) {
-        out.rows_marked += m.new_marks;
-        out.files_marked += 1;
-        let (_, _, remove, add) = entry(&m.path)?;
-        actions.push(Action::Remove(remove.clone()));
-        actions.push(Action::Add(super::dv::marked_add(add, d)));
-    }
-    finish(
-        table,
-        fast,
-        rows,
-        row_group_rows,
-        actions,
-        out,
-        props,
-        operation,
-    )
-    .await
-}
-
-/// Writes the new rows' file and commits `actions` with it.
-#[allow(clippy::too_many_arguments)]
-async fn finish(
-    table: &DeltaTable,
-    fast: &FastPath,
-    rows: &RecordBatch,
-    row_group_rows: usize,
-    mut actions: Vec<Action>,
-    mut out: Replaced,
-    props: CommitProperties,
-    operation: DeltaOperation,
-) -> Result<Replaced, DeltaTableError> {
     if rows.num_rows() > 0 {
         let rows = super::storage::cast_to(rows, &fast.schema)?;
         let mut new = NewFile::new(fast.schema.clone(), row_group_rows, 0)?;
@@ -319,7 +284,7 @@ async fn finish(
     }
     let committed = CommitBuilder::from(props)
         .with_actions(actions)
-        .build(Some(table.snapshot()?), table.log_store(), operation)
+        .build(Some(snapshot), table.log_store(), operation)
         .await?;
     out.version = Some(committed.version());
     Ok(out)

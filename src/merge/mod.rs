@@ -270,19 +270,10 @@ impl<'a> Run<'a> {
             ));
             return Ok(t);
         }
-        let t = t
-            .set_tbl_properties()
-            .with_properties(std::collections::HashMap::from([(
-                lake::dv::ENABLE.to_string(),
-                "true".to_string(),
-            )]))
+        let t = lake::dv::enable(t)
             .await
             .map_err(RunError::write(Phase::Plan, &self.m.target_uri))?;
-        self.warn(format!(
-            "upgraded {} to deletion vectors (delta.enableDeletionVectors = true; Delta reader version 3 / writer version 7, in a commit of its own, version {}): readers must support the deletionVectors feature",
-            self.m.target_uri,
-            t.version().unwrap_or_default()
-        ));
+        self.warn(lake::dv::upgraded(&self.m.target_uri, t.version()));
         Ok(t)
     }
 

@@ -6,6 +6,8 @@
 
 use roaring::RoaringTreemap;
 
+pub(super) use crate::lake::dv::Grown;
+
 use super::file::{replace, row_group_starts};
 use super::*;
 
@@ -106,13 +108,13 @@ pub(super) fn direct(s: &Slice, hits: &[(usize, u64, bool)], o: &mut FileOutcome
     }
 }
 
-/// The deletion vectors of the marked files (each the file's earlier one plus this run's
-/// marks), stored (see [`crate::lake::dv::store_many`]).
-pub(super) async fn store_all(
+/// The actions of the files whose deletion vectors grow (see [`crate::lake::dv::grow`]),
+/// and how many of them leave whole.
+pub(super) async fn mark_files(
     s: &Slice,
-    dvs: &[RoaringTreemap],
-) -> Result<Vec<deltalake::kernel::DeletionVectorDescriptor>, RunError> {
-    crate::lake::dv::store_many(&s.fast.store, dvs)
+    marked: Vec<Grown>,
+) -> Result<(Vec<Action>, u64), RunError> {
+    crate::lake::dv::grow(&s.fast.store, marked)
         .await
         .map_err(|e| RunError::Write {
             phase: Phase::Compare,
@@ -121,35 +123,4 @@ pub(super) async fn store_all(
                 source: Box::new(e),
             }),
         })
-}
-
-/// A file whose deletion vector grows: its log entry and the rows now deleted in it.
-pub(super) struct Marked {
-    pub(super) remove: deltalake::kernel::Remove,
-    pub(super) add: deltalake::kernel::Add,
-    pub(super) deleted: roaring::RoaringTreemap,
-    pub(super) rows: u64,
-}
-
-/// The actions of the marked files: each file's `remove` and, unless every row of it is now
-/// deleted, its `add` again with the grown deletion vector (stored first).
-/// Also returns how many files are removed whole.
-pub(super) async fn mark_files(
-    s: &Slice,
-    marked: Vec<Marked>,
-) -> Result<(Vec<Action>, u64), RunError> {
-    let (whole, partial): (Vec<Marked>, Vec<Marked>) =
-        marked.into_iter().partition(|m| m.deleted.len() >= m.rows);
-    let dvs: Vec<roaring::RoaringTreemap> = partial.iter().map(|m| m.deleted.clone()).collect();
-    let stored = mark::store_all(s, &dvs).await?;
-    let mut actions = Vec::new();
-    let emptied = whole.len() as u64;
-    for m in whole {
-        actions.push(Action::Remove(m.remove));
-    }
-    for (m, d) in partial.into_iter().zip(stored) {
-        actions.push(Action::Remove(m.remove));
-        actions.push(Action::Add(crate::lake::dv::marked_add(&m.add, d)));
-    }
-    Ok((actions, emptied))
 }

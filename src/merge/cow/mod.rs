@@ -40,7 +40,7 @@ mod prune;
 
 use feed::{Change, FeedRows};
 use file::rewrite_file;
-use mark::Marked;
+use mark::Grown;
 use probe::{probe_file, Match, Probed};
 use prune::{admitted_row_groups, candidates, key_converter, sorted_first_keys, sub_schema};
 
@@ -459,7 +459,7 @@ pub async fn rewrite(
         })
     };
     // Merge-on-read: (the file's `remove` and `add`, its rows, its new deletion vector).
-    let mut marked: Vec<Marked> = Vec::new();
+    let mut marked: Vec<Grown> = Vec::new();
     let mut moved: Vec<u32> = Vec::new();
     let mut done: Vec<(usize, FileOutcome)> = Vec::new();
     while let Some(joined) = outcomes.next().await {
@@ -498,7 +498,7 @@ pub async fn rewrite(
             let (remove, add) = view(&o.path)?;
             let mut deleted = rewrite.dead.get(&f).cloned().unwrap_or_default();
             deleted |= o.marks;
-            marked.push(Marked {
+            marked.push(Grown {
                 remove,
                 add,
                 deleted,
