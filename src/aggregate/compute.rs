@@ -108,7 +108,7 @@ pub fn grouped(
         let covering = d
             .runs()
             .into_iter()
-            .map(|(a, b)| raw.covering(&spec.event_date, a, b))
+            .map(|(a, b)| raw.covering(&spec.event_date, spec.time_zone, a, b))
             .reduce(Expr::or)
             .unwrap_or_else(|| lit(false));
         df = df.filter(covering).map_err(q)?;

@@ -5,7 +5,8 @@
 use std::collections::BTreeSet;
 
 use arrow::datatypes::{DataType, TimeUnit};
-use chrono::{DateTime, Duration, NaiveDate, Utc};
+use chrono::{DateTime, Duration, NaiveDate, Offset, TimeZone, Utc};
+use chrono_tz::Tz;
 use datafusion::logical_expr::{cast, lit, Expr};
 use datafusion::prelude::ident;
 use datafusion::scalar::ScalarValue;
@@ -130,20 +131,18 @@ pub fn days_since_epoch(d: NaiveDate) -> i32 {
 /// prune files and row groups with (`None` when the column's type gives none).
 pub fn event_day(spec: &Aggregate, column_type: &DataType) -> Result<(Expr, RawRange), String> {
     let c = ident(&spec.event_date);
-    let tz = spec.time_zone.name();
     match column_type {
         DataType::Date32 => Ok((c, RawRange::Date)),
         DataType::Date64 => Ok((cast(c, DataType::Date32), RawRange::Date)),
         // An instant: its date in the pipeline's time zone.
         DataType::Timestamp(unit, Some(_)) => Ok((
-            cast(
-                cast(c, DataType::Timestamp(*unit, Some(tz.into()))),
-                DataType::Date32,
-            ),
+            super::local_date::expr(c, Some(spec.time_zone)),
             RawRange::Instant(*unit),
         )),
         // A wall-clock time without a zone (`timestamp_ntz`): already local, its date as is.
-        DataType::Timestamp(unit, None) => Ok((cast(c, DataType::Date32), RawRange::Local(*unit))),
+        DataType::Timestamp(unit, None) => {
+            Ok((super::local_date::expr(c, None), RawRange::Local(*unit)))
+        }
         other => Err(format!(
             "`event_date.column: {}` is {other}; give a timestamp or date column",
             spec.event_date
@@ -160,27 +159,152 @@ pub enum RawRange {
 }
 
 impl RawRange {
-    /// A condition on the raw column true for every row whose day is in `[from, to]` (and a
-    /// little more: a day of margin either side covers every time zone offset).
-    pub fn covering(self, column: &str, from: NaiveDate, to: NaiveDate) -> Expr {
+    /// A condition on the raw column true for every row whose day in `tz` is in `[from, to]`,
+    /// and tight: an instant column is bounded by the instants the days start and end in `tz`
+    /// (widened only by an offset change near those midnights), so statistics prune every file
+    /// and row group that holds none of the days.
+    pub fn covering(self, column: &str, tz: Tz, from: NaiveDate, to: NaiveDate) -> Expr {
         let c = ident(column);
-        match self {
-            RawRange::Date => c.clone().gt_eq(date_lit(from)).and(c.lt_eq(date_lit(to))),
-            RawRange::Instant(unit) | RawRange::Local(unit) => {
-                let tz = matches!(self, RawRange::Instant(_)).then(|| "UTC".into());
-                let at = |d: NaiveDate| {
-                    let micros = d
-                        .and_hms_opt(0, 0, 0)
-                        .map(|t| t.and_utc().timestamp_micros())
-                        .unwrap_or_default();
-                    cast(
-                        lit(ScalarValue::TimestampMicrosecond(Some(micros), tz.clone())),
-                        DataType::Timestamp(unit, tz.clone()),
-                    )
-                };
-                let lo = from - Duration::days(1);
-                let hi = to + Duration::days(2);
-                c.clone().gt_eq(at(lo)).and(c.lt(at(hi)))
+        let midnight = |d: NaiveDate| {
+            d.and_hms_opt(0, 0, 0)
+                .map(|t| t.and_utc().timestamp_micros())
+                .unwrap_or_default()
+        };
+        let (lo, hi, zone) = match self {
+            RawRange::Date => return c.clone().gt_eq(date_lit(from)).and(c.lt_eq(date_lit(to))),
+            RawRange::Local(unit) => (
+                midnight(from),
+                midnight(to + Duration::days(1)),
+                (unit, None),
+            ),
+            RawRange::Instant(unit) => {
+                let (lo, hi) = instants_of(tz, from, to);
+                (lo, hi, (unit, Some("UTC".into())))
+            }
+        };
+        let (unit, zone) = zone;
+        let at = |micros: i64| {
+            cast(
+                lit(ScalarValue::TimestampMicrosecond(
+                    Some(micros),
+                    zone.clone(),
+                )),
+                DataType::Timestamp(unit, zone.clone()),
+            )
+        };
+        // (the bounds rounded outward to the column's unit by the cast: a second column's
+        // bound is floored, so the upper one gets one unit of room)
+        let hi = match unit {
+            TimeUnit::Second => hi + 1_000_000,
+            TimeUnit::Millisecond => hi + 1_000,
+            _ => hi,
+        };
+        c.clone().gt_eq(at(lo)).and(c.lt(at(hi)))
+    }
+}
+
+/// Instants (µs since the epoch) `[lo, hi)` holding every instant whose date in `tz` is in
+/// `[from, to]`; exact unless an offset changes near one of the two midnights.
+fn instants_of(tz: Tz, from: NaiveDate, to: NaiveDate) -> (i64, i64) {
+    let midnight = |d: NaiveDate| {
+        d.and_hms_opt(0, 0, 0)
+            .map(|t| t.and_utc().timestamp_micros())
+            .unwrap_or_default()
+    };
+    let end = to + Duration::days(1);
+    let (_, largest) = offsets_near(tz, midnight(from));
+    let (smallest, _) = offsets_near(tz, midnight(end));
+    (midnight(from) - largest, midnight(end) - smallest)
+}
+
+/// The smallest and largest UTC offset (µs) `tz` has within 15 hours of the instant `naive`
+/// (a local midnight read as UTC): the instant that midnight happens lies in
+/// `[naive - largest, naive - smallest]` (offsets are within ±14 h; sampled every 15 minutes,
+/// finer than any zone's offset changes).
+fn offsets_near(tz: Tz, naive: i64) -> (i64, i64) {
+    const QUARTER_HOUR: i64 = 15 * 60 * 1_000_000;
+    let (mut lo, mut hi) = (i64::MAX, i64::MIN);
+    for k in -60..=60 {
+        let at = naive + k * QUARTER_HOUR;
+        let Some(t) = DateTime::<Utc>::from_timestamp_micros(at) else {
+            continue;
+        };
+        let off = i64::from(
+            tz.offset_from_utc_datetime(&t.naive_utc())
+                .fix()
+                .local_minus_utc(),
+        ) * 1_000_000;
+        lo = lo.min(off);
+        hi = hi.max(off);
+    }
+    if lo > hi {
+        // (an instant outside chrono's range: the widest offsets there are)
+        (-14 * 3_600_000_000, 14 * 3_600_000_000)
+    } else {
+        (lo, hi)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every instant whose local date is in the days lies inside the bounds (every 5 minutes over
+    /// the days around them, in zones with DST changes at and near midnight, half and quarter
+    /// hour offsets, and the date line); in UTC the bounds are the midnights exactly.
+    #[test]
+    fn instant_bounds_hold_every_instant_of_the_days() {
+        let zones = [
+            "UTC",
+            "Europe/Amsterdam",
+            "America/New_York",
+            "America/Santiago",
+            "America/Havana",
+            "Asia/Beirut",
+            "Australia/Lord_Howe",
+            "Asia/Kathmandu",
+            "Pacific/Kiritimati",
+            "Pacific/Apia",
+        ];
+        let day = |s: &str| NaiveDate::parse_from_str(s, "%Y-%m-%d").unwrap();
+        let ranges = [
+            ("2024-03-09", "2024-03-10"),
+            ("2024-03-31", "2024-03-31"),
+            ("2024-04-06", "2024-04-07"),
+            ("2024-09-07", "2024-09-08"),
+            ("2024-10-27", "2024-11-03"),
+            ("2011-12-29", "2011-12-31"),
+            ("2024-12-31", "2024-12-31"),
+        ];
+        for name in zones {
+            let tz: Tz = name.parse().unwrap();
+            for (a, b) in ranges {
+                let (from, to) = (day(a), day(b));
+                let (lo, hi) = instants_of(tz, from, to);
+                let start = (from - Duration::days(3))
+                    .and_hms_opt(0, 0, 0)
+                    .unwrap()
+                    .and_utc()
+                    .timestamp_micros();
+                let step = 5 * 60 * 1_000_000;
+                for k in 0..(9 * 24 * 12) {
+                    let at = start + k * step;
+                    let local = DateTime::<Utc>::from_timestamp_micros(at)
+                        .unwrap()
+                        .with_timezone(&tz)
+                        .date_naive();
+                    if local >= from && local <= to {
+                        assert!(
+                            lo <= at && at < hi,
+                            "{name} {a}..{b}: {at} outside [{lo}, {hi})"
+                        );
+                    }
+                }
+                if name == "UTC" {
+                    let m =
+                        |d: NaiveDate| d.and_hms_opt(0, 0, 0).unwrap().and_utc().timestamp_micros();
+                    assert_eq!((lo, hi), (m(from), m(to + Duration::days(1))));
+                }
             }
         }
     }

@@ -147,15 +147,9 @@ pub fn days_of(batch: &RecordBatch, spec: &Aggregate) -> Result<Vec<NaiveDate>, 
     };
     let a = |e| RunError::arrow(Phase::Plan)(e);
     let as_date: ArrayRef = match c.data_type() {
-        DataType::Timestamp(unit, Some(_)) => arrow::compute::cast(
-            &arrow::compute::cast(
-                c,
-                &DataType::Timestamp(*unit, Some(spec.time_zone.name().into())),
-            )
-            .map_err(a)?,
-            &DataType::Date32,
-        )
-        .map_err(a)?,
+        DataType::Timestamp(_, zone) => {
+            super::local_date::local_dates(c, zone.as_ref().map(|_| spec.time_zone)).map_err(a)?
+        }
         _ => arrow::compute::cast(c, &DataType::Date32).map_err(a)?,
     };
     let dates = as_date.as_primitive::<Date32Type>();

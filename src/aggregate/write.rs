@@ -65,78 +65,129 @@ pub async fn read_days(
 /// A day's rows as a multiset fingerprint: how many, and two order-free sums of each row's
 /// hash (of its bytes in `schema`'s row format). Two days differ when their fingerprints do;
 /// equal fingerprints of different rows need a 128-bit collision of hashes keyed by the run.
-#[derive(Debug, Default, PartialEq, Eq)]
+/// Fingerprints of parts of a day add up to the day's.
+#[derive(Debug, Default, PartialEq, Eq, Clone, Copy)]
 struct DayPrint {
     rows: u64,
     sum: u64,
     mixed: u64,
 }
 
-/// Each day's fingerprint of `batches` (in `schema`), one hash per row and no copy of it.
-fn by_day(
-    batches: &[RecordBatch],
-    schema: &SchemaRef,
-    keys: &std::collections::hash_map::RandomState,
-) -> Result<BTreeMap<NaiveDate, DayPrint>, RunError> {
-    use std::hash::BuildHasher;
-    let a = |e| RunError::arrow(Phase::Compare)(e);
-    let fields: Vec<SortField> = schema
-        .fields()
-        .iter()
-        .map(|f| SortField::new(f.data_type().clone()))
-        .collect();
-    let conv = RowConverter::new(fields).map_err(a)?;
-    let mut out: BTreeMap<NaiveDate, DayPrint> = BTreeMap::new();
-    for b in batches {
-        let b = cast_to(b, schema).map_err(a)?;
-        let day = arrow::compute::cast(
-            b.column_by_name(EVENT_DATE)
-                .ok_or_else(|| RunError::Internal {
-                    phase: Phase::Compare,
-                    message: "gold rows without event_date".into(),
-                })?,
-            &DataType::Date32,
-        )
-        .map_err(a)?;
-        let day = day.as_primitive::<Date32Type>();
-        let rows = conv.convert_columns(b.columns()).map_err(a)?;
-        let mut current: Option<(NaiveDate, &mut DayPrint)> = None;
-        for i in 0..b.num_rows() {
-            let Some(d) = day.value_as_date(i) else {
-                continue;
-            };
-            let h = keys.hash_one(rows.row(i).as_ref());
-            // (rows come grouped by day: look the day up only when it changes)
-            let print = match current.take() {
-                Some((cd, p)) if cd == d => p,
-                _ => out.entry(d).or_default(),
-            };
-            print.rows += 1;
-            print.sum = print.sum.wrapping_add(h);
-            print.mixed = print
-                .mixed
-                .wrapping_add(h.rotate_left(29).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            current = Some((d, print));
+impl DayPrint {
+    fn add(&mut self, o: DayPrint) {
+        self.rows += o.rows;
+        self.sum = self.sum.wrapping_add(o.sum);
+        self.mixed = self.mixed.wrapping_add(o.mixed);
+    }
+}
+
+/// Each day's fingerprint of some rows.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Prints(BTreeMap<NaiveDate, DayPrint>);
+
+impl Prints {
+    /// The days whose rows differ between `self` (gold) and `fresh` (the aggregate), among
+    /// `days`.
+    pub fn changed(&self, fresh: &Prints, days: &BTreeSet<NaiveDate>) -> BTreeSet<NaiveDate> {
+        days.iter()
+            .filter(|d| self.0.get(d) != fresh.0.get(d))
+            .copied()
+            .collect()
+    }
+}
+
+/// Fingerprints days of rows in one schema with one run's hash keys.
+#[derive(Clone)]
+pub struct Fingerprints {
+    schema: SchemaRef,
+    keys: std::collections::hash_map::RandomState,
+}
+
+impl Fingerprints {
+    pub fn new(schema: SchemaRef) -> Self {
+        Fingerprints {
+            schema,
+            keys: std::collections::hash_map::RandomState::new(),
         }
     }
-    Ok(out)
+
+    /// Each day's fingerprint of `batches`, hashed on two threads (half the batches each).
+    pub fn of(&self, batches: &[RecordBatch]) -> Result<Prints, RunError> {
+        let (a, b) = batches.split_at(batches.len() / 2);
+        let (a, b) = std::thread::scope(|s| {
+            let other = s.spawn(|| self.by_day(b));
+            (self.by_day(a), other.join())
+        });
+        let mut out = a?;
+        let b = b.map_err(|_| RunError::Internal {
+            phase: Phase::Compare,
+            message: "fingerprinting gold's days panicked".into(),
+        })??;
+        for (d, p) in b.0 {
+            out.0.entry(d).or_default().add(p);
+        }
+        Ok(out)
+    }
+
+    /// Each day's fingerprint of `batches`, one hash per row and no copy of it.
+    fn by_day(&self, batches: &[RecordBatch]) -> Result<Prints, RunError> {
+        use std::hash::BuildHasher;
+        let a = |e| RunError::arrow(Phase::Compare)(e);
+        let fields: Vec<SortField> = self
+            .schema
+            .fields()
+            .iter()
+            .map(|f| SortField::new(f.data_type().clone()))
+            .collect();
+        let conv = RowConverter::new(fields).map_err(a)?;
+        let mut out: BTreeMap<NaiveDate, DayPrint> = BTreeMap::new();
+        for b in batches {
+            let b = cast_to(b, &self.schema).map_err(a)?;
+            let day = arrow::compute::cast(
+                b.column_by_name(EVENT_DATE)
+                    .ok_or_else(|| RunError::Internal {
+                        phase: Phase::Compare,
+                        message: "gold rows without event_date".into(),
+                    })?,
+                &DataType::Date32,
+            )
+            .map_err(a)?;
+            let day = day.as_primitive::<Date32Type>();
+            let rows = conv.convert_columns(b.columns()).map_err(a)?;
+            let mut current: Option<(NaiveDate, &mut DayPrint)> = None;
+            for i in 0..b.num_rows() {
+                let Some(d) = day.value_as_date(i) else {
+                    continue;
+                };
+                let h = self.keys.hash_one(rows.row(i).as_ref());
+                // (rows come grouped by day: look the day up only when it changes)
+                let print = match current.take() {
+                    Some((cd, p)) if cd == d => p,
+                    _ => out.entry(d).or_default(),
+                };
+                print.add(DayPrint {
+                    rows: 1,
+                    sum: h,
+                    mixed: h.rotate_left(29).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+                });
+                current = Some((d, print));
+            }
+        }
+        Ok(Prints(out))
+    }
 }
 
 /// The days whose rows in `held` (gold) and `fresh` (the aggregate) differ.
-pub fn changed_days(
+#[cfg(test)]
+fn changed_days(
     held: &[RecordBatch],
     fresh: &[RecordBatch],
     schema: &SchemaRef,
 ) -> Result<BTreeSet<NaiveDate>, RunError> {
-    let keys = std::collections::hash_map::RandomState::new();
-    let held = by_day(held, schema, &keys)?;
-    let fresh = by_day(fresh, schema, &keys)?;
-    Ok(held
-        .keys()
-        .chain(fresh.keys())
-        .filter(|d| held.get(d) != fresh.get(d))
-        .copied()
-        .collect())
+    let f = Fingerprints::new(schema.clone());
+    let (held, fresh) = (f.of(held)?, f.of(fresh)?);
+    let days = held.0.keys().chain(fresh.0.keys()).copied().collect();
+    Ok(held.changed(&fresh, &days))
 }
 
 /// The rows of `batches` whose day is in `days`.
