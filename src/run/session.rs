@@ -170,6 +170,11 @@ impl Engine {
             config.options_mut().execution.sort_spill_reservation_bytes =
                 reservation.min(share.max(1 << 20));
         }
+        // Spill files LZ4-compressed: a 10M full reload spills its sorted runs (~4 GB raw);
+        // copying them into the page cache cost more than compressing them (measured: 29.2 s ->
+        // 26.9 s, 12 -> 3 s of system time, 522 -> 450 MB RSS).
+        config.options_mut().execution.spill_compression =
+            datafusion::common::config::SpillCompression::Lz4Frame;
         let state = SessionStateBuilder::new_from_existing(state)
             .with_config(config)
             .build();
