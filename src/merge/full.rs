@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use datafusion::catalog::streaming::StreamingTable;
 use datafusion::logical_expr::Expr;
+use datafusion::physical_plan::streaming::PartitionStream;
 use datafusion::prelude::ident;
 use deltalake::DeltaTable;
 use futures::StreamExt;
@@ -67,17 +68,29 @@ impl Run<'_> {
         self.quarantine(split.rejected).await?;
         self.end_phase(Phase::Validate)?;
 
-        let sorted = valid
+        let canonical = valid
             .select(roles.canonical_exprs())
-            .and_then(|df| df.sort(roles.dedup_sort()))
             .map_err(q(Phase::Dedup))?;
-        let stream = sorted.execute_stream().await.map_err(q(Phase::Dedup))?;
+        let counts: Arc<std::sync::Mutex<DedupCounts>> = Arc::default();
+        let scan_error: dedup::InputError = Arc::default();
+        // (a key's older versions within a chunk go before the sort: see `thin`)
+        let canonical = if roles.order_sortable() {
+            self.thinned(canonical, roles, &counts).await?
+        } else {
+            canonical
+        };
+        let stream = canonical
+            .sort(roles.dedup_sort())
+            .map_err(q(Phase::Dedup))?
+            .execute_stream()
+            .await
+            .map_err(q(Phase::Dedup))?;
         let partition =
-            dedup::DedupPartition::new(roles, stream).map_err(RunError::arrow(Phase::Dedup))?;
-        let counts = partition.counts();
-        let scan_error = partition.input_error();
-        let table = StreamingTable::try_new(partition.schema_ref(), vec![Arc::new(partition)])
-            .map_err(q(Phase::Dedup))?;
+            dedup::DedupPartition::sharing(roles, stream, counts.clone(), scan_error.clone())
+                .map_err(RunError::arrow(Phase::Dedup))?;
+        let schema = partition.schema().clone();
+        let table =
+            StreamingTable::try_new(schema, vec![Arc::new(partition)]).map_err(q(Phase::Dedup))?;
         let mut winners = self
             .ctx
             .read_table(Arc::new(table))
@@ -198,6 +211,42 @@ impl Run<'_> {
             self.warn_failed(&outcomes);
             self.c.expectations = outcomes;
         }
+    }
+}
+
+impl Run<'_> {
+    /// `canonical`'s partitions, each thinned chunk by chunk (the dropped rows counted into
+    /// `counts`).
+    async fn thinned(
+        &self,
+        canonical: DataFrame,
+        roles: &ColumnRoles,
+        counts: &Arc<std::sync::Mutex<DedupCounts>>,
+    ) -> Result<DataFrame, RunError> {
+        let q = RunError::query;
+        let streams = canonical
+            .execute_stream_partitioned()
+            .await
+            .map_err(q(Phase::Dedup))?;
+        let Some(schema) = streams.first().map(|s| s.schema()) else {
+            return Err(RunError::Internal {
+                phase: Phase::Dedup,
+                message: "the reload's input has no partition".into(),
+            });
+        };
+        let limit = match self.ctx.runtime_env().memory_pool.memory_limit() {
+            datafusion::execution::memory_pool::MemoryLimit::Finite(bytes) => Some(bytes),
+            _ => None,
+        };
+        let chunk = thin::chunk_rows(limit, streams.len());
+        let parts: Vec<Arc<dyn PartitionStream>> = streams
+            .into_iter()
+            .map(|s| Arc::new(thin::Thinned::new(roles, s, counts.clone(), chunk)) as _)
+            .collect();
+        let table = StreamingTable::try_new(schema, parts).map_err(q(Phase::Dedup))?;
+        self.ctx
+            .read_table(Arc::new(table))
+            .map_err(q(Phase::Dedup))
     }
 }
 

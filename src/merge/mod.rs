@@ -15,6 +15,7 @@ mod full;
 mod horizon;
 mod incremental;
 mod plan;
+mod thin;
 pub mod tombstones;
 mod write;
 

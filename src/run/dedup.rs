@@ -44,6 +44,19 @@ pub struct DedupCounts {
 }
 
 impl DedupCounts {
+    /// Adds what `now` counted beyond `before` (two readings of one deduper's counts): several
+    /// dedups (one per key range) add up into one total.
+    fn add_progress(&mut self, before: &DedupCounts, now: &DedupCounts) {
+        self.rows_in += now.rows_in - before.rows_in;
+        self.winners += now.winners - before.winners;
+        self.superseded += now.superseded - before.superseded;
+        self.duplicates += now.duplicates - before.duplicates;
+        self.conflicts += now.conflicts - before.conflicts;
+        self.deleted_winners += now.deleted_winners - before.deleted_winners;
+        self.max_sequence_all = self.max_sequence_all.max(now.max_sequence_all);
+        self.max_sequence_live = self.max_sequence_live.max(now.max_sequence_live);
+    }
+
     /// The watermark the target will have once these winners are its rows.
     pub fn watermark(&self, hard_deletes: bool) -> Option<i64> {
         if hard_deletes {
@@ -327,7 +340,8 @@ impl Deduper {
 }
 
 /// Runs sorted canonical batches through `deduper`: the winners, ending with the last key's.
-/// `counts`, when given, follows the deduper's counts as the stream is consumed.
+/// `counts`, when given, gets the deduper's counts added as the stream is consumed (several
+/// streams may add into one).
 pub fn winners<S, E>(
     input: S,
     deduper: Deduper,
@@ -337,31 +351,34 @@ pub fn winners<S, E>(
 where
     S: futures::Stream<Item = Result<RecordBatch, E>> + Unpin,
 {
-    futures::stream::unfold((input, Some(deduper)), move |(mut input, deduper)| {
+    let start = (input, Some(deduper), DedupCounts::default());
+    futures::stream::unfold(start, move |(mut input, deduper, mut published)| {
         let counts = counts.clone();
         async move {
             let mut deduper = deduper?;
-            let publish = |d: &Deduper| {
+            let mut publish = |d: &Deduper| {
+                let now = d.counts();
                 if let Some(slot) = &counts {
                     if let Ok(mut c) = slot.lock() {
-                        *c = d.counts();
+                        c.add_progress(&published, &now);
                     }
                 }
+                published = now;
             };
             match input.next().await {
                 Some(Ok(batch)) => {
                     let out = deduper.push(&batch).map_err(arrow_err);
                     publish(&deduper);
-                    Some((out, (input, Some(deduper))))
+                    Some((out, (input, Some(deduper), published)))
                 }
-                Some(Err(e)) => Some((Err(e), (input, Some(deduper)))),
+                Some(Err(e)) => Some((Err(e), (input, Some(deduper), published))),
                 None => {
                     let last = deduper.finish().map_err(arrow_err);
                     publish(&deduper);
                     match last {
-                        Ok(Some(b)) => Some((Ok(b), (input, None))),
+                        Ok(Some(b)) => Some((Ok(b), (input, None, published))),
                         Ok(None) => None,
-                        Err(e) => Some((Err(e), (input, None))),
+                        Err(e) => Some((Err(e), (input, None, published))),
                     }
                 }
             }
@@ -397,26 +414,23 @@ impl std::fmt::Debug for DedupPartition {
 }
 
 impl DedupPartition {
-    /// Wraps `input` (sorted canonical rows). Its schema loses the source's field metadata
-    /// (column-mapping annotations), which must not reach a table the winners create.
-    pub fn new(roles: &ColumnRoles, input: SendableRecordBatchStream) -> Result<Self, ArrowError> {
+    /// Wraps `input` (sorted canonical rows), adding its counts into `counts` and recording its
+    /// input's first error in `input_error` (shared by the partitions of one reload, each
+    /// deduplicating its own keys). Its schema loses the source's field metadata (column-mapping
+    /// annotations), which must not reach a table the winners create.
+    pub fn sharing(
+        roles: &ColumnRoles,
+        input: SendableRecordBatchStream,
+        counts: Arc<Mutex<DedupCounts>>,
+        input_error: InputError,
+    ) -> Result<Self, ArrowError> {
         Ok(DedupPartition {
             schema: Arc::new(crate::lake::storage::plain_schema(&input.schema())),
             input: Mutex::new(Some(input)),
             deduper: Arc::new(Mutex::new(Some(Deduper::new(roles)?))),
-            counts: Arc::new(Mutex::new(DedupCounts::default())),
-            input_error: Arc::new(Mutex::new(None)),
+            counts,
+            input_error,
         })
-    }
-
-    /// A handle to the first error the input stream returned (see [`take_error`]).
-    pub fn input_error(&self) -> InputError {
-        self.input_error.clone()
-    }
-
-    /// A handle to the counts, filled in as the stream is consumed.
-    pub fn counts(&self) -> Arc<Mutex<DedupCounts>> {
-        self.counts.clone()
     }
 }
 
@@ -451,13 +465,6 @@ impl PartitionStream for DedupPartition {
             DataFusionError::ArrowError(Box::new(e), None)
         });
         Box::pin(RecordBatchStreamAdapter::new(schema, stream))
-    }
-}
-
-impl DedupPartition {
-    /// The output schema (same as the input).
-    pub fn schema_ref(&self) -> SchemaRef {
-        self.schema.clone()
     }
 }
 

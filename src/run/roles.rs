@@ -236,6 +236,14 @@ impl ColumnRoles {
         keys.into_iter().chain(newest_first).collect()
     }
 
+    /// Whether every ordering column can be sorted (the dedup sort leaves out those that
+    /// cannot, so their rows' order is the sort's, not the tuple's).
+    pub fn order_sortable(&self) -> bool {
+        self.order
+            .iter()
+            .all(|c| sortable(self.canonical.field_with_name(c).map(|f| f.data_type())))
+    }
+
     /// Key order: every key column ascending, nulls first — the order the dedup emits winners
     /// in, and in which `reconcile` reads the target to merge-join the two.
     pub fn key_sort(&self) -> Vec<SortExpr> {

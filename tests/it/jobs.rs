@@ -568,7 +568,7 @@ async fn a_memory_limit_makes_a_full_reload_spill_instead_of_failing() {
             .arg("generate")
             .arg("--out")
             .arg(lake.join("bronze/payments_raw"))
-            .args(["--payments", "20000", "--days", "30"]),
+            .args(["--payments", "60000", "--days", "30"]),
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     let bundle = d.join("bundle");

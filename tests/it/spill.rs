@@ -65,7 +65,7 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
     let d = dir.path();
     let lake = d.join("lake");
     let spill = d.join("spill");
-    generate(&lake, 20_000);
+    generate(&lake, 60_000);
     let var = format!("lake={}", lake.display());
     // With two threads a failure in one partition's sort used to leave the others' files.
     for (failpoint, threads) in [
@@ -171,8 +171,9 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
 }
 
 /// The smallest memory limit (16 MiB) carries a full reload of 100k generated payments (272k
-/// rows) on two threads, spilling; so does 64 MiB. Both ran out of memory when each thread
-/// sorted its own partition in its share of the pool.
+/// rows) on two threads, spilling; so does 64 MiB (which no longer needs to spill since a key's
+/// older versions are dropped before the sort). Both ran out of memory when each thread sorted
+/// its own partition in its share of the pool.
 #[test]
 fn the_smallest_memory_limit_carries_a_full_reload_on_two_threads() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -212,7 +213,7 @@ fn the_smallest_memory_limit_carries_a_full_reload_on_two_threads() {
         let report: Value = serde_json::from_str(&out.stdout).expect("json");
         let attempt = &report["tasks"][0]["attempts"][0];
         assert!(
-            attempt["spill_files"].as_u64().unwrap_or(0) > 0,
+            name != "floor" || attempt["spill_files"].as_u64().unwrap_or(0) > 0,
             "{name} did not spill: {attempt}"
         );
         assert_eq!(
