@@ -225,14 +225,13 @@ impl Run<'_> {
     ) -> Result<DataFrame, RunError> {
         let q = RunError::query;
         let streams = canonical
+            .clone()
             .execute_stream_partitioned()
             .await
             .map_err(q(Phase::Dedup))?;
+        // (a plan over no files may have no partition: nothing to thin)
         let Some(schema) = streams.first().map(|s| s.schema()) else {
-            return Err(RunError::Internal {
-                phase: Phase::Dedup,
-                message: "the reload's input has no partition".into(),
-            });
+            return Ok(canonical);
         };
         let limit = match self.ctx.runtime_env().memory_pool.memory_limit() {
             datafusion::execution::memory_pool::MemoryLimit::Finite(bytes) => Some(bytes),
