@@ -5,7 +5,7 @@
 use std::collections::BTreeSet;
 
 use arrow::datatypes::{DataType, TimeUnit};
-use chrono::{DateTime, Duration, NaiveDate, Offset, TimeZone, Utc};
+use chrono::{DateTime, Duration, NaiveDate, Utc};
 use chrono_tz::Tz;
 use datafusion::logical_expr::{cast, lit, Expr};
 use datafusion::prelude::ident;
@@ -165,11 +165,6 @@ impl RawRange {
     /// and row group that holds none of the days.
     pub fn covering(self, column: &str, tz: Tz, from: NaiveDate, to: NaiveDate) -> Expr {
         let c = ident(column);
-        let midnight = |d: NaiveDate| {
-            d.and_hms_opt(0, 0, 0)
-                .map(|t| t.and_utc().timestamp_micros())
-                .unwrap_or_default()
-        };
         let (lo, hi, zone) = match self {
             RawRange::Date => return c.clone().gt_eq(date_lit(from)).and(c.lt_eq(date_lit(to))),
             RawRange::Local(unit) => (
@@ -206,15 +201,17 @@ impl RawRange {
 /// Instants (µs since the epoch) `[lo, hi)` holding every instant whose date in `tz` is in
 /// `[from, to]`; exact unless an offset changes near one of the two midnights.
 fn instants_of(tz: Tz, from: NaiveDate, to: NaiveDate) -> (i64, i64) {
-    let midnight = |d: NaiveDate| {
-        d.and_hms_opt(0, 0, 0)
-            .map(|t| t.and_utc().timestamp_micros())
-            .unwrap_or_default()
-    };
     let end = to + Duration::days(1);
     let (_, largest) = offsets_near(tz, midnight(from));
     let (smallest, _) = offsets_near(tz, midnight(end));
     (midnight(from) - largest, midnight(end) - smallest)
+}
+
+/// `d`'s midnight read as UTC (µs since the epoch).
+fn midnight(d: NaiveDate) -> i64 {
+    d.and_hms_opt(0, 0, 0)
+        .map(|t| t.and_utc().timestamp_micros())
+        .unwrap_or_default()
 }
 
 /// The smallest and largest UTC offset (µs) `tz` has within 15 hours of the instant `naive`
@@ -226,14 +223,9 @@ fn offsets_near(tz: Tz, naive: i64) -> (i64, i64) {
     let (mut lo, mut hi) = (i64::MAX, i64::MIN);
     for k in -60..=60 {
         let at = naive + k * QUARTER_HOUR;
-        let Some(t) = DateTime::<Utc>::from_timestamp_micros(at) else {
+        let Some(off) = super::local_date::offset(tz, at) else {
             continue;
         };
-        let off = i64::from(
-            tz.offset_from_utc_datetime(&t.naive_utc())
-                .fix()
-                .local_minus_utc(),
-        ) * 1_000_000;
         lo = lo.min(off);
         hi = hi.max(off);
     }

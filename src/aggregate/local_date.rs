@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, Date32Array};
 use arrow::datatypes::{
-    DataType, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
+    ArrowTimestampType, DataType, TimeUnit, TimestampMicrosecondType, TimestampMillisecondType,
     TimestampNanosecondType, TimestampSecondType,
 };
 use arrow::error::ArrowError;
@@ -27,56 +27,48 @@ const CACHE: usize = 1024;
 /// The date of each instant in `tz` (`None`: a wall-clock time without a zone, its date as is),
 /// as `Date32`; nulls stay null.
 pub fn local_dates(values: &dyn Array, tz: Option<Tz>) -> Result<ArrayRef, ArrowError> {
-    let (micros, scale): (Vec<Option<i64>>, _) = match values.data_type() {
-        DataType::Timestamp(TimeUnit::Second, _) => (
-            values
-                .as_primitive::<TimestampSecondType>()
-                .iter()
-                .collect(),
-            1_000_000,
-        ),
-        DataType::Timestamp(TimeUnit::Millisecond, _) => (
-            values
-                .as_primitive::<TimestampMillisecondType>()
-                .iter()
-                .collect(),
-            1_000,
-        ),
-        DataType::Timestamp(TimeUnit::Microsecond, _) => (
-            values
-                .as_primitive::<TimestampMicrosecondType>()
-                .iter()
-                .collect(),
-            1,
-        ),
-        DataType::Timestamp(TimeUnit::Nanosecond, _) => (
-            values
-                .as_primitive::<TimestampNanosecondType>()
-                .iter()
-                .map(|v| v.map(|n| n.div_euclid(1_000)))
-                .collect(),
-            1,
-        ),
+    let dates = match values.data_type() {
+        DataType::Timestamp(TimeUnit::Second, _) => {
+            dates::<TimestampSecondType>(values, tz, |v| v.checked_mul(1_000_000))?
+        }
+        DataType::Timestamp(TimeUnit::Millisecond, _) => {
+            dates::<TimestampMillisecondType>(values, tz, |v| v.checked_mul(1_000))?
+        }
+        DataType::Timestamp(TimeUnit::Microsecond, _) => {
+            dates::<TimestampMicrosecondType>(values, tz, Some)?
+        }
+        DataType::Timestamp(TimeUnit::Nanosecond, _) => {
+            dates::<TimestampNanosecondType>(values, tz, |v| Some(v.div_euclid(1_000)))?
+        }
         other => {
             return Err(ArrowError::CastError(format!(
                 "an event day needs a timestamp, got {other}"
             )))
         }
     };
+    Ok(Arc::new(dates))
+}
+
+/// The dates of a timestamp array of unit `T`, its values taken to µs by `micros`.
+fn dates<T: ArrowTimestampType>(
+    values: &dyn Array,
+    tz: Option<Tz>,
+    micros: impl Fn(i64) -> Option<i64>,
+) -> Result<Date32Array, ArrowError> {
     let mut offsets = Offsets::new(tz);
-    let mut out = Vec::with_capacity(micros.len());
-    for v in micros {
-        out.push(match v {
-            None => None,
-            Some(v) => {
-                let at = v.checked_mul(scale).ok_or_else(|| out_of_range(v))?;
+    values
+        .as_primitive::<T>()
+        .iter()
+        .map(|v| {
+            v.map(|v| {
+                let at = micros(v).ok_or_else(|| out_of_range(v))?;
                 let off = offsets.at(at).ok_or_else(|| out_of_range(v))?;
                 let day = (at + off).div_euclid(MICROS_PER_DAY);
-                Some(i32::try_from(day).map_err(|_| out_of_range(v))?)
-            }
-        });
-    }
-    Ok(Arc::new(Date32Array::from(out)))
+                i32::try_from(day).map_err(|_| out_of_range(v))
+            })
+            .transpose()
+        })
+        .collect()
 }
 
 fn out_of_range(v: i64) -> ArrowError {
@@ -122,7 +114,8 @@ impl Offsets {
     }
 }
 
-fn offset(tz: Tz, at: i64) -> Option<i64> {
+/// `tz`'s UTC offset (µs) at the instant `at` (µs since the epoch).
+pub(super) fn offset(tz: Tz, at: i64) -> Option<i64> {
     let t = DateTime::<Utc>::from_timestamp_micros(at)?;
     let off = tz.offset_from_utc_datetime(&t.naive_utc()).fix();
     Some(i64::from(off.local_minus_utc()) * 1_000_000)
