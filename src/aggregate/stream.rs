@@ -14,6 +14,7 @@ use datafusion::physical_plan::streaming::PartitionStream;
 use futures::StreamExt;
 
 use super::compute::{add_day_facts, without_helper, DayFacts};
+use crate::run::once::Once;
 
 /// What passed through the stream.
 pub type Seen = Arc<Mutex<BTreeMap<NaiveDate, DayFacts>>>;
@@ -21,7 +22,7 @@ pub type Seen = Arc<Mutex<BTreeMap<NaiveDate, DayFacts>>>;
 /// The grouped stream, observed.
 pub struct Observed {
     schema: SchemaRef,
-    input: Mutex<Option<SendableRecordBatchStream>>,
+    input: Once<SendableRecordBatchStream>,
     seen: Seen,
 }
 
@@ -38,7 +39,7 @@ impl Observed {
     pub fn new(schema: SchemaRef, input: SendableRecordBatchStream) -> Self {
         Observed {
             schema,
-            input: Mutex::new(Some(input)),
+            input: Once::new(input),
             seen: Arc::default(),
         }
     }
@@ -59,13 +60,9 @@ impl PartitionStream for Observed {
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let schema = self.schema.clone();
-        let Some(input) = self.input.lock().ok().and_then(|mut g| g.take()) else {
-            let err =
-                DataFusionError::Internal("the aggregate stream can only be read once".into());
-            return Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                futures::stream::once(async move { Err(err) }),
-            ));
+        let input = match self.input.take(&schema, "aggregate") {
+            Ok(input) => input,
+            Err(failed) => return failed,
         };
         let seen = self.seen.clone();
         let stream = input.map(move |batch| {

@@ -238,10 +238,13 @@ impl Run<'_> {
             _ => None,
         };
         let chunk = thin::chunk_rows(limit, streams.len());
-        let parts: Vec<Arc<dyn PartitionStream>> = streams
-            .into_iter()
-            .map(|s| Arc::new(thin::Thinned::new(roles, s, counts.clone(), chunk)) as _)
-            .collect();
+        let mut parts: Vec<Arc<dyn PartitionStream>> = Vec::with_capacity(streams.len());
+        for s in streams {
+            parts.push(Arc::new(
+                thin::Thinned::new(roles, s, counts.clone(), chunk)
+                    .map_err(RunError::arrow(Phase::Dedup))?,
+            ));
+        }
         let table = StreamingTable::try_new(schema, parts).map_err(q(Phase::Dedup))?;
         self.ctx
             .read_table(Arc::new(table))

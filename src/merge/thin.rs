@@ -24,6 +24,7 @@ use futures::stream::BoxStream;
 use futures::StreamExt;
 
 use crate::run::dedup::RowEncoders;
+use crate::run::once::Once;
 use crate::run::roles::ColumnRoles;
 use crate::run::DedupCounts;
 
@@ -87,8 +88,7 @@ pub fn thin(
 /// One partition of the reload's canonical rows, thinned chunk by chunk (a one-shot stream).
 pub struct Thinned {
     schema: SchemaRef,
-    input: Mutex<Option<SendableRecordBatchStream>>,
-    roles: ColumnRoles,
+    input: Once<(SendableRecordBatchStream, RowEncoders)>,
     counts: Arc<Mutex<DedupCounts>>,
     chunk_rows: usize,
 }
@@ -105,14 +105,13 @@ impl Thinned {
         input: SendableRecordBatchStream,
         counts: Arc<Mutex<DedupCounts>>,
         chunk_rows: usize,
-    ) -> Self {
-        Thinned {
+    ) -> Result<Self, ArrowError> {
+        Ok(Thinned {
             schema: input.schema(),
-            input: Mutex::new(Some(input)),
-            roles: roles.clone(),
+            input: Once::new((input, RowEncoders::new(roles)?)),
             counts,
             chunk_rows,
-        }
+        })
     }
 }
 
@@ -123,14 +122,9 @@ impl PartitionStream for Thinned {
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
         let schema = self.schema.clone();
-        let input = self.input.lock().ok().and_then(|mut g| g.take());
-        let enc = RowEncoders::new(&self.roles);
-        let (Some(input), Ok(enc)) = (input, enc) else {
-            let err = DataFusionError::Internal("the thinned stream can only be read once".into());
-            return Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                futures::stream::once(async move { Err(err) }),
-            ));
+        let (input, enc) = match self.input.take(&schema, "thinned") {
+            Ok(v) => v,
+            Err(failed) => return failed,
         };
         let counts = self.counts.clone();
         let chunk_rows = self.chunk_rows;

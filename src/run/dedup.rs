@@ -44,8 +44,8 @@ pub struct DedupCounts {
 }
 
 impl DedupCounts {
-    /// Adds what `now` counted beyond `before` (two readings of one deduper's counts): several
-    /// dedups (one per key range) add up into one total.
+    /// Adds what `now` counted beyond `before` (two readings of one deduper's counts), so that
+    /// others may add into the same total (a full reload's thinning, before the sort).
     fn add_progress(&mut self, before: &DedupCounts, now: &DedupCounts) {
         self.rows_in += now.rows_in - before.rows_in;
         self.winners += now.winners - before.winners;
@@ -392,8 +392,7 @@ where
 /// winners can feed a Delta write as a streaming plan. Counts are readable after the stream ends.
 pub struct DedupPartition {
     schema: SchemaRef,
-    input: Mutex<Option<SendableRecordBatchStream>>,
-    deduper: Arc<Mutex<Option<Deduper>>>,
+    input: super::once::Once<(SendableRecordBatchStream, Deduper)>,
     counts: Arc<Mutex<DedupCounts>>,
     input_error: InputError,
 }
@@ -414,10 +413,10 @@ impl std::fmt::Debug for DedupPartition {
 }
 
 impl DedupPartition {
-    /// Wraps `input` (sorted canonical rows), adding its counts into `counts` and recording its
-    /// input's first error in `input_error` (shared by the partitions of one reload, each
-    /// deduplicating its own keys). Its schema loses the source's field metadata (column-mapping
-    /// annotations), which must not reach a table the winners create.
+    /// Wraps `input` (sorted canonical rows), adding its counts into `counts` (which the
+    /// reload's thinning adds to as well) and recording its input's first error in
+    /// `input_error`. Its schema loses the source's field metadata (column-mapping annotations),
+    /// which must not reach a table the winners create.
     pub fn sharing(
         roles: &ColumnRoles,
         input: SendableRecordBatchStream,
@@ -426,8 +425,7 @@ impl DedupPartition {
     ) -> Result<Self, ArrowError> {
         Ok(DedupPartition {
             schema: Arc::new(crate::lake::storage::plain_schema(&input.schema())),
-            input: Mutex::new(Some(input)),
-            deduper: Arc::new(Mutex::new(Some(Deduper::new(roles)?))),
+            input: super::once::Once::new((input, Deduper::new(roles)?)),
             counts,
             input_error,
         })
@@ -440,15 +438,10 @@ impl PartitionStream for DedupPartition {
     }
 
     fn execute(&self, _ctx: Arc<TaskContext>) -> SendableRecordBatchStream {
-        let input = self.input.lock().ok().and_then(|mut g| g.take());
-        let deduper = self.deduper.lock().ok().and_then(|mut g| g.take());
         let schema = self.schema.clone();
-        let (Some(input), Some(deduper)) = (input, deduper) else {
-            let err = DataFusionError::Internal("the dedup stream can only be read once".into());
-            return Box::pin(RecordBatchStreamAdapter::new(
-                schema,
-                futures::stream::once(async move { Err(err) }),
-            ));
+        let (input, deduper) = match self.input.take(&schema, "dedup") {
+            Ok(v) => v,
+            Err(failed) => return failed,
         };
         let counts = self.counts.clone();
         let input_error = self.input_error.clone();

@@ -8,6 +8,7 @@
 pub(crate) mod dedup;
 mod error;
 pub mod expect;
+pub(crate) mod once;
 pub mod phase;
 pub(crate) mod quarantine;
 pub(crate) mod render;
