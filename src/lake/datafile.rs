@@ -20,7 +20,7 @@ use bytes::Bytes;
 use deltalake::kernel::{Add, DeletionVectorDescriptor};
 use deltalake::logstore::ObjectStoreRef;
 use deltalake::{DeltaTable, DeltaTableError};
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::statistics::StatisticsConverter;
@@ -39,10 +39,12 @@ use parquet::file::metadata::RowGroupMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 
+use super::ranges::Fetched;
 use super::stats::{delta_stats, StatsColumns};
 
-/// Row groups of one file fetched at the same time by [`DataFile::read`].
-pub const ROW_GROUP_FETCHES: usize = 8;
+/// Bytes read from the end of a data file to find its footer: tidemark's 2 MiB files' footers
+/// are ~10 KiB; a larger footer costs one more request.
+const FOOTER_HINT: usize = 64 * 1024;
 
 /// Rows per row group when a pipeline does not say (`target.row_group_rows`): small enough that
 /// re-encoding the row group around one late refund costs little, large enough that scans and
@@ -137,6 +139,8 @@ pub struct DataFile {
     pub path: String,
     pub size: u64,
     pub meta: ArrowReaderMetadata,
+    /// Byte ranges of the file read so far ([`DataFile::read`]).
+    fetched: Arc<Fetched>,
 }
 
 fn object_path(path: &str) -> Result<Path, DeltaTableError> {
@@ -152,13 +156,16 @@ impl DataFile {
         path: &str,
         size: u64,
     ) -> Result<Self, DeltaTableError> {
-        let mut reader =
-            ParquetObjectReader::new(store.clone(), object_path(path)?).with_file_size(size);
+        // (the footer and its length in one request: two round trips on an object store)
+        let mut reader = ParquetObjectReader::new(store.clone(), object_path(path)?)
+            .with_file_size(size)
+            .with_footer_size_hint(FOOTER_HINT);
         let meta = ArrowReaderMetadata::load_async(&mut reader, ArrowReaderOptions::new()).await?;
         Ok(DataFile {
             path: path.to_string(),
             size,
             meta,
+            fetched: Arc::default(),
         })
     }
 
@@ -176,9 +183,9 @@ impl DataFile {
         ))
     }
 
-    /// The named columns of the given row groups, fetched by range (only those column chunks),
-    /// in the order given. Row groups are fetched [`ROW_GROUP_FETCHES`] at a time: on an object
-    /// store each is a request that mostly waits.
+    /// The named columns of the given row groups, in the order given. Their column chunks are
+    /// fetched in few concurrent requests and kept ([`super::ranges`]): on an object store
+    /// each request mostly waits, and a later read of the same row groups finds them here.
     pub async fn read(
         &self,
         store: &ObjectStoreRef,
@@ -190,28 +197,31 @@ impl DataFile {
         }
         let roots = self.roots(columns)?;
         let path = object_path(&self.path)?;
-        let per_group: Vec<Vec<RecordBatch>> = futures::stream::iter(row_groups)
-            .map(|g| self.read_group(store, &path, g, roots.clone()))
-            .buffered(ROW_GROUP_FETCHES)
-            .try_collect()
-            .await?;
-        Ok(per_group.into_iter().flatten().collect())
-    }
-
-    #[allow(deprecated)]
-    async fn read_group(
-        &self,
-        store: &ObjectStoreRef,
-        path: &Path,
-        row_group: usize,
-        roots: Vec<usize>,
-    ) -> Result<Vec<RecordBatch>, DeltaTableError> {
-        let reader =
-            ParquetObjectReader::new(store.clone(), path.clone()).with_file_size(self.size);
-        let mask = ProjectionMask::roots(self.meta.parquet_schema(), roots);
+        let descr = self.meta.parquet_schema();
+        let leaves: Vec<usize> = (0..descr.num_columns())
+            .filter(|&l| roots.contains(&descr.get_column_root_idx(l)))
+            .collect();
+        let wanted: Vec<Vec<std::ops::Range<u64>>> = row_groups
+            .iter()
+            .map(|&g| {
+                let group = &self.row_groups()[g];
+                leaves
+                    .iter()
+                    .map(|&l| {
+                        let (start, len) = group.column(l).byte_range();
+                        start..start + len
+                    })
+                    .collect()
+            })
+            .collect();
+        self.fetched.fetch(store, &path, &wanted).await?;
+        let reader = self
+            .fetched
+            .reader(store.clone(), path, self.meta.metadata().clone());
+        let mask = ProjectionMask::roots(descr, roots);
         let stream = ParquetRecordBatchStreamBuilder::new_with_metadata(reader, self.meta.clone())
             .with_projection(mask)
-            .with_row_groups(vec![row_group])
+            .with_row_groups(row_groups)
             .with_batch_size(64 * 1024)
             .build()?;
         Ok(stream.try_collect().await?)

@@ -1,3 +1,7 @@
+use std::sync::Arc;
+
+use deltalake::logstore::object_store::ObjectStore;
+use deltalake::logstore::{object_store_factories, StorageConfig};
 use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use url::Url;
 
@@ -136,13 +140,29 @@ fn strip_file_scheme(uri: &str) -> &str {
 }
 
 /// A table builder for `url`. Every table tidemark touches is opened through here, so the
-/// fault-injection store (failpoints builds only) sits under all of them.
+/// fault-injection store (failpoints builds only) sits under all of them, and on an object
+/// store [`super::remote::RemoteReads`] (each immutable log file read once, whole; a Parquet footer in one request).
 pub fn builder(url: Url) -> Result<DeltaTableBuilder, DeltaTableError> {
     #[cfg(feature = "failpoints")]
     if let Some(store) = super::faulty::store_for(&url) {
         return Ok(DeltaTableBuilder::from_url(url.clone())?.with_storage_backend(store, url));
     }
-    DeltaTableBuilder::from_url(url)
+    let builder = DeltaTableBuilder::from_url(url.clone())?;
+    if url.scheme() == "file" {
+        return Ok(builder);
+    }
+    // The store delta-rs would build for this location (same factory, same options), under
+    // the remote reads wrapper.
+    let config = StorageConfig::parse_options(builder.storage_options())?;
+    let scheme = Url::parse(&format!("{}://", url.scheme()))
+        .map_err(|_| DeltaTableError::InvalidTableLocation(url.to_string()))?;
+    let factories = object_store_factories();
+    let Some(factory) = factories.get(&scheme) else {
+        return Ok(builder);
+    };
+    let (root, _prefix) = factory.value().parse_url_opts(&url, &config)?;
+    let cached: Arc<dyn ObjectStore> = Arc::new(super::remote::RemoteReads::new(root));
+    Ok(builder.with_storage_backend(cached, url))
 }
 
 /// `existing`, or a table handle to create at `uri` (its first write creates it).

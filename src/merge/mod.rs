@@ -159,10 +159,12 @@ impl<'a> Run<'a> {
 
     async fn execute(mut self) -> Result<RunSummary, RunError> {
         // plan
+        // (both logs read at once: on an object store each is a few requests one after another)
         let (source, target) = async {
-            let source = lake::open_required(&self.m.source_uri, "source").await?;
-            let target = lake::open_if_exists(&self.m.target_uri).await?;
-            Ok::<_, RunError>((source, target))
+            Ok::<_, RunError>(tokio::try_join!(
+                lake::open_required(&self.m.source_uri, "source"),
+                lake::open_if_exists(&self.m.target_uri),
+            )?)
         }
         .instrument(info_span!("plan"))
         .await?;
