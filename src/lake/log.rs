@@ -305,3 +305,21 @@ pub async fn read_commits(
     }
     Ok(out)
 }
+
+/// `props` for a commit after `snapshot` that deletes expired log files only when it writes a
+/// checkpoint. delta-rs lists the whole log after every commit to look for them; Delta
+/// clients clean the log when they checkpoint, which is when such a commit lets delta-rs do it
+/// (and `maintain`, after its checkpoint). On an object store that listing is a request or
+/// more per run.
+pub fn cleanup_at_checkpoints(
+    props: deltalake::kernel::transaction::CommitProperties,
+    snapshot: &deltalake::table::state::DeltaTableState,
+) -> deltalake::kernel::transaction::CommitProperties {
+    use deltalake::table::config::TablePropertiesExt;
+    let next = snapshot.version() + 1;
+    if next.is_multiple_of(snapshot.table_config().checkpoint_interval().get()) {
+        props
+    } else {
+        props.with_cleanup_expired_logs(Some(false))
+    }
+}

@@ -125,6 +125,19 @@ pub async fn maintain(
         table.version().map(|v| v + compaction_commits)
     } else {
         deltalake::checkpoints::create_checkpoint(&table, None).await?;
+        // Log files past `delta.logRetentionDuration` that the new checkpoint makes
+        // unnecessary go now, as Delta clients do after a checkpoint (hourly merges leave this
+        // to checkpoints: see `merge::cow::commit`), unless the table turns it off.
+        if table
+            .snapshot()?
+            .table_config()
+            .enable_expired_log_cleanup()
+            && deltalake::checkpoints::cleanup_metadata(&table, None).await? > 0
+        {
+            // (the handle's log segment still names the deleted commits: read it again, from
+            // the new checkpoint)
+            table.load().await?;
+        }
         table.version()
     };
     // delta-rs lists expired tombstones whether or not their files still exist (after an

@@ -27,8 +27,8 @@ pub mod txns;
 pub use compact::{compact_clustered, Compacted, PURGE_DELETED_SHARE};
 pub use error::LakeError;
 pub use log::{
-    commit_actions, files_added_between, live_files, max_from_stats, read_commits,
-    row_count_from_stats, AddedFiles, CommitEntry, LiveFiles, Rewrite, StatsMax,
+    cleanup_at_checkpoints, commit_actions, files_added_between, live_files, max_from_stats,
+    read_commits, row_count_from_stats, AddedFiles, CommitEntry, LiveFiles, Rewrite, StatsMax,
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
 pub use open::{

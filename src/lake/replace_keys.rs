@@ -282,7 +282,7 @@ pub async fn replace_keys(
     if actions.is_empty() {
         return Ok(out);
     }
-    let committed = CommitBuilder::from(props)
+    let committed = CommitBuilder::from(super::cleanup_at_checkpoints(props, snapshot))
         .with_actions(actions)
         .build(Some(snapshot), table.log_store(), operation)
         .await?;

@@ -399,3 +399,55 @@ async fn a_damaged_deletion_vector_file_is_bad_data() {
         assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
     }
 }
+
+/// Hourly merge commits leave the deletion of expired log files to checkpoints (no listing of
+/// the whole log after every commit, a request or more on an object store); `maintain`
+/// checkpoints and then deletes the log files the checkpoint makes unnecessary, once they are
+/// older than `delta.logRetentionDuration`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hourly_commits_leave_expired_logs_to_maintain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = pipeline(d, "copy_on_write");
+    let mut all = first_load();
+    append(&bronze(d), &all).await;
+    run_ok(d, &p);
+    let url =
+        deltalake::table::builder::parse_table_uri(silver(d).to_str().expect("utf8")).expect("url");
+    deltalake::open_table(url)
+        .await
+        .expect("open")
+        .set_tbl_properties()
+        .with_properties(std::collections::HashMap::from([(
+            "delta.logRetentionDuration".to_string(),
+            "interval 0 seconds".to_string(),
+        )]))
+        .await
+        .expect("set retention");
+    let next = next_hour();
+    append(&bronze(d), &next).await;
+    all.extend(next);
+    let v = run_ok(d, &p);
+    assert_eq!(v["target_version"], 2, "{v}");
+    let log = silver(d).join("_delta_log");
+    let commit = |v: u64| log.join(format!("{v:020}.json"));
+    for v in 0..=2 {
+        assert!(commit(v).exists(), "version {v} kept by the hourly commits");
+    }
+    let out = exec(
+        tidemark(d)
+            .args(["maintain", "--no-compact", "--output", "json"])
+            .arg(&p),
+    );
+    let m = ok_json(&out, "maintain");
+    assert_eq!(m["checkpoint_version"], 2, "{m}");
+    assert!(!commit(0).exists() && !commit(1).exists(), "{m}");
+    assert!(commit(2).exists());
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+    // the table still runs from its checkpoint
+    let v = run_ok(d, &p);
+    assert!(
+        v["target_version"].is_null(),
+        "a rerun commits nothing: {v}"
+    );
+}

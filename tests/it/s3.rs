@@ -264,6 +264,89 @@ async fn incremental_runs_on_s3_converge_commit_once_and_never_print_secrets() {
     assert!(!out.status.success());
 }
 
+/// The reads an object store makes cheap (`lake::remote`): a source log with a checkpoint and
+/// commits after it (read once, whole), footers fetched with their tail, and the probe's row
+/// groups fetched in one go. Both apply modes, then `maintain` (checkpoint and log clean-up)
+/// and more runs: every target equals the oracle after every run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpointed_logs_and_both_apply_modes_on_s3_match_the_oracle() {
+    let server = start_server();
+    let opts = storage_options(&server);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cow = pipeline(dir.path());
+    let dv = dir.path().join("dv.yml");
+    std::fs::write(
+        &dv,
+        std::fs::read_to_string(&cow)
+            .expect("read")
+            .replace("name: s3test", "name: s3dv")
+            .replace(
+                "target: { uri: \"s3://lake/silver\" }",
+                "target: { uri: \"s3://lake/silver_dv\", apply: deletion_vectors }",
+            )
+            .replace("s3://lake/quarantine", "s3://lake/quarantine_dv"),
+    )
+    .expect("write");
+    let mut landed = Vec::new();
+    // A source whose log has a checkpoint with commits after it.
+    for i in 0..6i64 {
+        let b: Vec<Change> = (0..40)
+            .map(|k| Change::upsert(&format!("k{k:03}"), T0 + i * MIN, T0 + i * MIN + 1, i))
+            .collect();
+        append_s3("s3://lake/bronze", &opts, &b).await;
+        landed.extend(b);
+        if i == 3 {
+            let t = open_or_new("s3://lake/bronze", &opts).await;
+            deltalake::checkpoints::create_checkpoint(&t, None)
+                .await
+                .expect("checkpoint");
+        }
+    }
+    for hour in 1..=4i64 {
+        let now = T0 + hour * HOUR;
+        if hour > 1 {
+            let b = vec![
+                Change::upsert(
+                    &format!("k{:03}", hour * 7),
+                    now - 20 * MIN,
+                    now - MIN,
+                    hour * 10,
+                ),
+                Change::delete(&format!("k{:03}", hour * 3), now - 10 * MIN, now - MIN),
+                Change::upsert(&format!("new{hour}"), now - 5 * MIN, now - MIN, 1),
+            ];
+            append_s3("s3://lake/bronze", &opts, &b).await;
+            landed.extend(b);
+        }
+        for p in [&cow, &dv] {
+            let s = ok(run(&server, p, now, None).output().expect("run"));
+            assert!(s["target_version"].is_u64(), "{s}");
+        }
+        for target in ["s3://lake/silver", "s3://lake/silver_dv"] {
+            assert_eq!(
+                read_target_s3(target, &opts).await,
+                oracle(&landed, now, false),
+                "{target} after hour {hour}"
+            );
+        }
+        if hour == 2 {
+            for p in [&cow, &dv] {
+                let mut m = Command::new(BIN);
+                m.arg("maintain").arg(p).args(["--output", "json"]);
+                for (k, v) in storage_options(&server) {
+                    m.env(k, v);
+                }
+                let out = m
+                    .env("TIDEMARK_FAKE_NOW", rfc3339(now))
+                    .output()
+                    .expect("maintain");
+                let report = ok(out);
+                assert!(report["checkpoint_version"].is_u64(), "{report}");
+            }
+        }
+    }
+}
+
 /// `tidemark ARGS` against `endpoint` with the given secret, at the default log level.
 fn tidemark_at(endpoint: &str, secret: Option<&str>, args: &[&str]) -> Output {
     let mut cmd = Command::new(BIN);

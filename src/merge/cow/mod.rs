@@ -25,19 +25,19 @@ use std::sync::Arc;
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, UInt32Array};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use arrow::row::{RowConverter, Rows, SortField};
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::Action;
-use deltalake::protocol::DeltaOperation;
 use deltalake::DeltaTable;
 
 use futures::StreamExt;
 
+mod commit;
 mod feed;
 mod file;
 mod mark;
 mod probe;
 mod prune;
 
+pub use commit::commit;
 use feed::{Change, FeedRows};
 use file::rewrite_file;
 use mark::Grown;
@@ -554,25 +554,30 @@ pub async fn rewrite(
     inserts.extend(moved);
     inserts.sort_unstable();
     out.rows_written += inserts.len() as u64;
-    let mut marked_actions = Vec::new();
-    if !dry_run {
-        let (actions, emptied) = mark::mark_files(&slice, marked).await?;
-        marked_actions = actions;
-        out.files_removed += emptied;
-    }
-    if !inserts.is_empty() && !dry_run {
+    // The deletion vectors and the new file are written at the same time (on an object store,
+    // each write is a request that mostly waits).
+    let marking = async {
+        if dry_run {
+            return Ok((Vec::new(), 0));
+        }
+        mark::mark_files(&slice, marked).await
+    };
+    let adding = async {
+        if inserts.is_empty() || dry_run {
+            return Ok(None);
+        }
         let rows = arrow::compute::take_record_batch(winners, &UInt32Array::from(inserts))
             .map_err(RunError::arrow(Phase::Compare))?;
         let rows = cast_to(&rows, schema).map_err(RunError::arrow(Phase::Compare))?;
         let mut new = NewFile::new(schema.clone(), target.row_group_rows, 0).map_err(d)?;
         new.write(&rows).map_err(d)?;
-        adds.extend(
-            new.put(target.fast)
-                .await
-                .map_err(RunError::write(Phase::Compare, uri))?
-                .map(Action::Add),
-        );
-    }
+        new.put(target.fast)
+            .await
+            .map_err(RunError::write(Phase::Compare, uri))
+    };
+    let ((marked_actions, emptied), added) = tokio::try_join!(marking, adding)?;
+    out.files_removed += emptied;
+    adds.extend(added.map(Action::Add));
     out.files_added = adds.len() as u64;
     out.files_removed += removes.len() as u64;
     let mut actions: Vec<Action> = removes
@@ -591,35 +596,4 @@ pub async fn rewrite(
     }
     out.actions = actions;
     Ok(out)
-}
-
-/// Commits the removes and adds of `rewrite` in one commit with `props`.
-pub async fn commit(
-    target: &DeltaTable,
-    uri: &str,
-    rewrite: Rewritten,
-    props: CommitProperties,
-) -> Result<u64, RunError> {
-    let d = RunError::delta(Phase::Commit, uri);
-    let snapshot = target.snapshot().map_err(d)?;
-    let operation = DeltaOperation::Merge {
-        predicate: None,
-        merge_predicate: Some(
-            if rewrite.files_marked > 0 {
-                "key match (tidemark deletion vectors)"
-            } else {
-                "key match (tidemark copy-on-write)"
-            }
-            .to_string(),
-        ),
-        matched_predicates: vec![],
-        not_matched_predicates: vec![],
-        not_matched_by_source_predicates: vec![],
-    };
-    let finalized = CommitBuilder::from(props)
-        .with_actions(rewrite.actions)
-        .build(Some(snapshot), target.log_store(), operation)
-        .await
-        .map_err(RunError::write(Phase::Commit, uri))?;
-    Ok(finalized.version())
 }
