@@ -15,6 +15,8 @@
 #   check    both modes' targets read by DuckDB's delta extension (delta-kernel-rs) and by
 #            the deltalake package: live rows' count and an order-free digest, equal to a full
 #            reload of the same bronze
+# MEMORY_LIMIT (e.g. 2GiB) is passed to both full reloads as --memory-limit: without it a 30M
+# reload peaks at ~14.5 GiB; 100M needs it (and ~30 GB of disk: bronze, targets, spill).
 # A simulated week in both modes and how fast the results read: scripts/apply_week.sh.
 # Results: $BENCH_DIR/results/p<N>_d<D>/*.json and a summary on stdout.
 set -euo pipefail
@@ -58,7 +60,8 @@ if [ ! -f "$DATA/bronze.complete" ]; then
   log "generating $P payments over $D days"
   "$TM" generate --out "$DATA/base/bronze/payments_raw" --payments "$P" --days "$D" --seed 42 > /dev/null
   log "full reload (deletion-vector table)"
-  timed base "$TM" run "$PDV" --var "lake=$DATA/base" --full-reload --output json
+  timed base "$TM" run "$PDV" --var "lake=$DATA/base" --full-reload --output json \
+    ${MEMORY_LIMIT:+--memory-limit "$MEMORY_LIMIT"}
   rm -rf "$DATA/hour"; mkdir -p "$DATA/hour/bronze"
   cp -al "$DATA/base/bronze/payments_raw" "$DATA/hour/bronze/"
   "$TM" generate --out "$DATA/hour/bronze/payments_raw" --next-hour > /dev/null
@@ -84,7 +87,8 @@ done
 log "content check"
 rm -rf "$DATA/truth"; mkdir -p "$DATA/truth/bronze"
 cp -al "$DATA/hour/bronze/payments_raw" "$DATA/truth/bronze/"
-"$TM" run "$PCOW" --var "lake=$DATA/truth" --full-reload --output json > "$RES/truth.json"
+/usr/bin/time -v -o "$RES/truth.time" "$TM" run "$PCOW" --var "lake=$DATA/truth" --full-reload \
+  --output json ${MEMORY_LIMIT:+--memory-limit "$MEMORY_LIMIT"} > "$RES/truth.json"
 "$DUCK_PY" "$REPO/scripts/apply_check.py" digest \
   cow="$DATA/w_cow/silver/payments" dv="$DATA/w_dv/silver/payments" truth="$DATA/truth/silver/payments" \
   > "$RES/check.json"

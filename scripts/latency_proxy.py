@@ -1,20 +1,26 @@
 #!/usr/bin/env python3
 """A loopback TCP proxy in front of an S3-compatible server that adds first-byte latency.
 
-  latency_proxy.py LISTEN_PORT TARGET_PORT DELAY_MS COUNTS_FILE
+  latency_proxy.py LISTEN_PORT TARGET_PORT DELAY_MS COUNTS_FILE [TRACE_FILE]
 
 Every HTTP request a client sends waits DELAY_MS before the first byte of its response is
 passed on (what an object store's first-byte latency looks like to a client; bodies then stream
 at loopback speed). Each request's method is counted (from its request line) and the counts
 written to COUNTS_FILE as JSON on SIGTERM/SIGINT and every second, so a benchmark can report
-requests per run by method.
+requests per run by method. With TRACE_FILE, every request is also written there as a line
+"<ms since start> <connection> <method> <path> [<range>]", to see which requests a run makes one after
+another.
 """
 import asyncio
 import json
 import signal
 import sys
+import time
 
 LISTEN, TARGET, DELAY, OUT = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) / 1000, sys.argv[4]
+TRACE = open(sys.argv[5], "w") if len(sys.argv) > 5 else None
+START = time.monotonic()
+connections = 0
 counts = {}
 METHODS = (b"GET ", b"PUT ", b"HEAD ", b"POST ", b"DELETE ")
 
@@ -25,6 +31,9 @@ def save():
 
 
 async def handle(client_r, client_w):
+    global connections
+    connections += 1
+    conn = connections
     server_r, server_w = await asyncio.open_connection("127.0.0.1", TARGET)
     pending = asyncio.Queue()  # one entry per request whose response has not started
 
@@ -40,6 +49,14 @@ async def handle(client_r, client_w):
                     if data.startswith(m):
                         counts[m.decode().strip()] = counts.get(m.decode().strip(), 0) + 1
                         pending.put_nowait(True)
+                        if TRACE:
+                            head = data.split(b"\r\n\r\n", 1)[0].decode(errors="replace")
+                            lines = head.split("\r\n")
+                            rng = [h.split(":", 1)[1].strip() for h in lines[1:]
+                                   if h.lower().startswith("range:")]
+                            ms = (time.monotonic() - START) * 1000
+                            TRACE.write(f"{ms:.0f} {conn} {lines[0].rsplit(' ', 1)[0]}"
+                                        f"{' ' + rng[0] if rng else ''}\n")
                         break
                 server_w.write(data)
                 await server_w.drain()
@@ -80,6 +97,8 @@ async def main():
         await stop.wait()
         t.cancel()
     save()
+    if TRACE:
+        TRACE.close()
 
 
 asyncio.run(main())

@@ -2,7 +2,7 @@
 # The hourly run on object storage (issue 16): the data of scripts/apply_bench.sh at one scale,
 # served by the S3-compatible test server (s3s-fs) through a loopback proxy that adds DELAY_MS of
 # first-byte latency to every request (scripts/latency_proxy.py), in each apply mode; wall time
-# and requests per run by method.
+# and requests per run by method (each request, in order, in $RES/<mode>_<rep>.trace).
 #
 #   scripts/s3_bench.sh [--payments N] [--days D] [--reps R] [--delay-ms MS] [--peer]
 #
@@ -63,7 +63,7 @@ for i in $(seq 1 "$REPS"); do
     cp -al "$DATA/base/silver/payments" "$ROOT/lake/silver/"
     [ "$m" = peer ] && cp -al "$DATA/peer_base" "$ROOT/lake/peer"
     PPORT=$(free_port)
-    python3 "$REPO/scripts/latency_proxy.py" "$PPORT" "$SPORT" "$DELAY" "$RES/${m}_$i.requests.json" &
+    python3 "$REPO/scripts/latency_proxy.py" "$PPORT" "$SPORT" "$DELAY" "$RES/${m}_$i.requests.json" "$RES/${m}_$i.trace" &
     PXPID=$!
     for _ in $(seq 1 50); do
       python3 -c "import socket; socket.create_connection(('127.0.0.1', $PPORT), 1)" 2>/dev/null && break
