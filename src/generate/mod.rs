@@ -236,7 +236,8 @@ pub async fn next_hours(out: &str, hours: u32) -> Result<GenerateReport, Generat
     let rows = gen_window(&world, Some(lo), hi);
     let meta = GenMeta::new(world, hi, Some(lo));
     let table = commit_rows(table, &rows, SaveMode::Append, Some(&meta), out).await?;
-    Ok(report(out, &table, &rows, Some(window_start), frontier))
+    let counts = Counts::of(&rows, Some(window_start));
+    Ok(report(out, &table, counts, Some(window_start), frontier))
 }
 
 /// The world `opts` describe, checked, and the end (exclusive) of its initial range.
@@ -262,10 +263,14 @@ async fn generate_full(opts: &GenerateOptions) -> Result<GenerateReport, Generat
     let frontier = to_utc(hi)?;
     let table = new_table(&opts.out).await?;
 
-    let rows = gen_window(&world, None, hi);
     let meta = GenMeta::new(world, hi, None);
-    let table = write_by_ingestion_day(table, &rows, &world, &meta, &opts.out).await?;
-    Ok(report(&opts.out, &table, &rows, None, frontier))
+    let mut days = ingestion_days(&world, hi);
+    let (table, counts) = write_by_ingestion_day(table, &mut days, &meta, &opts.out).await?;
+    let counts = Counts {
+        distinct_payments: days.payments,
+        ..counts
+    };
+    Ok(report(&opts.out, &table, counts, None, frontier))
 }
 
 fn invalid(msg: impl Into<String>) -> GenerateError {
@@ -454,45 +459,71 @@ async fn commit_rows(
     write.await.at(out)
 }
 
-/// Create the table with one append commit per ingestion day (like a bronze table appended to
-/// daily); the first commit creates the table, the last one carries the metadata.
+/// Create the table with one append commit per ingestion day of `days` (like a bronze table
+/// appended to daily); the first commit creates the table, the last one carries the metadata
+/// (no rows at all: one empty commit). Returns the table and what was written.
 async fn write_by_ingestion_day(
     mut table: DeltaTable,
-    rows: &[Row],
-    world: &World,
+    days: impl Iterator<Item = Vec<Row>>,
     meta: &GenMeta,
     out: &str,
-) -> Result<DeltaTable, GenerateError> {
-    let mut days: Vec<&[Row]> = rows
-        .chunk_by(|a, b| world.ingestion_day(a) == world.ingestion_day(b))
-        .collect();
-    if days.is_empty() {
-        days.push(&[]);
-    }
-    let last = days.len() - 1;
-    for (i, day) in days.into_iter().enumerate() {
-        let mode = if i == 0 {
+) -> Result<(DeltaTable, Counts), GenerateError> {
+    let mut counts = Counts::default();
+    let mut held: Option<Vec<Row>> = None;
+    let mut first = true;
+    let mode = |first: bool| {
+        if first {
             SaveMode::ErrorIfExists
         } else {
             SaveMode::Append
-        };
-        table = commit_rows(table, day, mode, (i == last).then_some(meta), out).await?;
+        }
+    };
+    for day in days {
+        counts.rows += day.len() as u64;
+        counts.deletes += day.iter().filter(|r| r.op == Op::Delete).count() as u64;
+        if let Some(previous) = held.replace(day) {
+            table = commit_rows(table, &previous, mode(first), None, out).await?;
+            first = false;
+        }
     }
-    Ok(table)
+    let last = held.unwrap_or_default();
+    table = commit_rows(table, &last, mode(first), Some(meta), out).await?;
+    Ok((table, counts))
+}
+
+/// What a generation wrote, for its report.
+#[derive(Debug, Default, Clone, Copy)]
+struct Counts {
+    rows: u64,
+    distinct_payments: u64,
+    deletes: u64,
+    late_rows_behind_15m: u64,
+}
+
+impl Counts {
+    /// The counts of `rows`; rows updated 15 minutes or more before `window_start` are late.
+    fn of(rows: &[Row], window_start: Option<DateTime<Utc>>) -> Self {
+        let mut pnums: Vec<u64> = rows.iter().map(|r| r.payment.pnum).collect();
+        pnums.sort_unstable();
+        pnums.dedup();
+        let late_before = window_start.map(|lo| lo.timestamp_micros() - 15 * MIN);
+        let count = |pred: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| pred(r)).count() as u64;
+        Counts {
+            rows: rows.len() as u64,
+            distinct_payments: pnums.len() as u64,
+            deletes: count(&|r| r.op == Op::Delete),
+            late_rows_behind_15m: late_before.map_or(0, |t| count(&|r| r.updated <= t)),
+        }
+    }
 }
 
 fn report(
     out: &str,
     table: &DeltaTable,
-    rows: &[Row],
+    counts: Counts,
     window_start: Option<DateTime<Utc>>,
     frontier: DateTime<Utc>,
 ) -> GenerateReport {
-    let mut pnums: Vec<u64> = rows.iter().map(|r| r.payment.pnum).collect();
-    pnums.sort_unstable();
-    pnums.dedup();
-    let late_before = window_start.map(|lo| lo.timestamp_micros() - 15 * MIN);
-    let count = |pred: &dyn Fn(&Row) -> bool| rows.iter().filter(|r| pred(r)).count() as u64;
     GenerateReport {
         table: out.to_string(),
         mode: if window_start.is_some() {
@@ -504,12 +535,12 @@ fn report(
             .version()
             .and_then(|v| i64::try_from(v).ok())
             .expect("a table that was just written has a version"),
-        rows: rows.len() as u64,
-        distinct_payments: pnums.len() as u64,
-        deletes: count(&|r| r.op == Op::Delete),
+        rows: counts.rows,
+        distinct_payments: counts.distinct_payments,
+        deletes: counts.deletes,
         window_start,
         frontier,
-        late_rows_behind_15m: late_before.map_or(0, |t| count(&|r| r.updated <= t)),
+        late_rows_behind_15m: counts.late_rows_behind_15m,
     }
 }
 

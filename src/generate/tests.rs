@@ -309,7 +309,7 @@ async fn an_empty_first_window_still_creates_a_generator_table() -> TestResult {
     let w = world(10, 1, 0);
     let table = new_table(&out).await?;
     let meta = GenMeta::new(w, w.start_us, None);
-    write_by_ingestion_day(table, &[], &w, &meta, &out).await?;
+    write_by_ingestion_day(table, std::iter::empty(), &meta, &out).await?;
     assert!(read_table(&out).await?.is_empty());
     let report = next_hours(&out, 24).await?;
     assert_eq!(report.window_start.map(us), Some(w.start_us));
@@ -392,4 +392,32 @@ async fn timing() -> TestResult {
         );
     }
     Ok(())
+}
+
+/// The full generation streams ingestion days: the same rows, in the same order, cut at the
+/// same day boundaries as sorting the whole window, and the same payment count.
+#[test]
+fn ingestion_days_are_the_whole_window_cut_by_day() {
+    for (n, days, seed) in [(3_000, 120, 7), (500, 3, 1), (200, 200, 42)] {
+        let w = world(n, days, seed);
+        let hi = w.start_us + i64::from(days) * DAY;
+        let all = gen_window(&w, None, hi);
+        let expected: Vec<Vec<Row>> = all
+            .chunk_by(|a, b| w.ingestion_day(a) == w.ingestion_day(b))
+            .map(<[Row]>::to_vec)
+            .collect();
+        let mut streamed = ingestion_days(&w, hi);
+        let got: Vec<Vec<Row>> = streamed.by_ref().collect();
+        assert_eq!(got.len(), expected.len(), "days ({n}, {days}, {seed})");
+        for (g, e) in got.iter().zip(&expected) {
+            assert_eq!(g.len(), e.len());
+            assert!(g.iter().zip(e).all(|(a, b)| a.sort_key() == b.sort_key()
+                && a.payment.amount == b.payment.amount
+                && a.payment.customer == b.payment.customer));
+        }
+        let mut pnums: Vec<u64> = all.iter().map(|r| r.payment.pnum).collect();
+        pnums.sort_unstable();
+        pnums.dedup();
+        assert_eq!(streamed.payments, pnums.len() as u64);
+    }
 }

@@ -311,6 +311,68 @@ pub(super) fn ingestion_lag(rng: &mut ChaCha8Rng) -> i64 {
     lag as i64
 }
 
+/// The rows ingested before `hi`, one ingestion day at a time, in ingestion order: the same
+/// rows as `gen_window(world, None, hi)` cut at day boundaries, without holding the whole
+/// history. A creation day's rows are ingested on that day or later, so once creation day `k`
+/// is generated every ingestion day before `k` is complete; only the rows of later ingestion
+/// days (late deliveries, refunds, chargebacks) wait in memory.
+pub(super) struct IngestionDays<'a> {
+    world: &'a World,
+    hi: i64,
+    next_k: i64,
+    last_k: i64,
+    pending: std::collections::BTreeMap<i64, Vec<Row>>,
+    /// Payments with at least one row so far (a payment's rows all come from its creation day).
+    pub(super) payments: u64,
+}
+
+pub(super) fn ingestion_days(world: &World, hi: i64) -> IngestionDays<'_> {
+    IngestionDays {
+        world,
+        hi,
+        next_k: 0,
+        last_k: (hi - 1 - world.start_us).div_euclid(DAY),
+        pending: Default::default(),
+        payments: 0,
+    }
+}
+
+impl Iterator for IngestionDays<'_> {
+    type Item = Vec<Row>;
+
+    fn next(&mut self) -> Option<Vec<Row>> {
+        loop {
+            let done = self.next_k > self.last_k;
+            if let Some(entry) = self.pending.first_entry() {
+                if done || *entry.key() < self.next_k {
+                    let mut rows = entry.remove();
+                    rows.sort_unstable_by_key(Row::sort_key);
+                    return Some(rows);
+                }
+            }
+            if done {
+                return None;
+            }
+            let k = self.next_k;
+            let mut last_pnum = None;
+            for row in gen_day(self.world, k as u64) {
+                if row.ingested >= self.hi {
+                    continue;
+                }
+                let day = self.world.ingestion_day(&row);
+                debug_assert!(day >= k, "a row ingested before its creation day");
+                if last_pnum != Some(row.payment.pnum) {
+                    // (gen_day emits a payment's rows together)
+                    last_pnum = Some(row.payment.pnum);
+                    self.payments += 1;
+                }
+                self.pending.entry(day).or_default().push(row);
+            }
+            self.next_k += 1;
+        }
+    }
+}
+
 /// Rows with `lo <= _ingested_at < hi` (`lo = None`: from the beginning), in ingestion order.
 /// Only the creation days that can reach the window are generated.
 pub(super) fn gen_window(world: &World, lo: Option<i64>, hi: i64) -> Vec<Row> {

@@ -1049,7 +1049,11 @@ fn oracle_inferred(recs: &[(usize, Rec)], facts: &[(usize, String)], runs: usize
         rows = Vec::new();
         let mut seen_first = std::collections::BTreeSet::new();
         let mut sorted = folded;
-        sorted.sort_by(|a, b| (a.0.as_str(), a.3).cmp(&(b.0.as_str(), b.3)));
+        // (in time order; of two versions from the same instant, the one already closed — a
+        // zero-length version, when two records share a sequence — comes first)
+        sorted.sort_by(|a, b| {
+            (a.0.as_str(), a.3, a.4.is_none(), a.4).cmp(&(b.0.as_str(), b.3, b.4.is_none(), b.4))
+        });
         for mut r in sorted {
             if marked.contains(&r.0) && seen_first.insert(r.0.clone()) {
                 r.3 = BEGINNING;
