@@ -378,7 +378,7 @@ pub async fn write(
         .with_save_mode(SaveMode::Overwrite)
         // (a table written by an earlier version may lack the newer counters)
         .with_schema_mode(deltalake::operations::write::SchemaMode::Overwrite)
-        .with_commit_properties(props)
+        .with_commit_properties(crate::lake::no_blind_retry(props))
         .await
         .map_err(RunError::write(Phase::Write, uri))?;
     Ok(written.version())

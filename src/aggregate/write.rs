@@ -247,7 +247,7 @@ pub async fn replace_days(
         .with_writer_properties(lake::datafile::writer_properties(ROW_GROUP_ROWS))
         .with_partition_columns([EVENT_DATE])
         .with_replace_where(predicate(days))
-        .with_commit_properties(props)
+        .with_commit_properties(lake::no_blind_retry(props))
         .await
         .map_err(RunError::write(Phase::Write, uri))?;
     Ok(t.version())
@@ -287,7 +287,7 @@ pub async fn overwrite_all(
         .with_writer_properties(lake::datafile::writer_properties(ROW_GROUP_ROWS))
         .with_partition_columns([EVENT_DATE])
         .with_table_name(name)
-        .with_commit_properties(props)
+        .with_commit_properties(lake::no_blind_retry(props))
         .await
         .map_err(RunError::write(Phase::Write, uri))?;
     Ok(t.version())

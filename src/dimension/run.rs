@@ -415,7 +415,7 @@ impl Run<'_> {
             .with_target_file_size(std::num::NonZeroU64::new(
                 crate::config::pipeline::DEFAULT_TARGET_FILE_SIZE,
             ))
-            .with_commit_properties(self.commit_properties());
+            .with_commit_properties(crate::lake::no_blind_retry(self.commit_properties()));
         if partial {
             let replaced: Vec<&String> = replaced.iter().collect();
             let key_type = storage_schema

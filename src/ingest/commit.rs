@@ -359,16 +359,23 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         }
     };
     let fresh = table.version().is_none();
-    let mut builder = table
-        .write(batches)
-        .with_commit_properties(props)
-        .with_session_state(Arc::new(w.ctx.state()));
     let replace = w.whole
         && !fresh
         && !w.scope.is_empty()
         && bronze
             .as_ref()
             .is_some_and(|b| b.field_with_name(SOURCE_FILE).is_ok());
+    // (a creation or a replacement that loses a commit race plans again; an append is retried,
+    // delta-rs checking its application transactions against the winner's)
+    let props = if fresh || replace {
+        crate::lake::no_blind_retry(props)
+    } else {
+        props
+    };
+    let mut builder = table
+        .write(batches)
+        .with_commit_properties(props)
+        .with_session_state(Arc::new(w.ctx.state()));
     builder = match (replace, grows) {
         (true, _) => builder
             .with_save_mode(SaveMode::Overwrite)

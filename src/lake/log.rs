@@ -323,3 +323,15 @@ pub fn cleanup_at_checkpoints(
         props.with_cleanup_expired_logs(Some(false))
     }
 }
+
+/// `props` for a commit that creates a table or overwrites one (its removes planned from the
+/// snapshot it read): a lost commit race fails instead of being retried. delta-rs retries a
+/// table creation that lost to another writer as a plain commit on top of the winner (version
+/// 1 with no removes: two concurrent bootstraps left every row twice), and an overwrite's
+/// removes are not checked against files a concurrent commit added. Failing, the run plans
+/// again from the new snapshot (`run::run`), where the winner's commit is seen.
+pub fn no_blind_retry(
+    props: deltalake::kernel::transaction::CommitProperties,
+) -> deltalake::kernel::transaction::CommitProperties {
+    props.with_max_retries(0)
+}

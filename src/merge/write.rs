@@ -234,7 +234,7 @@ pub async fn overwrite(
         .with_schema_mode(SchemaMode::Overwrite)
         .with_target_file_size(size)
         .with_writer_properties(lake::datafile::writer_properties(row_group_rows))
-        .with_commit_properties(props)
+        .with_commit_properties(lake::no_blind_retry(props))
         .with_session_state(Arc::new(ctx.state()));
     if fresh {
         let mut config = vec![(

@@ -733,6 +733,57 @@ fn concurrent_runs_commit_once_and_the_loser_replans() {
     assert_eq!(rt.block_on(double_applied(&silver(dir.path()))), 0);
 }
 
+/// Two bootstraps of one pipeline at once: the one that loses the race to create the target
+/// plans again (and finds the winner's rows) instead of writing every row a second time.
+#[test]
+fn concurrent_bootstraps_create_the_target_once() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pipeline = write_pipeline(dir.path(), "10m", "soft", "");
+    let rows = history(7);
+    rt.block_on(append(&bronze(dir.path()), &rows[0]));
+    let now = batch_time(0);
+    let pause = Pause::new();
+    let slow = command(
+        &pipeline,
+        now,
+        false,
+        Some(pause.at("full_reload.after_validate")),
+    )
+    .spawn()
+    .expect("spawn");
+    pause.wait_reached();
+    let fast = output(&mut command(&pipeline, now, false, None));
+    assert!(
+        fast.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fast.stderr)
+    );
+    pause.release();
+    let slow = slow.wait_with_output().expect("wait");
+    assert!(
+        slow.status.success(),
+        "{}",
+        String::from_utf8_lossy(&slow.stderr)
+    );
+    let slow_summary = summary(&slow).expect("json");
+    let fast_summary = summary(&fast).expect("json");
+    assert_eq!(fast_summary["mode"], "bootstrap", "{fast_summary}");
+    assert_eq!(slow_summary["num_replans"], 1, "{slow_summary}");
+    assert!(
+        slow_summary["target_version"].is_null(),
+        "the loser must not commit its rows on top of the winner's: {slow_summary}"
+    );
+    assert_eq!(
+        rt.block_on(read_target(&silver(dir.path()))),
+        oracle(&rows[0], now, false)
+    );
+    assert_eq!(rt.block_on(double_applied(&silver(dir.path()))), 0);
+}
+
 /// An incremental run racing a full reload of the same target, and an appender on the source:
 /// the run re-plans after the reload and the appended rows are merged by the next run.
 #[test]
