@@ -213,6 +213,7 @@ impl<T> AtPath<T> for Result<T, DeltaTableError> {
 /// Generate according to `opts.mode`: a new table ([`GenerateMode::Full`]) or the next hours
 /// of an existing one ([`GenerateMode::NextHours`], same as [`next_hours`]).
 pub async fn generate(opts: &GenerateOptions) -> Result<GenerateReport, GenerateError> {
+    crate::lake::check_scheme(&opts.out).map_err(|e| invalid(e.to_string()))?;
     match opts.mode {
         GenerateMode::Full => generate_full(opts).await,
         GenerateMode::NextHours(hours) => next_hours(&opts.out, hours).await,

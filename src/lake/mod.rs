@@ -33,8 +33,8 @@ pub use log::{
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
 pub use open::{
-    builder, create_url, local_path, location_url, open_if_exists, open_required, or_new,
-    table_url, NewDirs,
+    builder, check_scheme, create_url, local_path, location_url, open_if_exists, open_required,
+    or_new, table_url, NewDirs,
 };
 pub use record::SourceRecord;
 pub use restore::{restore, RestoreOutcome};

@@ -120,6 +120,21 @@ fn is_damaged_log(err: &DeltaTableError) -> bool {
 
 /// Refuses URI schemes tidemark has no storage for, before delta-rs reads them as "no table".
 pub fn check_scheme(uri: &str) -> Result<(), LakeError> {
+    // `s3:/bucket`, `s3:bucket` or `s3://` without a bucket: delta-rs cannot place them.
+    let lower = uri.to_ascii_lowercase();
+    for scheme in ["s3", "s3a"] {
+        if let Some(rest) = lower.strip_prefix(&format!("{scheme}:")) {
+            let bucket = rest
+                .strip_prefix("//")
+                .map(|r| r.split('/').next().unwrap_or(""));
+            if bucket.is_none_or(str::is_empty) {
+                return Err(LakeError::BadUri {
+                    uri: uri.to_string(),
+                    reason: format!("an S3 URI is {scheme}://<bucket>/<path>"),
+                });
+            }
+        }
+    }
     match uri.split_once("://") {
         Some((scheme, _))
             if !["file", "s3", "s3a"].contains(&scheme.to_ascii_lowercase().as_str()) =>

@@ -10,10 +10,13 @@ use crate::error::ErrorClass;
 /// What went wrong talking to an object store, summarised in one line.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoreFault {
-    /// Retryable (connection refused, timeout) or Unavailable (credentials, 401/403).
+    /// Retryable (connection refused, timeout), Unavailable (credentials, 401/403, a missing
+    /// bucket) or Config (the client cannot be set up for the endpoint).
     pub class: ErrorClass,
     /// One line: the store and the cause, without the request dump.
     pub cause: String,
+    /// What to do, when it is not the class's usual advice.
+    hint: Option<&'static str>,
 }
 
 impl StoreFault {
@@ -21,6 +24,7 @@ impl StoreFault {
         StoreFault {
             class: ErrorClass::Retryable,
             cause: format!("{store}: {what}"),
+            hint: None,
         }
     }
 
@@ -28,11 +32,23 @@ impl StoreFault {
         StoreFault {
             class: ErrorClass::Unavailable,
             cause: format!("{store}: {what}"),
+            hint: None,
+        }
+    }
+
+    fn with_hint(self, class: ErrorClass, hint: &'static str) -> Self {
+        StoreFault {
+            class,
+            hint: Some(hint),
+            ..self
         }
     }
 
     /// What to do about it, for the end of an error message.
     pub fn advice(&self) -> &'static str {
+        if let Some(hint) = self.hint {
+            return hint;
+        }
         if self.class == ErrorClass::Retryable {
             "the table was not read, and nothing points at its data or log; check that the store's endpoint (AWS_ENDPOINT_URL) is up and reachable, then rerun the same command (exit 75: safe to retry)"
         } else {
@@ -54,7 +70,33 @@ pub fn store_fault(err: &(dyn Error + 'static)) -> Option<StoreFault> {
             None => crate::error::next_in_chain(e),
         };
     }
-    None
+    in_text(&err.to_string())
+}
+
+/// A transport failure that reached us only as text: DataFusion reports a failed footer read
+/// as "Failed to fetch metadata for file …: <the store's error>" in a string, without the
+/// object-store error as a source.
+fn in_text(text: &str) -> Option<StoreFault> {
+    if !text.contains("Error performing ") {
+        return None;
+    }
+    let what = if text.contains("error sending request") || text.contains("connection closed") {
+        "the connection failed mid-request"
+    } else if text.contains("Connection refused") {
+        "cannot connect to the endpoint"
+    } else if text.contains("timed out") {
+        "the request timed out"
+    } else {
+        return None;
+    };
+    let store = match endpoint(text) {
+        Some(at) => format!("store at {at}"),
+        None => "store".to_string(),
+    };
+    Some(StoreFault::transient(
+        &store,
+        &format!("{what}{}", retries(text)),
+    ))
 }
 
 /// The object-store error inside a kernel error (at any depth of the kernel's backtrace wrapper).
@@ -104,6 +146,20 @@ fn at(e: &(dyn Error + 'static)) -> Option<StoreFault> {
                 store,
                 &format!("request for {path} not authenticated (401): the credentials are missing or wrong"),
             )),
+            // A bucket that does not exist, or a name no bucket can have: the location is wrong.
+            _ if text.contains("NoSuchBucket") => Some(
+                StoreFault::refused(store, "the bucket named in the URI does not exist (404 NoSuchBucket)")
+                    .with_hint(ErrorClass::Unavailable, "nothing was read or written; check the bucket name in the URI (and AWS_ENDPOINT_URL: the bucket may live on another endpoint), then rerun"),
+            ),
+            _ if text.contains("InvalidBucketName") => Some(
+                StoreFault::refused(store, "the store refused the bucket name (400 InvalidBucketName)")
+                    .with_hint(ErrorClass::Config, "nothing was read or written; S3 bucket names are lower-case letters, digits, dots and hyphens: fix the URI, then rerun"),
+            ),
+            // reqwest refuses to build an http:// request unless plain HTTP is allowed.
+            _ if text.contains("builder error") && text.contains("http://") => Some(
+                StoreFault::refused(store, "the client refused to use a plain-HTTP endpoint")
+                    .with_hint(ErrorClass::Config, "nothing was read or written; the endpoint (AWS_ENDPOINT_URL) is http://: set AWS_ALLOW_HTTP=true for it (or use its https:// address), then rerun"),
+            ),
             // S3 answers a wrong key or signature with 403 and a code the client keeps as text.
             _ if ["InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403 Forbidden"]
                 .iter()
@@ -206,5 +262,46 @@ mod tests {
             version: 0,
         };
         assert_eq!(store_fault(&other), None);
+    }
+
+    #[test]
+    fn a_transport_failure_known_only_as_text_is_transient() {
+        let text = "Failed to fetch metadata for file bronze/part-0.parquet: Generic S3 error: Error performing GET http://127.0.0.1:9600/lake/bronze/part-0.parquet in 3s, after 10 retries, max_retries: 10, retry_timeout: 180s - HTTP error: error sending request";
+        let e = datafusion::error::DataFusionError::External(Box::new(
+            parquet::errors::ParquetError::General(text.to_string()),
+        ));
+        let f = store_fault(&e).expect("a store fault");
+        assert_eq!(f.class, ErrorClass::Retryable);
+        assert!(f.cause.contains("http://127.0.0.1:9600"), "{}", f.cause);
+        assert!(f.cause.contains("10 retries"), "{}", f.cause);
+        assert!(
+            !f.cause.contains("part-0"),
+            "no path in the cause: {}",
+            f.cause
+        );
+        let damaged = datafusion::error::DataFusionError::External(Box::new(
+            parquet::errors::ParquetError::General("Invalid Parquet file. Corrupt footer".into()),
+        ));
+        assert_eq!(store_fault(&damaged), None);
+    }
+
+    #[test]
+    fn missing_buckets_bad_names_and_plain_http_are_not_transient() {
+        let fault = |text: &str| {
+            store_fault(&object_store::Error::Generic {
+                store: "S3",
+                source: text.to_string().into(),
+            })
+        };
+        let f = fault("Error performing list request: 404 Not Found: <Code>NoSuchBucket</Code>")
+            .expect("a store fault");
+        assert_eq!(f.class, ErrorClass::Unavailable);
+        assert!(f.advice().contains("bucket name"));
+        let f = fault("400 Bad Request <Code>InvalidBucketName</Code>").expect("a store fault");
+        assert_eq!(f.class, ErrorClass::Config);
+        let f = fault("Error performing GET http://localhost:9000/b - HTTP error: builder error")
+            .expect("a store fault");
+        assert_eq!(f.class, ErrorClass::Config);
+        assert!(f.advice().contains("AWS_ALLOW_HTTP=true"));
     }
 }

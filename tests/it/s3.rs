@@ -451,6 +451,54 @@ async fn store_down_or_credentials_wrong_are_not_a_damaged_log() {
     let out = tidemark_at(&server.endpoint, None, &run_args);
     assert_store_fault(&out, 66, "no credentials", "no credentials");
 
+    // A location that is wrong, not damaged: a bucket that does not exist (66), a name no
+    // bucket can have (78), a plain-HTTP endpoint without AWS_ALLOW_HTTP (78), a malformed URI
+    // (78; `generate`: 64).
+    let history = |uri: &str| tidemark_at(&server.endpoint, Some(SECRET_KEY), &["history", uri]);
+    let out = history("s3://nosuchbucket/silver");
+    assert_store_fault(
+        &out,
+        66,
+        "does not exist (404 NoSuchBucket)",
+        "missing bucket",
+    );
+    let out = history("s3://Lake/silver");
+    assert_store_fault(&out, 78, "InvalidBucketName", "bucket name");
+    let mut no_http = Command::new(BIN);
+    no_http
+        .args(["history", "s3://lake/silver"])
+        .env("AWS_ENDPOINT_URL", &server.endpoint)
+        .env("AWS_REGION", "us-east-1")
+        .env("AWS_ACCESS_KEY_ID", ACCESS_KEY)
+        .env("AWS_SECRET_ACCESS_KEY", SECRET_KEY)
+        .env_remove("AWS_ALLOW_HTTP")
+        .env_remove("RUST_LOG");
+    let out = no_http.output().expect("run tidemark");
+    assert_store_fault(&out, 78, "AWS_ALLOW_HTTP=true", "plain HTTP not allowed");
+    for uri in ["s3:/lake/silver", "s3://"] {
+        let out = history(uri);
+        assert_store_fault(&out, 78, "s3://<bucket>/<path>", uri);
+    }
+    let out = tidemark_at(
+        &server.endpoint,
+        Some(SECRET_KEY),
+        &[
+            "generate",
+            "--out",
+            "s3:/lake/b",
+            "--payments",
+            "10",
+            "--days",
+            "1",
+        ],
+    );
+    assert_store_fault(
+        &out,
+        64,
+        "s3://<bucket>/<path>",
+        "generate to a malformed URI",
+    );
+
     // The store is down: nothing listens on its port any more.
     let endpoint = server.endpoint.clone();
     drop(server);
