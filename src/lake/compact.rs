@@ -20,13 +20,16 @@ use futures::StreamExt;
 const MAX_BYTES_PER_COMPACTION: i64 = 2 << 30;
 
 /// Files compacted and written.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Compacted {
     pub files_removed: u64,
     pub files_added: u64,
     /// Of the files removed, those rewritten for the rows their deletion vectors delete (not
     /// for being small).
     pub files_purged: u64,
+    /// Deletion-vector files (relative to the table root) that only removed files use: no live
+    /// file references them after the compaction.
+    pub dv_files_released: Vec<String>,
 }
 
 fn external<E: std::error::Error + Send + Sync + 'static>(e: E) -> DeltaTableError {
@@ -132,6 +135,42 @@ fn purge(file: &deltalake::kernel::LogicalFileView) -> bool {
     }
 }
 
+/// The DV files the removed files of `groups` use and no other live file does.
+fn released_dv_files(table: &DeltaTable, groups: &[Group]) -> Result<Vec<String>, DeltaTableError> {
+    use deltalake::kernel::StorageType;
+    let name = |d: &deltalake::kernel::DeletionVectorDescriptor| {
+        (d.storage_type == StorageType::UuidRelativePath)
+            .then(|| super::dv::file_name(d).map_err(external))
+            .transpose()
+    };
+    let removed: std::collections::HashSet<&str> = groups
+        .iter()
+        .flat_map(|g| g.files.iter().map(|(p, _)| p.as_str()))
+        .collect();
+    let mut released = std::collections::BTreeSet::new();
+    for g in groups {
+        for (_, r) in &g.files {
+            if let Some(d) = &r.deletion_vector {
+                released.extend(name(d)?);
+            }
+        }
+    }
+    if released.is_empty() {
+        return Ok(Vec::new());
+    }
+    for f in table.snapshot()?.log_data().iter() {
+        if removed.contains(f.path().as_ref()) {
+            continue;
+        }
+        if let Some(d) = f.deletion_vector_descriptor() {
+            if let Some(n) = name(&d)? {
+                released.remove(&n);
+            }
+        }
+    }
+    Ok(released.into_iter().collect())
+}
+
 /// Rewrites the files smaller than half of `target_size`, sorted by `keys` (none: in file
 /// order), in one commit. A dry run returns the same counts without reading or writing.
 pub async fn compact_clustered(
@@ -146,6 +185,7 @@ pub async fn compact_clustered(
         files_removed: groups.iter().map(|g| g.files.len() as u64).sum(),
         files_added: groups.iter().map(|g| g.outputs).sum(),
         files_purged: groups.iter().map(|g| g.purged).sum(),
+        dv_files_released: released_dv_files(table, &groups)?,
     };
     if dry_run || groups.is_empty() {
         return Ok((planned, None));

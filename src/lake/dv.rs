@@ -253,6 +253,23 @@ pub fn upgraded(uri: &str, version: Option<u64>) -> String {
     )
 }
 
+/// The DV file a `"u"` descriptor names, relative to the table root.
+pub fn file_name(d: &DeletionVectorDescriptor) -> Result<String, DvError> {
+    let p = &d.path_or_inline_dv;
+    let split = p
+        .len()
+        .checked_sub(20)
+        .ok_or_else(|| damaged(p, "path shorter than a Z85 UUID"))?;
+    let (prefix, encoded) = p.split_at(split);
+    let raw = z85::decode(encoded).map_err(|e| damaged(p, e.to_string()))?;
+    let uuid = uuid::Uuid::from_slice(&raw).map_err(|e| damaged(p, e.to_string()))?;
+    Ok(if prefix.is_empty() {
+        format!("deletion_vector_{uuid}.bin")
+    } else {
+        format!("{prefix}/deletion_vector_{uuid}.bin")
+    })
+}
+
 /// The rows a descriptor marks deleted (inline, or read from its file at the table root; the
 /// CRC is checked).
 pub async fn read(
@@ -271,19 +288,7 @@ pub async fn read(
             from_bytes(bytes, "inline")
         }
         StorageType::UuidRelativePath => {
-            let p = &d.path_or_inline_dv;
-            let split = p
-                .len()
-                .checked_sub(20)
-                .ok_or_else(|| damaged(p, "path shorter than a Z85 UUID"))?;
-            let (prefix, encoded) = p.split_at(split);
-            let raw = z85::decode(encoded).map_err(|e| damaged(p, e.to_string()))?;
-            let uuid = uuid::Uuid::from_slice(&raw).map_err(|e| damaged(p, e.to_string()))?;
-            let name = if prefix.is_empty() {
-                format!("deletion_vector_{uuid}.bin")
-            } else {
-                format!("{prefix}/deletion_vector_{uuid}.bin")
-            };
+            let name = file_name(d)?;
             let file = store
                 .get(&Path::from(name.as_str()))
                 .await

@@ -102,6 +102,7 @@ pub async fn maintain(
     let mut files_compacted = 0;
     let mut files_purged = 0;
     let mut files_written = 0;
+    let mut dv_files_released = Vec::new();
     let size = opts
         .target_file_size
         .and_then(NonZeroU64::new)
@@ -113,6 +114,7 @@ pub async fn maintain(
             super::compact_clustered(&table, &keys, size.get(), opts.row_group_rows, opts.dry_run)
                 .await?;
         files_compacted = done.files_removed;
+        dv_files_released = done.dv_files_released;
         files_purged = done.files_purged;
         files_written = done.files_added;
         if let Some(v) = version {
@@ -176,7 +178,12 @@ pub async fn maintain(
     let files_vacuumed = deleted.len();
     // The files the compaction removes become unreferenced (and are kept: just removed).
     let compacted_now_unreferenced = if opts.dry_run {
+        // (the deletion-vector files only the compacted files used go with them)
         files_compacted as usize
+            + dv_files_released
+                .iter()
+                .filter(|f| on_disk.contains(f.as_str()))
+                .count()
     } else {
         0
     };

@@ -451,3 +451,54 @@ async fn hourly_commits_leave_expired_logs_to_maintain() {
         "a rerun commits nothing: {v}"
     );
 }
+
+/// `maintain --dry-run` predicts the real run on a deletion-vector target too: a compacted
+/// file's deletion-vector file (one too large to be inline) becomes unreferenced with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maintain_dry_run_counts_the_deletion_vector_files_compaction_releases() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = pipeline(d, "deletion_vectors");
+    let mut all: Vec<Change> = (0..100)
+        .map(|i| Change::upsert(&format!("k{i:03}"), T0 + HOUR, T0 + HOUR, 1))
+        .collect();
+    append(&bronze(d), &all).await;
+    run_ok(d, &p);
+    // 40 keys of the one file change: its vector (40 positions) is too large to be inline.
+    let next: Vec<Change> = (0..40)
+        .map(|i| Change::upsert(&format!("k{:03}", i * 2), T0 + 2 * HOUR, NOW - MIN, 2))
+        .collect();
+    append(&bronze(d), &next).await;
+    all.extend(next);
+    let v = run_ok(d, &p);
+    assert_eq!(v["num_rows_marked_deleted"], 40, "{v}");
+    let dv_files = || {
+        std::fs::read_dir(silver(d))
+            .expect("read silver")
+            .filter_map(Result::ok)
+            .filter(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .starts_with("deletion_vector_")
+            })
+            .count()
+    };
+    assert_eq!(dv_files(), 1, "the vector is in a file of its own");
+    let maintain = |dry: bool| {
+        let mut c = tidemark(d);
+        c.args(["maintain", "--output", "json"]).arg(&p);
+        if dry {
+            c.arg("--dry-run");
+        }
+        ok_json(&exec(&mut c), "maintain")
+    };
+    let predicted = maintain(true);
+    let real = maintain(false);
+    assert!(real["files_compacted"].as_u64() >= Some(1), "{real}");
+    assert_eq!(
+        predicted["files_unreferenced_within_retention"],
+        real["files_unreferenced_within_retention"],
+        "dry run {predicted}\nreal {real}"
+    );
+    assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+}
