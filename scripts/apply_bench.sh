@@ -74,6 +74,8 @@ fresh() {  # fresh DIR: a lake with the hour's bronze and a copy of the base tar
   cp -al "$DATA/base/silver/payments" "$1/silver/"
 }
 
+# (results of an earlier invocation with more reps would join this one's summary)
+rm -f "$RES"/cow_hour_* "$RES"/dv_hour_* "$RES"/cow_rerun_* "$RES"/dv_rerun_*
 for i in $(seq 1 "$REPS"); do
   if [ $((i % 2)) = 1 ]; then order="cow dv"; else order="dv cow"; fi
   for m in $order; do

@@ -3,11 +3,19 @@
 #
 #   scripts/bench.sh [--payments N] [--days D] [--reps R] [--series [HOURS]] [--series-only]
 #                    [--no-duckdb] [--regen] [--gen-only] [--no-report]
+#   scripts/bench.sh --apply-scales N[,N...] [--reps R]
 #
 #   scripts/bench.sh                                        # quick: 200k payments / 30 days
 #   scripts/bench.sh --payments 1000000 --days 90 --series  # 1M + a week of hourly runs
 #   scripts/bench.sh --payments 5000000 --days 365
 #   scripts/bench.sh --payments 10000000 --days 365
+#   scripts/bench.sh --apply-scales 30000000,100000000      # the hour in both apply modes at scale
+#
+# --apply-scales runs scripts/apply_bench.sh at each scale (tidemark's own generator, 365 days,
+# both `target.apply` modes, full reloads under MEMORY_LIMIT, default 2GiB) and prints, per scale
+# and mode, rows written per changed key, files touched, ms per changed key and seconds. The
+# Python peer is not run there: its full reload of 10M payments already needs 9.1 GiB, so it does
+# not fit this kind of machine at 30M or 100M. 100M needs ~30 GB of disk and ~45 minutes.
 #
 # What it does (each step under /usr/bin/time -v; wall time measured around it in ns):
 #   setup     Python venv for the peer (deltalake==1.6.6 pyarrow duckdb numpy) unless PEER_PYTHON
@@ -54,11 +62,35 @@ while [ $# -gt 0 ]; do
     --regen) REGEN=1; shift ;;
     --gen-only) GEN_ONLY=1; shift ;;
     --no-report) REPORT=0; shift ;;
+    --apply-scales) APPLY_SCALES=$2; shift 2 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 64 ;;
   esac
 done
 [ "$REPS" -ge 1 ] || { echo "--reps must be >= 1" >&2; exit 64; }
+
+if [ -n "${APPLY_SCALES:-}" ]; then
+  for n in ${APPLY_SCALES//,/ }; do
+    [[ $n =~ ^[0-9]+$ ]] || { echo "--apply-scales takes payment counts, like 30000000,100000000" >&2; exit 64; }
+    echo "== $n payments: scripts/apply_bench.sh --payments $n --reps $REPS" >&2
+    APPLY_DIR=${BENCH_DIR:-/work/bench}/apply
+    BENCH_DIR=$APPLY_DIR MEMORY_LIMIT=${MEMORY_LIMIT:-2GiB} "$REPO/scripts/apply_bench.sh" --payments "$n" --days 365 \
+      --reps "$REPS" | python3 -c '
+import json, sys
+d = json.load(sys.stdin)
+for m, name in (("cow", "copy-on-write"), ("dv", "deletion vectors")):
+    x = d[m]
+    print("%s payments, %s: %d changed keys, %d/%d files touched, %.1f rows written per changed key, "
+          "%.3f ms per changed key, median %s s (runs %s), peak RSS %.0f MiB" % (
+              sys.argv[1], name, x["changed_keys"], x["files_rewritten_or_marked"],
+              x["files_candidate"], x["rows_written_per_changed_key"], x["ms_per_changed_key"],
+              x["median_wall_s"], x["walls"], x["max_rss_mib"]))
+' "$n"
+    python3 -c 'import json, sys; print("%s payments: both modes and a full reload have the same content: %s" % (sys.argv[1], json.load(open(sys.argv[2]))["all_equal"]))' \
+      "$n" "$APPLY_DIR/results/p${n}_d365/check.json"
+  done
+  exit 0
+fi
 
 BENCH_DIR=${BENCH_DIR:-/work/bench}
 SHARED_DIR=${SHARED_DIR:-$REPO/../shared}
