@@ -27,8 +27,8 @@ pub struct Compacted {
     /// Of the files removed, those rewritten for the rows their deletion vectors delete (not
     /// for being small).
     pub files_purged: u64,
-    /// Deletion-vector files (relative to the table root) that only removed files use: no live
-    /// file references them after the compaction.
+    /// In a dry run, the deletion-vector files (relative to the table root) that only removed
+    /// files use: no live file references them after the compaction. Empty otherwise.
     pub dv_files_released: Vec<String>,
 }
 
@@ -143,16 +143,12 @@ fn released_dv_files(table: &DeltaTable, groups: &[Group]) -> Result<Vec<String>
             .then(|| super::dv::file_name(d).map_err(external))
             .transpose()
     };
-    let removed: std::collections::HashSet<&str> = groups
-        .iter()
-        .flat_map(|g| g.files.iter().map(|(p, _)| p.as_str()))
-        .collect();
+    let mut removed = std::collections::HashSet::new();
     let mut released = std::collections::BTreeSet::new();
-    for g in groups {
-        for (_, r) in &g.files {
-            if let Some(d) = &r.deletion_vector {
-                released.extend(name(d)?);
-            }
+    for (path, r) in groups.iter().flat_map(|g| &g.files) {
+        removed.insert(path.as_str());
+        if let Some(d) = &r.deletion_vector {
+            released.extend(name(d)?);
         }
     }
     if released.is_empty() {
@@ -185,7 +181,12 @@ pub async fn compact_clustered(
         files_removed: groups.iter().map(|g| g.files.len() as u64).sum(),
         files_added: groups.iter().map(|g| g.outputs).sum(),
         files_purged: groups.iter().map(|g| g.purged).sum(),
-        dv_files_released: released_dv_files(table, &groups)?,
+        // (only a dry run reports them: the real run's vacuum sees the files themselves)
+        dv_files_released: if dry_run {
+            released_dv_files(table, &groups)?
+        } else {
+            Vec::new()
+        },
     };
     if dry_run || groups.is_empty() {
         return Ok((planned, None));

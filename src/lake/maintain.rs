@@ -129,7 +129,7 @@ pub async fn maintain(
         deltalake::checkpoints::create_checkpoint(&table, None).await?;
         // Log files past `delta.logRetentionDuration` that the new checkpoint makes
         // unnecessary go now, as Delta clients do after a checkpoint (hourly merges leave this
-        // to checkpoints: see `merge::cow::commit`), unless the table turns it off.
+        // to checkpoints: see `lake::cleanup_at_checkpoints`), unless the table turns it off.
         if table
             .snapshot()?
             .table_config()

@@ -60,13 +60,17 @@ pub fn spans(groups: &[Vec<Range<u64>>]) -> Vec<Range<u64>> {
     merge(per_group, GROUP_GAP, SPAN)
 }
 
+/// Bytes `wanted` of a file, from `bytes` (its bytes `span`) when the span holds all of them.
+pub fn slice_of(span: &Range<u64>, bytes: &Bytes, wanted: &Range<u64>) -> Option<Bytes> {
+    (span.start <= wanted.start && wanted.end <= span.end).then(|| {
+        bytes.slice((wanted.start - span.start) as usize..(wanted.end - span.start) as usize)
+    })
+}
+
 impl Fetched {
     fn find(&self, r: &Range<u64>) -> Option<Bytes> {
         let spans = self.spans.lock().unwrap_or_else(|e| e.into_inner());
-        spans.iter().find_map(|(s, b)| {
-            (s.start <= r.start && r.end <= s.end)
-                .then(|| b.slice((r.start - s.start) as usize..(r.end - s.start) as usize))
-        })
+        spans.iter().find_map(|(s, b)| slice_of(s, b, r))
     }
 
     /// Fetches the spans of `groups` (see [`spans`]) that are not here yet, concurrently.

@@ -677,6 +677,30 @@ fn every_fault_converges_after_a_rerun() {
     );
 }
 
+/// Two runs of `pipeline` at `now`: the slow one paused at `point` while the fast one runs
+/// whole, then released. Both must succeed; their summaries (fast, slow).
+fn race(pipeline: &Path, now: i64, point: &str) -> (Value, Value) {
+    let pause = Pause::new();
+    let slow = command(pipeline, now, false, Some(pause.at(point)))
+        .spawn()
+        .expect("spawn");
+    pause.wait_reached();
+    let fast = output(&mut command(pipeline, now, false, None));
+    assert!(
+        fast.status.success(),
+        "{}",
+        String::from_utf8_lossy(&fast.stderr)
+    );
+    pause.release();
+    let slow = slow.wait_with_output().expect("wait");
+    assert!(
+        slow.status.success(),
+        "{}",
+        String::from_utf8_lossy(&slow.stderr)
+    );
+    (summary(&fast).expect("json"), summary(&slow).expect("json"))
+}
+
 /// Two runs of the same pipeline at once (as if on two hosts): the one that commits second
 /// finds the target moved, plans again, and finds nothing left to do. One commit, no loss.
 #[test]
@@ -694,31 +718,7 @@ fn concurrent_runs_commit_once_and_the_loser_replans() {
         .success());
     rt.block_on(append(&bronze(dir.path()), &rows[1]));
     let now = batch_time(1);
-    let pause = Pause::new();
-    let slow = command(
-        &pipeline,
-        now,
-        false,
-        Some(pause.at("incremental.before_commit")),
-    )
-    .spawn()
-    .expect("spawn");
-    pause.wait_reached();
-    let fast = output(&mut command(&pipeline, now, false, None));
-    assert!(
-        fast.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fast.stderr)
-    );
-    pause.release();
-    let slow = slow.wait_with_output().expect("wait");
-    assert!(
-        slow.status.success(),
-        "{}",
-        String::from_utf8_lossy(&slow.stderr)
-    );
-    let slow_summary = summary(&slow).expect("json");
-    let fast_summary = summary(&fast).expect("json");
+    let (fast_summary, slow_summary) = race(&pipeline, now, "incremental.before_commit");
     assert!(fast_summary["target_version"].is_u64(), "{fast_summary}");
     assert_eq!(slow_summary["num_replans"], 1, "{slow_summary}");
     assert!(
@@ -746,31 +746,7 @@ fn concurrent_bootstraps_create_the_target_once() {
     let rows = history(7);
     rt.block_on(append(&bronze(dir.path()), &rows[0]));
     let now = batch_time(0);
-    let pause = Pause::new();
-    let slow = command(
-        &pipeline,
-        now,
-        false,
-        Some(pause.at("full_reload.after_validate")),
-    )
-    .spawn()
-    .expect("spawn");
-    pause.wait_reached();
-    let fast = output(&mut command(&pipeline, now, false, None));
-    assert!(
-        fast.status.success(),
-        "{}",
-        String::from_utf8_lossy(&fast.stderr)
-    );
-    pause.release();
-    let slow = slow.wait_with_output().expect("wait");
-    assert!(
-        slow.status.success(),
-        "{}",
-        String::from_utf8_lossy(&slow.stderr)
-    );
-    let slow_summary = summary(&slow).expect("json");
-    let fast_summary = summary(&fast).expect("json");
+    let (fast_summary, slow_summary) = race(&pipeline, now, "full_reload.after_validate");
     assert_eq!(fast_summary["mode"], "bootstrap", "{fast_summary}");
     assert_eq!(slow_summary["num_replans"], 1, "{slow_summary}");
     assert!(

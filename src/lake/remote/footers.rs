@@ -12,9 +12,11 @@ use std::ops::Range;
 use std::sync::Mutex;
 
 use bytes::Bytes;
-use futures::stream::StreamExt;
 use object_store::path::Path;
-use object_store::{Attributes, GetOptions, GetRange, GetResult, GetResultPayload, ObjectMeta};
+use object_store::{Attributes, GetOptions, GetRange, GetResult, ObjectMeta};
+
+use super::result;
+use crate::lake::ranges::slice_of;
 
 /// Bytes fetched from the end of a data file on its footer-length read.
 pub const WINDOW: u64 = 64 * 1024;
@@ -54,15 +56,6 @@ pub fn widened(options: &GetOptions) -> Option<GetRange> {
     }
 }
 
-fn result(meta: ObjectMeta, attributes: Attributes, range: Range<u64>, body: Bytes) -> GetResult {
-    GetResult {
-        payload: GetResultPayload::Stream(futures::stream::once(async move { Ok(body) }).boxed()),
-        meta,
-        range,
-        attributes,
-    }
-}
-
 impl Footers {
     /// `wanted` of `location`, when a kept tail holds all of it.
     pub fn find(
@@ -72,12 +65,10 @@ impl Footers {
     ) -> Option<(Bytes, ObjectMeta, Attributes)> {
         let tails = self.tails.lock().unwrap_or_else(|e| e.into_inner());
         tails.iter().find_map(|t| {
-            (t.path == *location && t.range.start <= wanted.start && wanted.end <= t.range.end)
-                .then(|| {
-                    let at = (wanted.start - t.range.start) as usize;
-                    let to = (wanted.end - t.range.start) as usize;
-                    (t.bytes.slice(at..to), t.meta.clone(), t.attributes.clone())
-                })
+            let bytes = (t.path == *location)
+                .then(|| slice_of(&t.range, &t.bytes, wanted))
+                .flatten()?;
+            Some((bytes, t.meta.clone(), t.attributes.clone()))
         })
     }
 
@@ -109,19 +100,16 @@ impl Footers {
             GetRange::Bounded(r) => r.start..r.end.min(size),
             GetRange::Offset(o) => *o..size,
         };
-        let within =
-            range.start <= asked.start && asked.end <= range.end && asked.start < asked.end;
-        if !within || bytes.len() as u64 != range.end - range.start {
-            return Err(object_store::Error::Generic {
+        let body = (asked.start < asked.end && bytes.len() as u64 == range.end - range.start)
+            .then(|| slice_of(&range, &bytes, &asked))
+            .flatten()
+            .ok_or_else(|| object_store::Error::Generic {
                 store: "RemoteReads",
                 source: format!(
                     "{location}: asked for bytes {asked:?}, the store returned {range:?}"
                 )
                 .into(),
-            });
-        }
-        let body =
-            bytes.slice((asked.start - range.start) as usize..(asked.end - range.start) as usize);
+            })?;
         let mut tails = self.tails.lock().unwrap_or_else(|e| e.into_inner());
         if tails.len() >= KEPT {
             tails.pop_front();

@@ -195,12 +195,17 @@ fn serve(c: Cached, options: &GetOptions) -> Result<GetResult> {
         None => 0..len,
     };
     let body = c.bytes.slice(range.start as usize..range.end as usize);
-    Ok(GetResult {
+    Ok(result(c.meta, c.attributes, range, body))
+}
+
+/// A read answered from memory: `body` is the object's bytes `range`.
+fn result(meta: ObjectMeta, attributes: Attributes, range: Range<u64>, body: Bytes) -> GetResult {
+    GetResult {
         payload: GetResultPayload::Stream(futures::stream::once(async move { Ok(body) }).boxed()),
-        meta: c.meta,
+        meta,
         range,
-        attributes: c.attributes,
-    })
+        attributes,
+    }
 }
 
 impl fmt::Debug for RemoteReads {
