@@ -10,7 +10,11 @@ written to COUNTS_FILE as JSON on SIGTERM/SIGINT and every second, so a benchmar
 requests per run by method. With TRACE_FILE, every request is also written there as a line
 "<ms since start> <connection> <method> <path> [<range>]", to see which requests a run makes one after
 another.
+With the environment variable MBPS (MB/s, e.g. 80), each connection's response bodies are also
+paced to that rate: a single S3 GET streams at roughly 50-100 MB/s, which loopback does not, so
+without it bigger objects look free.
 """
+import os
 import asyncio
 import json
 import signal
@@ -20,6 +24,7 @@ import time
 LISTEN, TARGET, DELAY, OUT = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]) / 1000, sys.argv[4]
 TRACE = open(sys.argv[5], "w") if len(sys.argv) > 5 else None
 START = time.monotonic()
+RATE = float(os.environ.get("MBPS", "0")) * 1e6  # bytes per second per connection; 0: unpaced
 connections = 0
 counts = {}
 METHODS = (b"GET ", b"PUT ", b"HEAD ", b"POST ", b"DELETE ")
@@ -64,6 +69,7 @@ async def handle(client_r, client_w):
             server_w.close()
 
     async def downstream():
+        began, sent = 0.0, 0  # pacing: when the current response's first byte went, bytes since
         try:
             while True:
                 data = await server_r.read(65536)
@@ -72,6 +78,12 @@ async def handle(client_r, client_w):
                 if not pending.empty():
                     pending.get_nowait()
                     await asyncio.sleep(DELAY)
+                    began, sent = time.monotonic(), 0
+                if RATE:
+                    sent += len(data)
+                    ahead = began + sent / RATE - time.monotonic()
+                    if ahead > 0:
+                        await asyncio.sleep(ahead)
                 client_w.write(data)
                 await client_w.drain()
         finally:

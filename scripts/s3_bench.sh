@@ -4,8 +4,12 @@
 # first-byte latency to every request (scripts/latency_proxy.py), in each apply mode; wall time
 # and requests per run by method (each request, in order, in $RES/<mode>_<rep>.trace).
 #
-#   scripts/s3_bench.sh [--payments N] [--days D] [--reps R] [--delay-ms MS] [--peer]
+#   scripts/s3_bench.sh [--payments N] [--days D] [--reps R] [--delay-ms MS] [--mbps MB]
+#                       [--file-size S] [--peer]
 #
+# --mbps MB also paces each connection's responses to MB megabytes a second (a single S3 GET
+# streams at ~50-100 MB/s; loopback makes big objects look free). --file-size S runs on the base
+# that `scripts/apply_bench.sh --file-size S` made (target.file_size S in both modes).
 # --peer also runs the Python peer (../shared/peers/merge_deltalake.py, deltalake 1.6.6) on the
 # same bucket, from its own full reload of the base bronze ($DATA/peer_base, made once here).
 #
@@ -14,13 +18,15 @@
 set -euo pipefail
 
 REPO=$(cd "$(dirname "$0")/.." && pwd)
-P=10000000; D=365; REPS=3; DELAY=20; PEER=0
+P=10000000; D=365; REPS=3; DELAY=20; PEER=0; MBPS=; FS=
 while [ $# -gt 0 ]; do
   case $1 in
     --payments) P=$2; shift 2 ;;
     --days) D=$2; shift 2 ;;
     --reps) REPS=$2; shift 2 ;;
     --delay-ms) DELAY=$2; shift 2 ;;
+    --mbps) MBPS=$2; shift 2 ;;
+    --file-size) FS=$2; shift 2 ;;
     --peer) PEER=1; shift ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d'; exit 0 ;;
     *) echo "unknown argument $1 (see --help)" >&2; exit 64 ;;
@@ -30,8 +36,10 @@ TM=${TIDEMARK_BIN:-$REPO/target/release/tidemark}
 S3S=${S3S_FS:-$REPO/target/tools/bin/s3s-fs}
 BENCH_DIR=${BENCH_DIR:-/work/bench/apply}
 DATA=$BENCH_DIR/data/p${P}_d${D}
-RES=$BENCH_DIR/results/p${P}_d${D}/s3_${DELAY}ms
-[ -f "$DATA/bronze.complete" ] || { echo "run scripts/apply_bench.sh --payments $P --days $D first" >&2; exit 1; }
+RES=$BENCH_DIR/results/p${P}_d${D}${FS:+_fs$FS}/s3_${DELAY}ms${MBPS:+_${MBPS}MBps}
+BASE=$DATA/base${FS:+_fs$FS}
+[ -f "$DATA/bronze.complete" ] && { [ -z "$FS" ] || [ -f "$BASE/silver.complete" ]; } || {
+  echo "run scripts/apply_bench.sh --payments $P --days $D${FS:+ --file-size $FS} first" >&2; exit 1; }
 mkdir -p "$RES"
 ROOT=$DATA/s3root
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -56,14 +64,15 @@ if [ "$PEER" = 1 ]; then
 fi
 for i in $(seq 1 "$REPS"); do
   for m in $MODES; do
-    p=$DATA/payments_copy_on_write.yml; [ "$m" = dv ] && p=$DATA/payments_deletion_vectors.yml
+    p=$DATA/payments_copy_on_write${FS:+_fs$FS}.yml
+    [ "$m" = dv ] && p=$DATA/payments_deletion_vectors${FS:+_fs$FS}.yml
     # a fresh bucket: the hour's bronze and the base target, hard-linked (s3s-fs serves files)
     rm -rf "$ROOT"; mkdir -p "$ROOT/lake/bronze" "$ROOT/lake/silver"
     cp -al "$DATA/hour/bronze/payments_raw" "$ROOT/lake/bronze/"
-    cp -al "$DATA/base/silver/payments" "$ROOT/lake/silver/"
+    cp -al "$BASE/silver/payments" "$ROOT/lake/silver/"
     [ "$m" = peer ] && cp -al "$DATA/peer_base" "$ROOT/lake/peer"
     PPORT=$(free_port)
-    python3 "$REPO/scripts/latency_proxy.py" "$PPORT" "$SPORT" "$DELAY" "$RES/${m}_$i.requests.json" "$RES/${m}_$i.trace" &
+    MBPS=${MBPS:-0} python3 "$REPO/scripts/latency_proxy.py" "$PPORT" "$SPORT" "$DELAY" "$RES/${m}_$i.requests.json" "$RES/${m}_$i.trace" &
     PXPID=$!
     for _ in $(seq 1 50); do
       python3 -c "import socket; socket.create_connection(('127.0.0.1', $PPORT), 1)" 2>/dev/null && break

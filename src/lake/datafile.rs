@@ -183,6 +183,22 @@ impl DataFile {
         ))
     }
 
+    /// Per row group, whether `column`'s statistics are its exact least and greatest values (a
+    /// writer may shorten long strings: such bounds only enclose the values).
+    pub fn exact_bounds(&self, column: &str) -> Vec<bool> {
+        let leaf =
+            StatisticsConverter::try_new(column, self.meta.schema(), self.meta.parquet_schema())
+                .ok()
+                .and_then(|c| c.parquet_column_index());
+        self.row_groups()
+            .iter()
+            .map(|g| {
+                leaf.and_then(|l| g.column(l).statistics())
+                    .is_some_and(|s| s.min_is_exact() && s.max_is_exact())
+            })
+            .collect()
+    }
+
     /// The named columns of the given row groups, in the order given. Their column chunks are
     /// fetched in few concurrent requests and kept ([`super::ranges`]): on an object store
     /// each request mostly waits, and a later read of the same row groups finds them here.

@@ -42,7 +42,9 @@ use feed::{Change, FeedRows};
 use file::rewrite_file;
 use mark::Grown;
 use probe::{probe_file, Match, Probed};
-use prune::{admitted_row_groups, candidates, key_converter, sorted_first_keys, sub_schema};
+use prune::{
+    admitted_row_groups, candidates, key_converter, sorted_first_keys, sub_schema, SortedKeys,
+};
 
 use super::decide::{self, Verdict};
 use crate::config::pipeline::{Apply, DELETED_COLUMN};
@@ -163,9 +165,8 @@ struct Slice {
     enc: RowEncoders,
     /// The winners, encoded.
     w: EncodedBatch,
-    /// First key column: its storage type and the slice's values, encoded and sorted.
-    key_type: DataType,
-    sorted: Vec<Box<[u8]>>,
+    /// First key column: its storage type and the slice's values, sorted.
+    keys: SortedKeys,
     probe_cols: Vec<String>,
     probe_schema: SchemaRef,
     key_conv: RowConverter,
@@ -299,7 +300,6 @@ pub async fn rewrite(
     let keys = sorted_first_keys(roles, winners)?;
     let listed = candidates(target.table, uri, roles, &keys)?;
     out.files_candidate = listed.len() as u64;
-    let (key_type, sorted) = keys;
     // Merge-on-read only where the table takes deletion vectors (the run turned the feature on
     // before planning; a dry run of a table without it shows copy-on-write's costs).
     // (a dry run shows what the real run would do: it upgrades the table first)
@@ -315,8 +315,7 @@ pub async fn rewrite(
         key_conv: key_converter(roles, &roles.keys)?,
         tuple_conv: key_converter(roles, &roles.order)?,
         probe_cols,
-        key_type,
-        sorted,
+        keys,
         roles: roles.clone(),
         winners: winners.clone(),
         index,
@@ -338,7 +337,9 @@ pub async fn rewrite(
             tokio::spawn(async move { probe_file(&slice, &path, size).await })
         })
         .buffered(parallelism);
-    let mut files: Vec<DataFile> = Vec::with_capacity(listed.len());
+    // The probed files the rewrite or mark step reads again (with the spans the probe fetched);
+    // the others are dropped as soon as they are probed.
+    let mut files: Vec<Option<DataFile>> = Vec::with_capacity(listed.len());
     let mut touched: BTreeMap<usize, BTreeSet<usize>> = BTreeMap::new();
     let mut seen_in: HashMap<usize, usize> = HashMap::new();
     let mut dead: HashMap<usize, roaring::RoaringTreemap> = HashMap::new();
@@ -385,13 +386,13 @@ pub async fn rewrite(
         }
         let rows = file.row_groups().iter().map(|g| g.num_rows() as u64).sum();
         probed.push((file.path.clone(), rows));
-        files.push(file);
+        files.push(touched.contains_key(&f).then_some(file));
         f += 1;
     }
     drop(probes);
 
     tracing::debug!(
-        files = files.len(),
+        files = probed.len(),
         row_groups = touched.values().map(BTreeSet::len).sum::<usize>(),
         elapsed_ms = started.elapsed().as_millis() as u64,
         "probed"
@@ -436,7 +437,7 @@ pub async fn rewrite(
     let jobs: Vec<(usize, DataFile, BTreeSet<usize>)> = files
         .into_iter()
         .enumerate()
-        .filter_map(|(f, file)| touched.remove(&f).map(|groups| (f, file, groups)))
+        .filter_map(|(f, file)| Some((f, file?, touched.remove(&f)?)))
         .collect();
     let shared = rewrite.clone();
     let mut outcomes = futures::stream::iter(jobs)

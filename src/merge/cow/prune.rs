@@ -53,7 +53,9 @@ pub(super) fn candidates(
     roles: &ColumnRoles,
     keys: &SortedKeys,
 ) -> Result<Vec<FileInfo>, RunError> {
-    let (key_type, sorted) = keys;
+    let SortedKeys {
+        key_type, sorted, ..
+    } = keys;
     let adds = crate::lake::live_files(target)
         .map_err(RunError::delta(Phase::Compare, uri))?
         .files;
@@ -149,21 +151,29 @@ pub(super) fn possibly_truncated(max: Option<&arrow::array::ArrayRef>, i: usize)
 pub(super) fn admitted_row_groups(
     file: &DataFile,
     first_key: &str,
-    key_type: &DataType,
-    sorted: &[Box<[u8]>],
-) -> Result<Vec<usize>, RunError> {
-    let all = || (0..file.row_groups().len()).collect::<Vec<_>>();
+    keys: &SortedKeys,
+) -> Result<Vec<Admitted>, RunError> {
+    let sorted = &keys.sorted;
+    let all = || {
+        (0..file.row_groups().len())
+            .map(|group| Admitted {
+                group,
+                keys: 0..sorted.len(),
+            })
+            .collect::<Vec<_>>()
+    };
     let Ok((mins, maxs)) = file.bounds(first_key) else {
         return Ok(all());
     };
     let a = |e| RunError::arrow(Phase::Compare)(e);
     let (Ok(mins), Ok(maxs)) = (
-        arrow::compute::cast(&mins, key_type),
-        arrow::compute::cast(&maxs, key_type),
+        arrow::compute::cast(&mins, &keys.key_type),
+        arrow::compute::cast(&maxs, &keys.key_type),
     ) else {
         return Ok(all());
     };
-    let conv = RowConverter::new(vec![SortField::new(key_type.clone())]).map_err(&a)?;
+    let exact = file.exact_bounds(first_key);
+    let conv = RowConverter::new(vec![SortField::new(keys.key_type.clone())]).map_err(&a)?;
     let lo = conv
         .convert_columns(std::slice::from_ref(&mins))
         .map_err(&a)?;
@@ -171,27 +181,46 @@ pub(super) fn admitted_row_groups(
         .convert_columns(std::slice::from_ref(&maxs))
         .map_err(&a)?;
     Ok((0..file.row_groups().len())
-        .filter(|&g| {
-            admits(
-                sorted,
-                mins.is_valid(g)
-                    .then(|| lo.row(g))
-                    .as_ref()
-                    .map(|r| r.as_ref()),
-                maxs.is_valid(g)
-                    .then(|| hi.row(g))
-                    .as_ref()
-                    .map(|r| r.as_ref()),
-            )
+        .filter_map(|group| {
+            let lo = mins.is_valid(group).then(|| lo.row(group));
+            let hi = maxs.is_valid(group).then(|| hi.row(group));
+            let (lo, hi) = (
+                lo.as_ref().map(|r| r.as_ref()),
+                hi.as_ref().map(|r| r.as_ref()),
+            );
+            if !admits(sorted, lo, hi) {
+                return None;
+            }
+            // The slice keys inside the bounds; bounds a writer shortened (long strings) are
+            // not trusted to say which, any of them may be there
+            let keys = match (lo, hi) {
+                (Some(lo), Some(hi)) if exact.get(group) == Some(&true) => {
+                    sorted.partition_point(|k| k.as_ref() < lo)
+                        ..sorted.partition_point(|k| k.as_ref() <= hi)
+                }
+                _ => 0..sorted.len(),
+            };
+            Some(Admitted { group, keys })
         })
         .collect())
 }
 
-/// The first key column's storage type, and the slice's values of it encoded and sorted.
-pub(super) type SortedKeys = (DataType, Vec<Box<[u8]>>);
+/// A row group whose key statistics admit a slice key, and which of the slice's sorted first
+/// keys (`SortedKeys::sorted`, by index) its rows can hold.
+pub(super) struct Admitted {
+    pub(super) group: usize,
+    pub(super) keys: std::ops::Range<usize>,
+}
 
-/// The slice's first key column, encoded in storage type and sorted, for pruning files and
-/// row groups by their key statistics.
+/// The slice's first key column in its storage type: its values encoded and sorted, for
+/// pruning files and row groups by their key statistics, and the same values as an array in
+/// the same order, for finding them in a row group's decoded keys.
+pub(super) struct SortedKeys {
+    pub(super) key_type: DataType,
+    pub(super) sorted: Vec<Box<[u8]>>,
+    pub(super) values: ArrayRef,
+}
+
 pub(super) fn sorted_first_keys(
     roles: &ColumnRoles,
     winners: &RecordBatch,
@@ -204,18 +233,24 @@ pub(super) fn sorted_first_keys(
         .map(|f| crate::lake::storage::storage_type(f.data_type()))
         .map_err(&a)?;
     let conv = RowConverter::new(vec![SortField::new(key_type.clone())]).map_err(&a)?;
-    let keys = winners
-        .column_by_name(first)
-        .map(|c| arrow::compute::cast(c, &key_type))
-        .transpose()
-        .map_err(&a)?;
-    let Some(keys) = keys else {
-        return Ok((key_type, Vec::new()));
+    let keys = match winners.column_by_name(first) {
+        Some(c) => arrow::compute::cast(c, &key_type).map_err(&a)?,
+        None => arrow::array::new_empty_array(&key_type),
     };
     let encoded = conv.convert_columns(&[keys]).map_err(&a)?;
     let mut sorted: Vec<Box<[u8]>> = encoded.iter().map(|r| r.as_ref().into()).collect();
     sorted.sort_unstable();
-    Ok((key_type, sorted))
+    let parser = conv.parser();
+    let values = conv
+        .convert_rows(sorted.iter().map(|k| parser.parse(k)))
+        .map_err(&a)?
+        .pop()
+        .unwrap_or_else(|| arrow::array::new_empty_array(&key_type));
+    Ok(SortedKeys {
+        key_type,
+        sorted,
+        values,
+    })
 }
 
 #[cfg(test)]
@@ -225,6 +260,7 @@ mod tests {
     use arrow::array::{ArrayRef, StringArray};
 
     use super::*;
+    use crate::lake::datafile::FastPath;
 
     fn keys(ks: &[&str]) -> Vec<Box<[u8]>> {
         ks.iter().map(|k| k.as_bytes().into()).collect()
@@ -258,6 +294,64 @@ mod tests {
             !admits(&[], None, None),
             "a slice without keys touches no file"
         );
+    }
+
+    /// A one-file Delta table of string keys in row groups of two, and that file's footer.
+    async fn key_file(dir: &std::path::Path, keys: &[&str]) -> DataFile {
+        let batch = RecordBatch::try_from_iter([(
+            "id",
+            Arc::new(StringArray::from(keys.to_vec())) as ArrayRef,
+        )])
+        .unwrap();
+        let url = url::Url::from_directory_path(dir).unwrap();
+        let table = deltalake::DeltaTableBuilder::from_url(url)
+            .unwrap()
+            .build()
+            .unwrap()
+            .write(vec![batch])
+            .with_writer_properties(crate::lake::datafile::writer_properties(2))
+            .await
+            .unwrap();
+        let fast = FastPath::check(&table).unwrap().unwrap();
+        let view = table.snapshot().unwrap().log_data().iter().next().unwrap();
+        DataFile::open(&fast.store, &view.path(), view.size() as u64)
+            .await
+            .unwrap()
+    }
+
+    fn slice_keys(ks: &[&str]) -> SortedKeys {
+        let values: ArrayRef = Arc::new(StringArray::from(ks.to_vec()));
+        let conv = RowConverter::new(vec![SortField::new(DataType::Utf8)]).unwrap();
+        let rows = conv.convert_columns(&[values.clone()]).unwrap();
+        SortedKeys {
+            key_type: DataType::Utf8,
+            sorted: rows.iter().map(|r| r.as_ref().into()).collect(),
+            values,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_row_group_says_which_slice_keys_it_can_hold_when_its_bounds_are_exact() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = key_file(dir.path(), &["a", "c", "d", "f", "g", "i"]).await;
+        let keys = slice_keys(&["b", "e", "f", "z"]);
+        let admitted = admitted_row_groups(&file, "id", &keys).unwrap();
+        let got: Vec<(usize, std::ops::Range<usize>)> =
+            admitted.iter().map(|a| (a.group, a.keys.clone())).collect();
+        // [a, c] holds b; [d, f] holds e and f; [g, i] none
+        assert_eq!(got, vec![(0, 0..1), (1, 1..3)]);
+
+        // Strings longer than the statistics keep (64 bytes): shortened bounds are not exact,
+        // and every slice key is looked for.
+        let long = |c: &str| format!("{}{c}", "k".repeat(70));
+        let (a, b, c, d) = (long("a"), long("b"), long("c"), long("d"));
+        let dir = tempfile::tempdir().unwrap();
+        let file = key_file(dir.path(), &[&a, &c]).await;
+        let keys = slice_keys(&[&b, &d]);
+        let admitted = admitted_row_groups(&file, "id", &keys).unwrap();
+        let got: Vec<(usize, std::ops::Range<usize>)> =
+            admitted.iter().map(|a| (a.group, a.keys.clone())).collect();
+        assert_eq!(got, vec![(0, 0..2)]);
     }
 
     #[test]
