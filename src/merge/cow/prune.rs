@@ -322,7 +322,7 @@ mod tests {
     fn slice_keys(ks: &[&str]) -> SortedKeys {
         let values: ArrayRef = Arc::new(StringArray::from(ks.to_vec()));
         let conv = RowConverter::new(vec![SortField::new(DataType::Utf8)]).unwrap();
-        let rows = conv.convert_columns(&[values.clone()]).unwrap();
+        let rows = conv.convert_columns(std::slice::from_ref(&values)).unwrap();
         SortedKeys {
             key_type: DataType::Utf8,
             sorted: rows.iter().map(|r| r.as_ref().into()).collect(),
