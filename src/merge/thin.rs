@@ -53,18 +53,23 @@ pub fn thin(
         .map(|b| enc.encode_order(b))
         .collect::<Result<Vec<_>, _>>()?;
     let rows: usize = batches.iter().map(RecordBatch::num_rows).sum();
-    let mut newest: HashMap<&[u8], &[u8]> = HashMap::with_capacity(rows);
+    // One hash lookup per row: each key gets a slot holding its newest tuple, and each row
+    // remembers its key's slot for the second pass.
+    let mut slot_of: HashMap<&[u8], u32, foldhash::fast::RandomState> =
+        HashMap::with_capacity_and_hasher(rows, Default::default());
+    let mut newest: Vec<&[u8]> = Vec::with_capacity(rows);
+    let mut slots: Vec<u32> = Vec::with_capacity(rows);
     for e in &encoded {
         for i in 0..e.keys.num_rows() {
             let t = e.tuples.row(i).data();
-            newest
-                .entry(e.keys.row(i).data())
-                .and_modify(|b| {
-                    if t > *b {
-                        *b = t;
-                    }
-                })
-                .or_insert(t);
+            let next = newest.len() as u32;
+            let slot = *slot_of.entry(e.keys.row(i).data()).or_insert(next);
+            if slot == next {
+                newest.push(t);
+            } else if t > newest[slot as usize] {
+                newest[slot as usize] = t;
+            }
+            slots.push(slot);
         }
     }
     if newest.len() == rows {
@@ -72,10 +77,12 @@ pub fn thin(
     }
     let mut out = Vec::with_capacity(batches.len());
     let mut kept = 0usize;
+    let mut at = 0usize;
     for (b, e) in batches.iter().zip(&encoded) {
         let keep: BooleanArray = (0..b.num_rows())
-            .map(|i| Some(newest.get(e.keys.row(i).data()) == Some(&e.tuples.row(i).data())))
+            .map(|i| Some(e.tuples.row(i).data() == newest[slots[at + i] as usize]))
             .collect();
+        at += b.num_rows();
         let thinned = arrow::compute::filter_record_batch(b, &keep)?;
         kept += thinned.num_rows();
         if thinned.num_rows() > 0 {
