@@ -37,7 +37,7 @@ while [ $# -gt 0 ]; do
 done
 TM=${TIDEMARK_BIN:-$REPO/target/release/tidemark}
 BENCH_DIR=${BENCH_DIR:-/work/bench/apply}
-DUCK_PY=${DUCK_PY:-/work/bench/.venv-duck/bin/python}
+DUCK_PY=${DUCK_PY:-$("$REPO/scripts/duck_venv.sh")}
 DATA=$BENCH_DIR/data/p${P}_d${D}
 RES=$BENCH_DIR/results/p${P}_d${D}${FS:+_fs$FS}
 BASE=$DATA/base${FS:+_fs$FS}

@@ -23,7 +23,7 @@ while [ $# -gt 0 ]; do
 done
 TM=${TIDEMARK_BIN:-$REPO/target/release/tidemark}
 BENCH_DIR=${BENCH_DIR:-/work/bench/apply}
-DUCK_PY=${DUCK_PY:-/work/bench/.venv-duck/bin/python}
+DUCK_PY=${DUCK_PY:-$("$REPO/scripts/duck_venv.sh")}
 DATA=$BENCH_DIR/data/p${P}_d${D}
 RES=$BENCH_DIR/results/p${P}_d${D}/week
 [ -f "$DATA/bronze.complete" ] || { echo "run scripts/apply_bench.sh --payments $P --days $D first" >&2; exit 1; }
