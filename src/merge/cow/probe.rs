@@ -72,12 +72,12 @@ pub(super) async fn probe_file(s: &Slice, path: &str, size: u64) -> Result<Probe
             _ => None,
         };
         let batch = cast_to(&batch, &s.probe_schema).map_err(&arrow)?;
-        let picked = rows_to_look_up(s, &batch, first, &bounds, &admitted)?;
+        let picked = rows_to_look_up(s, path, &batch, first, &bounds, &admitted)?;
         if picked.is_empty() {
             continue;
         }
-        let few = arrow::compute::take_record_batch(&batch, &UInt32Array::from(picked.clone()))
-            .map_err(&arrow)?;
+        let rows = UInt32Array::from_iter_values(picked.iter().map(|&(r, _)| r));
+        let few = arrow::compute::take_record_batch(&batch, &rows).map_err(&arrow)?;
         let keys = s
             .key_conv
             .convert_columns(&few.columns()[..nk])
@@ -86,16 +86,9 @@ pub(super) async fn probe_file(s: &Slice, path: &str, size: u64) -> Result<Probe
             .tuple_conv
             .convert_columns(&few.columns()[nk..])
             .map_err(&arrow)?;
-        for (j, &r) in picked.iter().enumerate() {
-            let at = first + r as u64;
-            let b = bounds
-                .get(bounds.partition_point(|b| b.end <= at))
-                .ok_or_else(|| {
-                    read(deltalake::DeltaTableError::Generic(format!(
-                        "{path} returned more rows than its row groups hold"
-                    )))
-                })?;
-            let pos = b.file_end - (b.end - at);
+        for (j, &(r, at)) in picked.iter().enumerate() {
+            let b = &bounds[at];
+            let pos = b.file_end - (b.end - (first + r as u64));
             // A row the file's deletion vector deletes is not in the table.
             if dead.as_ref().is_some_and(|d| d.contains(pos)) {
                 continue;
@@ -145,17 +138,18 @@ struct Bounds {
 const FEW_KEYS: usize = 16;
 
 /// The rows of `batch` (its first row is `first` among the rows read) whose key can be one of
-/// the slice's, in order. A row group's statistics say which few slice keys it can hold (an
+/// the slice's, in order, each with its row group's index in `bounds`. A row group's statistics say which few slice keys it can hold (an
 /// old file's group typically holds one late refund among its 4,096 rows): its first key
 /// column is compared with those alone, so the row encoding and the index lookup run for the
 /// rows that match rather than for every row read.
 fn rows_to_look_up(
     s: &Slice,
+    path: &str,
     batch: &RecordBatch,
     first: u64,
     bounds: &[Bounds],
     admitted: &[super::prune::Admitted],
-) -> Result<Vec<u32>, RunError> {
+) -> Result<Vec<(u32, usize)>, RunError> {
     let arrow = |e| RunError::arrow(Phase::Compare)(e);
     let n = batch.num_rows() as u64;
     let mut picked = Vec::new();
@@ -166,7 +160,7 @@ fn rows_to_look_up(
         let (lo, len) = ((start - first) as usize, (stop - start) as usize);
         let keys = &admitted[at].keys;
         if keys.len() > FEW_KEYS {
-            picked.extend(lo as u32..(lo + len) as u32);
+            picked.extend((lo as u32..(lo + len) as u32).map(|r| (r, at)));
         } else {
             let column = batch.column(0).slice(lo, len);
             let column = if column.data_type() == &s.keys.key_type {
@@ -187,12 +181,17 @@ fn rows_to_look_up(
                 picked.extend(
                     (0..len)
                         .filter(|&i| hit.is_valid(i) && hit.value(i))
-                        .map(|i| (lo + i) as u32),
+                        .map(|i| ((lo + i) as u32, at)),
                 );
             }
         }
         start = stop;
         at += 1;
+    }
+    if start < first + n {
+        return Err(s.read_err(deltalake::DeltaTableError::Generic(format!(
+            "{path} returned more rows than its row groups hold"
+        ))));
     }
     Ok(picked)
 }
