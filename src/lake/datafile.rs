@@ -406,7 +406,7 @@ impl NewFile {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use arrow::array::{
         BooleanArray, Date32Array, Decimal128Array, Float64Array, Int64Array, StringArray,
@@ -466,17 +466,27 @@ mod tests {
         .unwrap()
     }
 
-    /// Writes `b` through delta-rs into a new table; returns the table and its file's stats.
-    async fn delta_rs_table(dir: &std::path::Path, b: RecordBatch) -> (DeltaTable, Value) {
+    /// Writes `b` through delta-rs, with tidemark's writer properties and row groups of
+    /// `row_group_rows`, into a new one-file table.
+    pub(crate) async fn one_file_table(
+        dir: &std::path::Path,
+        b: RecordBatch,
+        row_group_rows: usize,
+    ) -> DeltaTable {
         let url = url::Url::from_directory_path(dir).unwrap();
-        let table = deltalake::DeltaTableBuilder::from_url(url)
+        deltalake::DeltaTableBuilder::from_url(url)
             .unwrap()
             .build()
             .unwrap()
             .write(vec![b])
-            .with_writer_properties(writer_properties(1024))
+            .with_writer_properties(writer_properties(row_group_rows))
             .await
-            .unwrap();
+            .unwrap()
+    }
+
+    /// Writes `b` through delta-rs into a new table; returns the table and its file's stats.
+    async fn delta_rs_table(dir: &std::path::Path, b: RecordBatch) -> (DeltaTable, Value) {
+        let table = one_file_table(dir, b, 1024).await;
         let stats = table
             .snapshot()
             .unwrap()

@@ -303,15 +303,7 @@ mod tests {
             Arc::new(StringArray::from(keys.to_vec())) as ArrayRef,
         )])
         .unwrap();
-        let url = url::Url::from_directory_path(dir).unwrap();
-        let table = deltalake::DeltaTableBuilder::from_url(url)
-            .unwrap()
-            .build()
-            .unwrap()
-            .write(vec![batch])
-            .with_writer_properties(crate::lake::datafile::writer_properties(2))
-            .await
-            .unwrap();
+        let table = crate::lake::datafile::tests::one_file_table(dir, batch, 2).await;
         let fast = FastPath::check(&table).unwrap().unwrap();
         let view = table.snapshot().unwrap().log_data().iter().next().unwrap();
         DataFile::open(&fast.store, &view.path(), view.size() as u64)
