@@ -73,7 +73,11 @@ pub fn live_files(table: &DeltaTable) -> Result<LiveFiles, DeltaTableError> {
 /// the watermark that only narrows the overlap slice, and the rows that landed since the
 /// previous run are read whatever their sequence.
 pub fn max_from_stats(table: &DeltaTable, column: &str) -> Result<StatsMax, DeltaTableError> {
-    let adds = live_files(table)?.files;
+    max_in(&live_files(table)?.files, column)
+}
+
+/// [`max_from_stats`] over files already read.
+fn max_in(adds: &RecordBatch, column: &str) -> Result<StatsMax, DeltaTableError> {
     if adds.num_rows() == 0 {
         return Ok(StatsMax::Empty);
     }
@@ -82,8 +86,8 @@ pub fn max_from_stats(table: &DeltaTable, column: &str) -> Result<StatsMax, Delt
     };
     let max_col = arrow::compute::cast(max_col, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
     let max_col = max_col.as_primitive::<TimestampMicrosecondType>();
-    let records = int_column(&adds, "num_records")?;
-    let nulls = int_column(&adds, &format!("null_count.{column}"))?;
+    let records = int_column(adds, "num_records")?;
+    let nulls = int_column(adds, &format!("null_count.{column}"))?;
     let mut best: Option<i64> = None;
     for i in 0..adds.num_rows() {
         if max_col.is_valid(i) {
@@ -105,6 +109,41 @@ pub fn max_from_stats(table: &DeltaTable, column: &str) -> Result<StatsMax, Delt
     Ok(best.map_or(StatsMax::Empty, StatsMax::Max))
 }
 
+/// Slack added to a timestamp maximum read from statistics before it is trusted as an upper
+/// bound: Delta truncates them to milliseconds; a second also covers a writer that truncates
+/// further, and costs nothing (it only matters for rows within a second of a run's future skew).
+const STATS_MAX_SLACK_MICROS: i64 = 1_000_000;
+
+/// What the log's statistics prove about validation's built-in rules, without a scan: when no
+/// file counts a null in any of `not_null` (the keys and the sequence), the largest value the
+/// timestamp column `sequence` can hold (µs, an upper bound; `i64::MIN` for a table without
+/// rows). `None` when a file lacks those statistics or counts a null: only a scan can tell.
+/// A file with a deletion vector keeps the statistics of its deleted rows too, so the proof
+/// covers more rows than are live.
+pub fn valid_until(
+    live: &LiveFiles,
+    not_null: &[&str],
+    sequence: &str,
+) -> Result<Option<i64>, DeltaTableError> {
+    let files = &live.files;
+    for column in not_null {
+        let Some(nulls) = int_column(files, &format!("null_count.{column}"))? else {
+            if files.num_rows() == 0 {
+                continue;
+            }
+            return Ok(None);
+        };
+        if nulls.null_count() > 0 || nulls.values().iter().any(|n| *n != 0) {
+            return Ok(None);
+        }
+    }
+    Ok(match max_in(files, sequence)? {
+        StatsMax::Empty => Some(i64::MIN),
+        StatsMax::Max(m) => Some(m.saturating_add(STATS_MAX_SLACK_MICROS)),
+        StatsMax::Missing => None,
+    })
+}
+
 fn int_column(
     batch: &RecordBatch,
     name: &str,
@@ -121,11 +160,12 @@ fn int_column(
 /// Live rows of a table from the `numRecords` statistics of its files, minus the rows their
 /// deletion vectors delete; `None` when a file lacks them (then only a scan can tell).
 pub fn row_count_from_stats(table: &DeltaTable) -> Result<Option<u64>, DeltaTableError> {
-    let LiveFiles {
-        files,
-        deleted_rows,
-    } = live_files(table)?;
-    let Some(records) = int_column(&files, "num_records")? else {
+    row_count(&live_files(table)?)
+}
+
+/// [`row_count_from_stats`] over files already read.
+pub fn row_count(live: &LiveFiles) -> Result<Option<u64>, DeltaTableError> {
+    let Some(records) = int_column(&live.files, "num_records")? else {
         return Ok(None);
     };
     if records.null_count() > 0 {
@@ -135,7 +175,7 @@ pub fn row_count_from_stats(table: &DeltaTable) -> Result<Option<u64>, DeltaTabl
         records
             .values()
             .iter()
-            .zip(&deleted_rows)
+            .zip(&live.deleted_rows)
             .map(|(v, deleted)| ((*v).max(0) as u64).saturating_sub(*deleted))
             .sum(),
     ))
@@ -334,4 +374,84 @@ pub fn no_blind_retry(
     props: deltalake::kernel::transaction::CommitProperties,
 ) -> deltalake::kernel::transaction::CommitProperties {
     props.with_max_retries(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use arrow::array::{RecordBatch, StringArray, TimestampMicrosecondArray};
+    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+
+    use super::*;
+
+    const T: i64 = 1_700_000_000_123_456;
+
+    async fn table(
+        dir: &std::path::Path,
+        ids: Vec<Option<&str>>,
+        ts: Vec<Option<i64>>,
+    ) -> DeltaTable {
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, true),
+            Field::new(
+                "ts",
+                DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
+                true,
+            ),
+        ]));
+        let b = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(StringArray::from(ids)),
+                Arc::new(TimestampMicrosecondArray::from(ts).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        let url = url::Url::from_directory_path(dir).unwrap();
+        deltalake::DeltaTableBuilder::from_url(url)
+            .unwrap()
+            .build()
+            .unwrap()
+            .write(vec![b])
+            .await
+            .unwrap()
+    }
+
+    async fn until(ids: Vec<Option<&str>>, ts: Vec<Option<i64>>, not_null: &[&str]) -> Option<i64> {
+        let dir = tempfile::tempdir().unwrap();
+        let t = table(dir.path(), ids, ts).await;
+        valid_until(&live_files(&t).unwrap(), not_null, "ts").unwrap()
+    }
+
+    #[tokio::test]
+    async fn statistics_prove_no_null_and_bound_the_sequence_from_above() {
+        let bound = until(
+            vec![Some("a"), Some("b")],
+            vec![Some(T - 5), Some(T)],
+            &["id", "ts"],
+        )
+        .await
+        .expect("provable");
+        assert!(bound >= T, "an upper bound: {bound} < {T}");
+        assert!(bound <= T + 1_000_000, "{bound}");
+    }
+
+    #[tokio::test]
+    async fn a_counted_null_or_a_missing_statistic_proves_nothing() {
+        let null_key = until(vec![Some("a"), None], vec![Some(T), Some(T)], &["id", "ts"]).await;
+        assert_eq!(null_key, None);
+        let null_seq = until(
+            vec![Some("a"), Some("b")],
+            vec![Some(T), None],
+            &["id", "ts"],
+        )
+        .await;
+        assert_eq!(null_seq, None);
+        let unknown = until(vec![Some("a")], vec![Some(T)], &["id", "no_such_column"]).await;
+        assert_eq!(
+            unknown, None,
+            "no statistics for a column: only a scan can tell"
+        );
+    }
 }

@@ -28,8 +28,8 @@ pub use compact::{compact_clustered, Compacted, PURGE_DELETED_SHARE};
 pub use error::LakeError;
 pub use log::{
     cleanup_at_checkpoints, commit_actions, files_added_between, live_files, max_from_stats,
-    no_blind_retry, read_commits, row_count_from_stats, AddedFiles, CommitEntry, LiveFiles,
-    Rewrite, StatsMax,
+    no_blind_retry, read_commits, row_count, row_count_from_stats, valid_until, AddedFiles,
+    CommitEntry, LiveFiles, Rewrite, StatsMax,
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
 pub use open::{

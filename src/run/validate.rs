@@ -22,6 +22,8 @@ pub struct Split {
     /// in one pass.
     pub input: DataFrame,
     pub deferred_when: Expr,
+    /// The latest sequence (µs) merged now: rows after it are deferred.
+    pub due_micros: i64,
     /// With bounded tombstones: the condition of a rejected resurrection (counted in the
     /// report).
     pub resurrected: Option<Expr>,
@@ -171,6 +173,7 @@ pub fn split(
         rejected,
         input: all,
         deferred_when,
+        due_micros,
         resurrected: guard.map(|g| g.resurrected.clone()),
         valid_when_none_rejected,
         valid_when,
