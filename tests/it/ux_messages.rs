@@ -195,3 +195,50 @@ fn demo_works_from_any_directory() {
     assert_ne!(out.code, 0);
     assert!(out.stderr.contains("--bundle"), "{}", out.stderr);
 }
+
+/// A target that holds a key twice (another writer appended its rows again) cannot be merged
+/// into: the hourly run stops before any commit, exit 65, naming the key and both files and
+/// saying what to do; the full reload it names repairs the table.
+#[tokio::test]
+async fn a_target_holding_a_key_twice_stops_the_run_and_names_the_way_out() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let p = write_pipeline(dir.path(), "15m", "soft", "");
+    let (b, s) = (bronze(dir.path()), silver(dir.path()));
+    let mut all = vec![up("a", T0 + HOUR, 1), up("b", T0 + HOUR, 2)];
+    append(&b, &all).await;
+    let boot = exec(tidemark(NOW).arg("run").arg(&p));
+    assert_eq!(boot.code, 0, "{}", boot.stderr);
+    for batch in read_all(&s).await {
+        append_batch(&s, batch).await;
+    }
+    let before = version(&s).await;
+    let late = up("a", T0 + 2 * HOUR, 3);
+    append(&b, std::slice::from_ref(&late)).await;
+    all.push(late);
+
+    let out = exec(tidemark(NOW).arg("run").arg(&p));
+    assert_eq!(
+        out.code, 65,
+        "stdout: {}\nstderr: {}",
+        out.stdout, out.stderr
+    );
+    // (both keys are in the run's overlap, both twice: either may be named first)
+    for needle in [
+        "duplicate key",
+        "first: id=\"",
+        "\" (in part-",
+        " and part-",
+        "--full-reload",
+    ] {
+        assert!(
+            out.stderr.contains(needle),
+            "{needle:?} not in: {}",
+            out.stderr
+        );
+    }
+    assert_eq!(version(&s).await, before, "a failed run commits nothing");
+
+    let fixed = exec(tidemark(NOW).arg("run").arg(&p).arg("--full-reload"));
+    assert_eq!(fixed.code, 0, "{}", fixed.stderr);
+    assert_eq!(read_target(&s).await, oracle(&all, NOW, false));
+}
