@@ -79,11 +79,16 @@ impl Run<'_> {
         } else {
             canonical
         };
-        let stream = canonical
+        let sorted = canonical
             .sort(roles.dedup_sort())
-            .map_err(q(Phase::Dedup))?
-            .execute_stream()
+            .map_err(q(Phase::Dedup))?;
+        let task = Arc::new(sorted.task_ctx());
+        // (kept to show, with `-vv`, what the scan, thinning and sort did once they are done)
+        let sort_plan = sorted
+            .create_physical_plan()
             .await
+            .map_err(q(Phase::Dedup))?;
+        let stream = datafusion::physical_plan::execute_stream(sort_plan.clone(), task)
             .map_err(q(Phase::Dedup))?;
         let partition =
             dedup::DedupPartition::sharing(roles, stream, counts.clone(), scan_error.clone())
@@ -132,9 +137,11 @@ impl Run<'_> {
             .filter(|t| crate::lake::datafile::change_data_feed(t))
             .cloned()
         {
-            return self
+            let reloaded = self
                 .reload_by_merge(t, winners, roles, counts, scan_error, streamed)
                 .await;
+            log_executed(&sort_plan);
+            return reloaded;
         } else {
             // The counts of a streamed reload are known only after the write; its commit
             // carries what is known before it, and delta-rs adds the written row count.
@@ -181,6 +188,7 @@ impl Run<'_> {
             self.summary.num_files_added = added;
             self.summary.num_files_removed = removed;
         }
+        log_executed(&sort_plan);
         let c = *counts.lock().map_err(|_| RunError::Internal {
             phase: Phase::Dedup,
             message: "the dedup counters were poisoned by a panicked writer thread".into(),
@@ -249,6 +257,19 @@ impl Run<'_> {
         self.ctx
             .read_table(Arc::new(table))
             .map_err(q(Phase::Dedup))
+    }
+}
+
+/// The reload's scan, thinning and sort as they ran, with DataFusion's metrics per operator
+/// (rows, time, spills: what `EXPLAIN ANALYZE` shows), in the debug log (`-vv`).
+fn log_executed(plan: &Arc<dyn datafusion::physical_plan::ExecutionPlan>) {
+    if tracing::enabled!(tracing::Level::DEBUG) {
+        let shown = datafusion::physical_plan::display::DisplayableExecutionPlan::with_metrics(
+            plan.as_ref(),
+        )
+        .indent(true)
+        .to_string();
+        tracing::debug!("the reload's sort, as executed:\n{shown}");
     }
 }
 

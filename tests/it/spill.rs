@@ -285,3 +285,36 @@ fn maintain_sweeps_spill_directories_of_dead_processes() {
         "a running process's spill directory was removed"
     );
 }
+
+/// `-vv` shows the reload's scan, thinning and sort as they ran, with DataFusion's metrics
+/// (what `EXPLAIN ANALYZE` prints): how many rows reached the sort and what it spilled.
+#[test]
+fn a_verbose_full_reload_shows_what_its_sort_did_and_spilled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lake = dir.path().join("lake");
+    generate(&lake, 100_000);
+    let out = output(
+        tidemark()
+            .env_remove("RUST_LOG")
+            .arg("run")
+            .arg(payments_pipeline())
+            .arg("--var")
+            .arg(format!("lake={}", lake.display()))
+            .args(["--full-reload", "--memory-limit", "16MiB", "--spill-dir"])
+            .arg(dir.path().join("spill"))
+            .arg("-vv"),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let shown = out
+        .stderr
+        .split("the reload's sort, as executed:")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no executed plan in: {}", out.stderr));
+    for needle in ["SortExec", "output_rows=", "spill_count=", "spilled_rows="] {
+        assert!(shown.contains(needle), "{needle:?} not in: {shown}");
+    }
+    assert!(
+        !shown.contains("spill_count=0,"),
+        "16 MiB should make the sort spill: {shown}"
+    );
+}
