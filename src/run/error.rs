@@ -299,6 +299,27 @@ impl RunError {
 impl RunError {
     /// Whether the run lost a commit race: planning again from the new snapshot is safe and
     /// will not overwrite the winner.
+    /// What the race a [`RunError::is_commit_conflict`] error lost was, in one line and without
+    /// the advice to run again (for the warning of a run that plans again by itself).
+    pub fn race_cause(&self) -> String {
+        match self {
+            RunError::Conflict {
+                uri,
+                planned,
+                found,
+            } => format!(
+                "another writer committed version {found} of {uri} after this run planned against version {planned}"
+            ),
+            RunError::Delta { source, .. } | RunError::Write { source, .. } => source
+                .to_string()
+                .lines()
+                .next()
+                .unwrap_or_default()
+                .to_string(),
+            other => other.to_string().lines().next().unwrap_or_default().to_string(),
+        }
+    }
+
     pub fn is_commit_conflict(&self) -> bool {
         use deltalake::kernel::transaction::TransactionError as T;
         match self {

@@ -90,7 +90,7 @@ pub async fn run(
         match attempt {
             Err(e) if e.is_commit_conflict() && replans < MAX_REPLANS => {
                 replans += 1;
-                warn!(parent: &span, error = %e, replans, "another writer committed first; planning the run again from the new snapshot");
+                warn!(parent: &span, cause = %e.race_cause(), replans, "another writer committed first; planning the run again from the new snapshot");
             }
             Ok(mut summary) => {
                 summary.num_replans = replans;

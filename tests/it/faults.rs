@@ -679,9 +679,10 @@ fn every_fault_converges_after_a_rerun() {
 
 /// Two runs of `pipeline` at `now`: the slow one paused at `point` while the fast one runs
 /// whole, then released. Both must succeed; their summaries (fast, slow).
-fn race(pipeline: &Path, now: i64, point: &str) -> (Value, Value) {
+fn race(pipeline: &Path, now: i64, point: &str) -> (Value, Value, String) {
     let pause = Pause::new();
     let slow = command(pipeline, now, false, Some(pause.at(point)))
+        .env("RUST_LOG", "warn")
         .spawn()
         .expect("spawn");
     pause.wait_reached();
@@ -698,7 +699,25 @@ fn race(pipeline: &Path, now: i64, point: &str) -> (Value, Value) {
         "{}",
         String::from_utf8_lossy(&slow.stderr)
     );
-    (summary(&fast).expect("json"), summary(&slow).expect("json"))
+    (
+        summary(&fast).expect("json"),
+        summary(&slow).expect("json"),
+        String::from_utf8_lossy(&slow.stderr).into_owned(),
+    )
+}
+
+/// The loser of a commit race says so in one warning line: what happened and that it plans
+/// again — not the advice to rerun the command (or delta-rs' to rerun the query), which the
+/// run is already doing.
+fn lost_race_said_once(log: &str) {
+    let said: Vec<&str> = log
+        .lines()
+        .skip_while(|l| !l.contains("another writer committed first"))
+        .take_while(|l| !l.contains("failed validation"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(said[0].contains("replans=1"), "{log}");
+    assert!(!said[0].to_lowercase().contains("rerun"), "{log}");
 }
 
 /// Two runs of the same pipeline at once (as if on two hosts): the one that commits second
@@ -718,9 +737,10 @@ fn concurrent_runs_commit_once_and_the_loser_replans() {
         .success());
     rt.block_on(append(&bronze(dir.path()), &rows[1]));
     let now = batch_time(1);
-    let (fast_summary, slow_summary) = race(&pipeline, now, "incremental.before_commit");
+    let (fast_summary, slow_summary, slow_log) = race(&pipeline, now, "incremental.before_commit");
     assert!(fast_summary["target_version"].is_u64(), "{fast_summary}");
     assert_eq!(slow_summary["num_replans"], 1, "{slow_summary}");
+    lost_race_said_once(&slow_log);
     assert!(
         slow_summary["target_version"].is_null(),
         "the loser must not commit again: {slow_summary}"
@@ -746,7 +766,8 @@ fn concurrent_bootstraps_create_the_target_once() {
     let rows = history(7);
     rt.block_on(append(&bronze(dir.path()), &rows[0]));
     let now = batch_time(0);
-    let (fast_summary, slow_summary) = race(&pipeline, now, "full_reload.after_validate");
+    let (fast_summary, slow_summary, slow_log) = race(&pipeline, now, "full_reload.after_validate");
+    lost_race_said_once(&slow_log);
     assert_eq!(fast_summary["mode"], "bootstrap", "{fast_summary}");
     assert_eq!(slow_summary["num_replans"], 1, "{slow_summary}");
     assert!(
