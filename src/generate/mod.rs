@@ -168,6 +168,10 @@ pub enum GenerateError {
     /// Options out of range.
     #[error("invalid options: {0}")]
     InvalidOptions(String),
+    /// The object store could not be reached or refused access (one line: which store, why,
+    /// what to check).
+    #[error(transparent)]
+    Store(crate::lake::LakeError),
     /// Opening, reading or writing the table failed.
     #[error("Delta Lake error on {path}: {source}")]
     Delta {
@@ -190,6 +194,7 @@ impl crate::error::Classify for GenerateError {
             GenerateError::NotATable { .. }
             | GenerateError::NoGeneratorMetadata { .. }
             | GenerateError::BadMetadata { .. } => ErrorClass::Unavailable,
+            GenerateError::Store(e) => e.class(),
             GenerateError::Delta { source, .. } => crate::error::classify_delta(source),
             GenerateError::Arrow(_) => ErrorClass::Internal,
         }
@@ -203,9 +208,15 @@ trait AtPath<T> {
 
 impl<T> AtPath<T> for Result<T, DeltaTableError> {
     fn at(self, path: &str) -> Result<T, GenerateError> {
-        self.map_err(|source| GenerateError::Delta {
-            path: path.to_string(),
-            source: Box::new(source),
+        self.map_err(|source| {
+            if crate::lake::store_fault(&source).is_some() {
+                GenerateError::Store(crate::lake::LakeError::delta("access", path, source))
+            } else {
+                GenerateError::Delta {
+                    path: path.to_string(),
+                    source: Box::new(source),
+                }
+            }
         })
     }
 }

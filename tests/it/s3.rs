@@ -447,6 +447,19 @@ async fn store_down_or_credentials_wrong_are_not_a_damaged_log() {
         assert_store_fault(&out, 66, "credentials", &format!("wrong secret, {args:?}"));
         assert_no_secret(&out);
     }
+    // The generator's next hour on the same store, with the wrong secret: the same one line.
+    let out = tidemark_at(
+        &server.endpoint,
+        Some("not-the-secret"),
+        &["generate", "--out", "s3://lake/bronze", "--next-hour"],
+    );
+    assert_store_fault(
+        &out,
+        66,
+        "credentials",
+        "generate --next-hour, wrong secret",
+    );
+    assert_no_secret(&out);
     // No credentials at all.
     let out = tidemark_at(&server.endpoint, None, &run_args);
     assert_store_fault(&out, 66, "no credentials", "no credentials");
