@@ -408,14 +408,7 @@ mod tests {
             ],
         )
         .unwrap();
-        let url = url::Url::from_directory_path(dir).unwrap();
-        deltalake::DeltaTableBuilder::from_url(url)
-            .unwrap()
-            .build()
-            .unwrap()
-            .write(vec![b])
-            .await
-            .unwrap()
+        crate::lake::datafile::tests::one_file_table(dir, b, 1024).await
     }
 
     async fn until(ids: Vec<Option<&str>>, ts: Vec<Option<i64>>, not_null: &[&str]) -> Option<i64> {
