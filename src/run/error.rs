@@ -75,7 +75,7 @@ pub enum RunError {
         after: String,
     },
     /// Another writer committed to the target after this run planned.
-    #[error("another writer committed version {found} of {uri} after this run planned against version {planned}; rerun the same command (it plans again from the new version)")]
+    #[error("{}; rerun the same command (it plans again from the new version)", conflict_cause(uri, *planned, *found))]
     Conflict {
         uri: String,
         planned: u64,
@@ -297,29 +297,25 @@ impl RunError {
 }
 
 impl RunError {
-    /// Whether the run lost a commit race: planning again from the new snapshot is safe and
-    /// will not overwrite the winner.
     /// What the race a [`RunError::is_commit_conflict`] error lost was, in one line and without
     /// the advice to run again (for the warning of a run that plans again by itself).
     pub fn race_cause(&self) -> String {
+        let first_line = |text: String| text.lines().next().unwrap_or_default().to_string();
         match self {
             RunError::Conflict {
                 uri,
                 planned,
                 found,
-            } => format!(
-                "another writer committed version {found} of {uri} after this run planned against version {planned}"
-            ),
-            RunError::Delta { source, .. } | RunError::Write { source, .. } => source
-                .to_string()
-                .lines()
-                .next()
-                .unwrap_or_default()
-                .to_string(),
-            other => other.to_string().lines().next().unwrap_or_default().to_string(),
+            } => conflict_cause(uri, *planned, *found),
+            RunError::Delta { source, .. } | RunError::Write { source, .. } => {
+                first_line(source.to_string())
+            }
+            other => first_line(other.to_string()),
         }
     }
 
+    /// Whether the run lost a commit race: planning again from the new snapshot is safe and
+    /// will not overwrite the winner.
     pub fn is_commit_conflict(&self) -> bool {
         use deltalake::kernel::transaction::TransactionError as T;
         match self {
@@ -453,10 +449,30 @@ fn classify_datafusion(e: &datafusion::error::DataFusionError) -> ErrorClass {
     }
 }
 
+/// What [`RunError::Conflict`] says happened (its message adds what to do).
+fn conflict_cause(uri: &str, planned: u64, found: u64) -> String {
+    format!("another writer committed version {found} of {uri} after this run planned against version {planned}")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use datafusion::error::DataFusionError as D;
+
+    #[test]
+    fn a_lost_race_says_what_happened_and_only_its_message_says_to_rerun() {
+        let e = RunError::Conflict {
+            uri: "/l/silver".into(),
+            planned: 3,
+            found: 4,
+        };
+        let cause = "another writer committed version 4 of /l/silver after this run planned against version 3";
+        assert_eq!(
+            e.to_string(),
+            format!("{cause}; rerun the same command (it plans again from the new version)")
+        );
+        assert_eq!(e.race_cause(), cause);
+    }
 
     fn store(source: std::io::Error) -> deltalake::ObjectStoreError {
         deltalake::ObjectStoreError::Generic {
