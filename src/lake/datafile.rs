@@ -36,8 +36,9 @@ use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::Compression;
 use parquet::column::writer::ColumnCloseResult;
 use parquet::file::metadata::RowGroupMetaData;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterPropertiesBuilder};
 use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::ColumnPath;
 
 use super::ranges::Fetched;
 use super::stats::{delta_stats, StatsColumns};
@@ -55,12 +56,29 @@ pub const DEFAULT_ROW_GROUP_ROWS: usize = 4096;
 /// statistics per column chunk (pruning and Delta stats need no more) and no page index, so a
 /// file assembled from copied and re-encoded row groups is uniform.
 pub fn writer_properties(row_group_rows: usize) -> WriterProperties {
+    writer_builder(row_group_rows).build()
+}
+
+fn writer_builder(row_group_rows: usize) -> WriterPropertiesBuilder {
     WriterProperties::builder()
         .set_compression(Compression::SNAPPY)
         .set_max_row_group_row_count(Some(row_group_rows.max(1)))
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_offset_index_disabled(true)
-        .build()
+}
+
+/// [`writer_properties`] for a table whose rows are unique by `keys`: a single key column holds
+/// a different value in every row, so a dictionary for it would only repeat the values (and
+/// cost a hash per row to build); it is written plain. (Each column of a composite key may
+/// repeat, so those keep their dictionaries.)
+pub fn keyed_writer_properties(row_group_rows: usize, keys: &[String]) -> WriterProperties {
+    let builder = writer_builder(row_group_rows);
+    match keys {
+        [key] => builder
+            .set_column_dictionary_enabled(ColumnPath::from(key.as_str()), false)
+            .build(),
+        _ => builder.build(),
+    }
 }
 
 /// Whether a table's files can be read and written directly, and the facts needed to do so.
@@ -294,7 +312,18 @@ impl NewFile {
         row_group_rows: usize,
         capacity: usize,
     ) -> Result<Self, DeltaTableError> {
-        let props = writer_properties(row_group_rows);
+        Self::keyed(schema, row_group_rows, capacity, &[])
+    }
+
+    /// [`NewFile::new`] for a table whose rows are unique by `keys`
+    /// ([`keyed_writer_properties`]).
+    pub fn keyed(
+        schema: SchemaRef,
+        row_group_rows: usize,
+        capacity: usize,
+        keys: &[String],
+    ) -> Result<Self, DeltaTableError> {
+        let props = keyed_writer_properties(row_group_rows, keys);
         let buffer = Vec::with_capacity(capacity);
         let (writer, factory) =
             ArrowWriter::try_new(buffer, schema.clone(), Some(props))?.into_serialized_writer()?;
@@ -413,6 +442,7 @@ pub(crate) mod tests {
         TimestampMicrosecondArray,
     };
     use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    use parquet::file::metadata::ParquetMetaDataReader;
     use serde_json::Value;
 
     fn batch(rows: std::ops::Range<i64>, bump: Option<i64>) -> RecordBatch {
@@ -520,6 +550,44 @@ pub(crate) mod tests {
             normalized(serde_json::from_str(&ours).unwrap()),
             normalized(want)
         );
+    }
+
+    /// Whether column `name` of every row group of the Parquet file in `bytes` has a
+    /// dictionary.
+    fn dictionary_encoded(bytes: Vec<u8>, name: &str) -> bool {
+        let meta = ParquetMetaDataReader::new()
+            .parse_and_finish(&Bytes::from(bytes))
+            .unwrap();
+        let col = meta
+            .file_metadata()
+            .schema_descr()
+            .columns()
+            .iter()
+            .position(|c| c.name() == name)
+            .unwrap();
+        meta.row_groups()
+            .iter()
+            .all(|g| g.column(col).dictionary_page_offset().is_some())
+    }
+
+    fn written(keys: &[&str]) -> Vec<u8> {
+        let b = batch(0..3000, None);
+        let keys: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let props = keyed_writer_properties(1024, &keys);
+        let mut w = ArrowWriter::try_new(Vec::new(), b.schema(), Some(props)).unwrap();
+        w.write(&b).unwrap();
+        w.into_inner().unwrap()
+    }
+
+    #[test]
+    fn a_single_key_column_is_written_plain_and_the_others_keep_their_dictionaries() {
+        let keyed = written(&["id"]);
+        assert!(!dictionary_encoded(keyed.clone(), "id"));
+        assert!(dictionary_encoded(keyed, "day"));
+        // Without keys, or with a composite key (whose columns may repeat), every column
+        // keeps its dictionary.
+        assert!(dictionary_encoded(written(&[]), "id"));
+        assert!(dictionary_encoded(written(&["id", "day"]), "id"));
     }
 
     #[tokio::test]

@@ -168,6 +168,7 @@ impl Run<'_> {
                     change_data_feed: self.m.change_data_feed,
                     deletion_vectors: self.m.target_apply
                         == crate::config::pipeline::Apply::DeletionVectors,
+                    keys: roles.keys.clone(),
                 },
                 plan,
                 write::OverwriteCommit { props, final_facts },

@@ -166,7 +166,7 @@ pub async fn merge_all(
 }
 
 /// How big the target's files and their row groups are (the pipeline's `target:` block).
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct FileShape {
     pub file_size: u64,
     pub row_group_rows: usize,
@@ -174,6 +174,8 @@ pub struct FileShape {
     pub change_data_feed: bool,
     /// Create the table with the `deletionVectors` feature (`target.apply: deletion_vectors`).
     pub deletion_vectors: bool,
+    /// The columns the rows are unique by (`keyed_writer_properties`).
+    pub keys: Vec<String>,
 }
 
 /// What the overwrite commit carries: the run's facts known before the write, and those
@@ -201,6 +203,7 @@ pub async fn overwrite(
         row_group_rows,
         change_data_feed,
         deletion_vectors,
+        ..
     } = shape;
     let size = NonZeroU64::new(file_size);
     // A failed bootstrap leaves no empty target folder behind.
@@ -233,7 +236,10 @@ pub async fn overwrite(
         .with_save_mode(SaveMode::Overwrite)
         .with_schema_mode(SchemaMode::Overwrite)
         .with_target_file_size(size)
-        .with_writer_properties(lake::datafile::writer_properties(row_group_rows))
+        .with_writer_properties(lake::datafile::keyed_writer_properties(
+            row_group_rows,
+            &shape.keys,
+        ))
         .with_commit_properties(lake::no_blind_retry(props))
         .with_session_state(Arc::new(ctx.state()));
     if fresh {

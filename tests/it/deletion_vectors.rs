@@ -502,3 +502,65 @@ async fn maintain_dry_run_counts_the_deletion_vector_files_compaction_releases()
     );
     assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
 }
+
+/// Whether column `name` of every row group of the Parquet file at `path` has a dictionary.
+fn dictionary_encoded(path: &Path, name: &str) -> bool {
+    use parquet::file::reader::FileReader;
+    let reader = parquet::file::serialized_reader::SerializedFileReader::new(
+        std::fs::File::open(path).expect("open"),
+    )
+    .expect("parquet");
+    let meta = reader.metadata();
+    let col = meta
+        .file_metadata()
+        .schema_descr()
+        .columns()
+        .iter()
+        .position(|c| c.name() == name)
+        .unwrap_or_else(|| panic!("{} has no column {name}", path.display()));
+    meta.row_groups()
+        .iter()
+        .all(|g| g.column(col).dictionary_page_offset().is_some())
+}
+
+/// The target holds one row per key, so every file tidemark writes for it — the bootstrap's,
+/// a copy-on-write rewrite, a marking hour's new file — stores the key column plain (a
+/// dictionary would only repeat its values); the other columns keep their dictionaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_file_written_stores_the_key_column_without_a_dictionary() {
+    for apply in ["copy_on_write", "deletion_vectors"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let d = dir.path();
+        let p = pipeline(d, apply);
+        let mut all = first_load();
+        append(&bronze(d), &all).await;
+        run_ok(d, &p);
+        let next = next_hour();
+        append(&bronze(d), &next).await;
+        all.extend(next);
+        // (copy-on-write rewrites the file and writes k11 into a new one; marking writes the
+        // changed rows into one new file)
+        let v = run_ok(d, &p);
+        let added = v["num_files_added"].as_u64().expect("files added");
+        assert!(added >= 1, "{apply}: {v}");
+        assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
+        let files: Vec<PathBuf> = std::fs::read_dir(silver(d))
+            .expect("silver")
+            .map(|e| e.expect("entry").path())
+            .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+            .collect();
+        assert_eq!(
+            files.len() as u64,
+            1 + added,
+            "{apply}: the bootstrap's file and the hour's"
+        );
+        for f in &files {
+            assert!(!dictionary_encoded(f, "id"), "{apply}: {}", f.display());
+            assert!(
+                dictionary_encoded(f, "updated_at"),
+                "{apply}: {}",
+                f.display()
+            );
+        }
+    }
+}

@@ -15,10 +15,11 @@ pub(super) async fn rewrite_file(
     let d = |e| s.delta_err(e);
     let read = |e| s.read_err(e);
     let bytes = file.fetch(&s.fast.store).await.map_err(read)?;
-    let mut new = NewFile::new(
+    let mut new = NewFile::keyed(
         s.fast.schema.clone(),
         r.row_group_rows,
         bytes.len() + (bytes.len() >> 4),
+        &s.roles.keys,
     )
     .map_err(d)?;
     let copy = new.can_copy_from(file);

@@ -570,7 +570,8 @@ pub async fn rewrite(
         let rows = arrow::compute::take_record_batch(winners, &UInt32Array::from(inserts))
             .map_err(RunError::arrow(Phase::Compare))?;
         let rows = cast_to(&rows, schema).map_err(RunError::arrow(Phase::Compare))?;
-        let mut new = NewFile::new(schema.clone(), target.row_group_rows, 0).map_err(d)?;
+        let mut new =
+            NewFile::keyed(schema.clone(), target.row_group_rows, 0, &roles.keys).map_err(d)?;
         new.write(&rows).map_err(d)?;
         new.put(target.fast)
             .await
@@ -589,10 +590,7 @@ pub async fn rewrite(
     if target.fast.change_data_feed && !actions.is_empty() {
         feed_batches.extend(feed.batch(winners, winners, schema)?);
         let cdc = feed::put(target.fast, uri, &feed_batches).await?;
-        out.feed_rows = feed_batches
-            .iter()
-            .map(RecordBatch::num_rows)
-            .sum::<usize>() as u64;
+        out.feed_rows = feed_batches.iter().map(|b| b.num_rows() as u64).sum();
         actions.push(Action::Cdc(cdc));
     }
     out.actions = actions;
