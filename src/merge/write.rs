@@ -203,7 +203,7 @@ pub async fn overwrite(
         row_group_rows,
         change_data_feed,
         deletion_vectors,
-        ..
+        keys,
     } = shape;
     let size = NonZeroU64::new(file_size);
     // A failed bootstrap leaves no empty target folder behind.
@@ -238,7 +238,7 @@ pub async fn overwrite(
         .with_target_file_size(size)
         .with_writer_properties(lake::datafile::keyed_writer_properties(
             row_group_rows,
-            &shape.keys,
+            &keys,
         ))
         .with_commit_properties(lake::no_blind_retry(props))
         .with_session_state(Arc::new(ctx.state()));

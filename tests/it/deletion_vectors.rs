@@ -85,6 +85,18 @@ fn next_hour() -> Vec<Change> {
     ]
 }
 
+/// The first load bootstrapped, then the next hour appended and run: every change so far and
+/// the hour's run summary.
+async fn load_then_next_hour(d: &Path, p: &Path) -> (Vec<Change>, Value) {
+    let mut all = first_load();
+    append(&bronze(d), &all).await;
+    run_ok(d, p);
+    let next = next_hour();
+    append(&bronze(d), &next).await;
+    all.extend(next);
+    (all, run_ok(d, p))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_hour_marks_old_rows_and_writes_only_the_changed_ones() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -278,13 +290,7 @@ async fn hard_deletes_are_marks_without_a_row() {
         .expect("read")
         .replace("mode: soft", "mode: hard");
     std::fs::write(&p, text).expect("write");
-    let mut all = first_load();
-    append(&bronze(d), &all).await;
-    run_ok(d, &p);
-    let next = next_hour();
-    append(&bronze(d), &next).await;
-    all.extend(next);
-    let v = run_ok(d, &p);
+    let (all, v) = load_then_next_hour(d, &p).await;
     assert_eq!(v["num_deleted"], 1, "{v}");
     assert_eq!(v["num_rows_marked_deleted"], 2, "k03 and k07: {v}");
     assert_eq!(v["num_rows_written"], 2, "k03's new version and k11: {v}");
@@ -301,13 +307,8 @@ async fn restore_keeps_each_version_s_deletion_vectors() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let p = pipeline(d, "deletion_vectors");
-    let mut all = first_load();
-    append(&bronze(d), &all).await;
-    run_ok(d, &p);
-    let next = next_hour();
-    append(&bronze(d), &next).await;
-    all.extend(next);
-    let v1 = run_ok(d, &p)["target_version"].as_u64().expect("committed");
+    let (mut all, v) = load_then_next_hour(d, &p).await;
+    let v1 = v["target_version"].as_u64().expect("committed");
     let at_v1 = read_target(&silver(d)).await;
     assert_eq!(at_v1, oracle(&all, NOW, false));
     let more = vec![
@@ -532,15 +533,9 @@ async fn every_file_written_stores_the_key_column_without_a_dictionary() {
         let dir = tempfile::tempdir().expect("tempdir");
         let d = dir.path();
         let p = pipeline(d, apply);
-        let mut all = first_load();
-        append(&bronze(d), &all).await;
-        run_ok(d, &p);
-        let next = next_hour();
-        append(&bronze(d), &next).await;
-        all.extend(next);
         // (copy-on-write rewrites the file and writes k11 into a new one; marking writes the
         // changed rows into one new file)
-        let v = run_ok(d, &p);
+        let (all, v) = load_then_next_hour(d, &p).await;
         let added = v["num_files_added"].as_u64().expect("files added");
         assert!(added >= 1, "{apply}: {v}");
         assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
