@@ -217,9 +217,11 @@ pub async fn files_added_between(
         complete: true,
         rewrites: Vec::new(),
     };
-    // Files added within the range: removing one of them (a DELETE of rows that landed since
-    // `from_exclusive`, e.g. a deletion vector on a new file) takes away nothing a reader of
-    // `from_exclusive` has seen, so it is not a rewrite.
+    // Files whose rows all landed within the range: removing one of them (a DELETE of rows that
+    // landed since `from_exclusive`, e.g. a deletion vector on a new file) takes away nothing a
+    // reader of `from_exclusive` has seen, so it is not a rewrite. A compaction's output is such
+    // a file only when every file it rewrote was: once it carries rows from before the range, a
+    // later DELETE of it takes away rows the target has merged.
     let mut added_in_range = std::collections::HashSet::new();
     for version in (from_exclusive + 1)..=to_inclusive {
         let Some(actions) = commit_actions(table, version).await? else {
@@ -228,18 +230,28 @@ pub async fn files_added_between(
         };
         let mut operation = None;
         let mut removed = 0;
+        let mut carries_older_rows = false;
         let mut adds = Vec::new();
         for action in actions {
             match action {
                 Action::Add(add) => adds.push(add),
-                Action::Remove(r) if r.data_change && !added_in_range.contains(&r.path) => {
-                    removed += 1
+                Action::Remove(r) if !added_in_range.contains(&r.path) => {
+                    carries_older_rows = true;
+                    if r.data_change {
+                        removed += 1
+                    }
                 }
                 Action::CommitInfo(ci) => operation = ci.operation,
                 _ => {}
             }
         }
-        added_in_range.extend(adds.iter().map(|a| a.path.clone()));
+        if carries_older_rows {
+            for add in &adds {
+                added_in_range.remove(&add.path);
+            }
+        } else {
+            added_in_range.extend(adds.iter().map(|a| a.path.clone()));
+        }
         out.adds.extend(adds);
         if removed > 0 {
             out.rewrites.push(Rewrite {

@@ -1197,3 +1197,40 @@ fn a_broken_dimension_file_is_one_error_for_the_demo() {
         out.stderr
     );
 }
+
+/// A compaction of the source (`dataChange = false`) and then another writer's DELETE: the
+/// deleted rows were merged long ago, so the run refuses (65) instead of saying "nothing to
+/// change" — exactly as it does without the compaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_after_a_compaction_of_the_source_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd1");
+    land(d, &[rec("m1", T0 + HOUR, "small", "Acme")]).await;
+    land(d, &[rec("m2", T0 + HOUR, "large", "Bolt")]).await;
+    run(&p, T0 + 2 * HOUR, &[]);
+    let source = d.join("lake/merchants_raw");
+    open_table(&source)
+        .await
+        .optimize()
+        .await
+        .expect("optimize");
+    open_table(&source)
+        .await
+        .delete()
+        .with_predicate("merchant_id = 'm1'")
+        .await
+        .expect("delete");
+    let out = exec(
+        tidemark_at(T0 + 3 * HOUR)
+            .arg("run")
+            .arg(&p)
+            .args(["--output", "json"]),
+    );
+    assert_eq!(out.code, 65, "{}\n{}", out.stdout, out.stderr);
+    assert!(
+        out.stderr.contains("no longer append-only"),
+        "{}",
+        out.stderr
+    );
+}

@@ -301,6 +301,37 @@ async fn compaction_of_the_source_without_data_change_is_fine() {
     assert_target(dir.path(), &oracle(&landed, now, false)).await;
 }
 
+/// A compaction (`dataChange = false`) moves rows merged long ago into a new file; a DELETE of
+/// that file by another writer takes rows away all the same, and must be refused like any other.
+async fn a_delete_after_a_compaction_of_the_source_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (pipeline, _) = history(dir.path()).await;
+    let before = version(&silver(dir.path())).await;
+    open(&bronze(dir.path()))
+        .await
+        .optimize()
+        .await
+        .expect("optimize source");
+    delete_from_source(dir.path(), "id = 'b'").await;
+    let v = version(&bronze(dir.path())).await.expect("source version");
+    let now = T0 + 4 * HOUR;
+    assert_refused(
+        &run(&pipeline, now, &[]),
+        &["no longer append-only", &format!("commit {v} (DELETE)")],
+    );
+    assert_eq!(version(&silver(dir.path())).await, before);
+    let rec = counted(exec(
+        tidemark(now)
+            .current_dir(dir.path())
+            .args(["reconcile"])
+            .arg(&pipeline)
+            .args(["--output", "json"]),
+    ));
+    assert_eq!(rec.code, 65, "{}\n{}", rec.stdout, rec.stderr);
+    let report: Value = serde_json::from_str(&rec.stdout).expect("report");
+    assert_eq!(report["source_version"], v, "{report}");
+}
+
 /// A run whose clock is hours behind defers rows that are due; the run still commits (other
 /// rows changed), so the recorded source version moves past their file. They must be merged
 /// by the first run with a right clock, even far behind the watermark.
@@ -481,6 +512,9 @@ async fn foreign_changes_end_correct_or_refused() {
         }),
         ("source compaction (dataChange=false)", || {
             Box::pin(compaction_of_the_source_without_data_change_is_fine())
+        }),
+        ("DELETE after a compaction of the source", || {
+            Box::pin(a_delete_after_a_compaction_of_the_source_is_refused())
         }),
         ("clock behind", || {
             Box::pin(rows_deferred_by_a_clock_that_was_behind_are_not_lost())

@@ -123,6 +123,12 @@ pub async fn append_batch(path: &Path, batch: RecordBatch) {
         .expect("append to source");
 }
 
+/// The Delta table at `path`, opened at its latest version (panics when there is none).
+pub async fn open_table(path: &Path) -> deltalake::DeltaTable {
+    let url = deltalake::ensure_table_uri(path.to_str().expect("utf8 path")).expect("table url");
+    deltalake::open_table(url).await.expect("open table")
+}
+
 /// Current Delta version of the table at `path`, or None when there is no table.
 pub async fn version(path: &Path) -> Option<u64> {
     let url = deltalake::table::builder::parse_table_uri(path.to_str()?).ok()?;
