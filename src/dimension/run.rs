@@ -194,7 +194,7 @@ impl Run<'_> {
                 )
                 .map_err(q(Phase::Read))?;
         }
-        let rules = crate::run::expect::built_in_for(&d.keys, &d.sequence_by);
+        let rules = crate::run::expect::built_in_for(&d.keys, &d.sequence_by, &schema);
         let (any_null, reason) = crate::run::validate::rejection(&rules).map_err(q(Phase::Read))?;
         let rejected = landed
             .filter(any_null.clone())

@@ -194,7 +194,14 @@ impl<'a> Run<'a> {
             lake::live_files(&source).map_err(RunError::delta(Phase::Plan, &self.m.source_uri))?;
         self.source_rows =
             lake::row_count(&live).map_err(RunError::delta(Phase::Plan, &self.m.source_uri))?;
-        if matches!(seq_type, arrow::datatypes::DataType::Timestamp(..)) {
+        // (a float key may be NaN, which statistics cannot rule out: no proof then)
+        let float_key = roles.keys.iter().any(|k| {
+            roles
+                .canonical
+                .field_with_name(k)
+                .is_ok_and(|f| f.data_type().is_floating())
+        });
+        if matches!(seq_type, arrow::datatypes::DataType::Timestamp(..)) && !float_key {
             let mut not_null: Vec<&str> = roles.keys.iter().map(String::as_str).collect();
             not_null.push(roles.sequence());
             self.source_valid_until = lake::valid_until(&live, &not_null, roles.sequence())

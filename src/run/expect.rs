@@ -96,12 +96,18 @@ pub fn compile(
 
 /// The built-in rules as conditions, with the reasons their rows are quarantined under.
 pub fn built_in(roles: &ColumnRoles) -> Vec<(Expr, String)> {
-    built_in_for(&roles.keys, roles.sequence())
+    built_in_for(&roles.keys, roles.sequence(), &roles.canonical)
 }
 
-/// The built-in rules over `keys` and the sequence column `seq`: each key column, then the
-/// sequence, must not be null (every kind that reads change records checks these).
-pub fn built_in_for(keys: &[String], seq: &str) -> Vec<(Expr, String)> {
+/// The built-in rules over `keys` and the sequence column `seq` of `schema`: each key column
+/// must not be null, nor NaN when it is a float (a NaN never equals itself, so its versions
+/// could never be matched), and the sequence must not be null (every kind that reads change
+/// records checks these).
+pub fn built_in_for(
+    keys: &[String],
+    seq: &str,
+    schema: &arrow::datatypes::Schema,
+) -> Vec<(Expr, String)> {
     let mut out: Vec<(Expr, String)> = keys
         .iter()
         .map(|k| {
@@ -111,6 +117,19 @@ pub fn built_in_for(keys: &[String], seq: &str) -> Vec<(Expr, String)> {
             )
         })
         .collect();
+    for k in keys {
+        let float = schema
+            .field_with_name(k)
+            .is_ok_and(|f| f.data_type().is_floating());
+        if float {
+            out.push((
+                datafusion::functions::math::expr_fn::isnan(datafusion::prelude::ident(k)),
+                format!(
+                    "NaN in key column `{k}` (a NaN key never equals itself; fix the row upstream)"
+                ),
+            ));
+        }
+    }
     out.push((
         datafusion::prelude::ident(seq).is_null(),
         format!("null sequence column `{seq}`"),

@@ -180,6 +180,11 @@ impl ColumnRoles {
                     ])
                     .alias(DELETED_COLUMN)
                 }
+                // A float key's -0.0 is the key 0.0 (`-0.0 + 0.0` is `0.0`): one key, as a
+                // reader comparing numbers expects, not two by their bits.
+                (_, name) if self.keys.iter().any(|k| k == name) && f.data_type().is_floating() => {
+                    (ident(name) + cast(lit(0.0f64), f.data_type().clone())).alias(name)
+                }
                 _ => ident(f.name()),
             })
             .collect()
