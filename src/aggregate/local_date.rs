@@ -116,9 +116,38 @@ impl Offsets {
 
 /// `tz`'s UTC offset (µs) at the instant `at` (µs since the epoch).
 pub(super) fn offset(tz: Tz, at: i64) -> Option<i64> {
+    if at >= CHRONO_TZ_END {
+        return far_offset(tz, at);
+    }
     let t = DateTime::<Utc>::from_timestamp_micros(at)?;
     let off = tz.offset_from_utc_datetime(&t.naive_utc()).fix();
     Some(i64::from(off.local_minus_utc()) * 1_000_000)
+}
+
+/// 2100-01-01T00:00Z (µs): chrono-tz's transition tables end before it, and after them it keeps
+/// the last offset (a summer in 2100 would be on winter time).
+const CHRONO_TZ_END: i64 = 4_102_444_800_000_000;
+
+/// The offset of an instant past chrono-tz's tables, from the zone's rule (the POSIX TZ string
+/// that ends its TZif data), through jiff's bundled database.
+fn far_offset(tz: Tz, at: i64) -> Option<i64> {
+    thread_local! {
+        static ZONES: std::cell::RefCell<std::collections::HashMap<Tz, jiff::tz::TimeZone>> =
+            std::cell::RefCell::new(std::collections::HashMap::new());
+    }
+    let ts = jiff::Timestamp::from_microsecond(at).ok()?;
+    ZONES.with(|zones| {
+        let mut zones = zones.borrow_mut();
+        let zone = match zones.get(&tz) {
+            Some(z) => z.clone(),
+            None => {
+                let z = jiff::tz::db().get(tz.name()).ok()?;
+                zones.insert(tz, z.clone());
+                z
+            }
+        };
+        Some(i64::from(zone.to_offset(ts).seconds()) * 1_000_000)
+    })
 }
 
 /// `column`'s date in `tz` (`None`: its date as is) as an expression.
@@ -181,6 +210,32 @@ mod tests {
     use super::*;
     use arrow::array::TimestampMicrosecondArray;
     use proptest::prelude::*;
+
+    /// Past chrono-tz's tables the zone's rule still applies: summer time in 2100 and 2150, and
+    /// the switch on the last Sunday of March (2100-03-28) at 01:00 UTC.
+    #[test]
+    fn daylight_saving_goes_on_after_2099() {
+        let ams: Tz = "Europe/Amsterdam".parse().expect("zone");
+        let at = |s: &str| {
+            s.parse::<DateTime<Utc>>()
+                .expect("instant")
+                .timestamp_micros()
+        };
+        let hour = 3_600_000_000;
+        assert_eq!(offset(ams, at("2100-07-01T22:30:00Z")), Some(2 * hour));
+        assert_eq!(offset(ams, at("2150-07-01T22:30:00Z")), Some(2 * hour));
+        assert_eq!(offset(ams, at("2100-01-15T12:00:00Z")), Some(hour));
+        assert_eq!(offset(ams, at("2100-03-28T00:59:59Z")), Some(hour));
+        assert_eq!(offset(ams, at("2100-03-28T01:00:00Z")), Some(2 * hour));
+        assert_eq!(offset(ams, at("2099-07-01T22:30:00Z")), Some(2 * hour));
+        let values = TimestampMicrosecondArray::from(vec![at("2100-07-01T22:30:00Z")]);
+        let dates = local_dates(&values, Some(ams)).expect("dates");
+        let dates = dates.as_primitive::<arrow::datatypes::Date32Type>();
+        assert_eq!(
+            dates.value_as_date(0),
+            chrono::NaiveDate::from_ymd_opt(2100, 7, 2)
+        );
+    }
 
     /// The same dates as Arrow's cast (the timestamp in the zone, then its date), in zones with
     /// DST changes, half and quarter hour offsets and the date line, around their transitions.
