@@ -346,6 +346,7 @@ fn run_options(args: &RunArgs, pipeline: &Pipeline) -> Result<RunOptions, AppErr
         logical_date: args.logical_date,
         restate_from: args.restate_from,
         restate_to: args.restate_to,
+        var_args: shell_var_args(&args.from.vars),
     })
 }
 

@@ -33,7 +33,12 @@ pub const ARRIVED_AT: &str = "arrived_at";
 pub const RUN_ID: &str = "run_id";
 
 /// The adjustment rows for the days of `fresh` (a recompute of final days, in gold's columns):
-/// per group, fresh minus published (`gold`'s rows of those days) minus booked (`booked`'s).
+/// per group, fresh minus published (`gold`'s rows of those days plus `booked`'s). Also the
+/// number of groups whose published float total is NaN while the fresh one is not: no
+/// adjustment can bring such a total back (NaN + x is NaN), so nothing is booked for them.
+///
+/// A group is booked when a measure differs: NaN equals NaN and -0.0 equals 0.0 here, so a
+/// NaN in a closed day is booked once, and a rerun books nothing.
 #[allow(clippy::too_many_arguments)]
 pub async fn deltas(
     ctx: &SessionContext,
@@ -45,30 +50,33 @@ pub async fn deltas(
     run_id: &str,
     now: DateTime<Utc>,
     closes: &std::collections::BTreeMap<NaiveDate, i64>,
-) -> Result<Vec<RecordBatch>, RunError> {
+) -> Result<(Vec<RecordBatch>, usize), RunError> {
     let q = |e| RunError::query(Phase::Compare)(e);
     let Some(schema) = fresh.first().map(|b| b.schema()) else {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     };
     let mut keys: Vec<String> = vec![EVENT_DATE.to_string()];
     keys.extend(spec.group_by.iter().cloned());
-    let measures: Vec<&str> = spec.measures.iter().map(|m| m.name.as_str()).collect();
+    let measures: Vec<Side> = spec
+        .measures
+        .iter()
+        .map(|m| Side::of(&m.name, &schema))
+        .collect();
     let ts = schema
         .field_with_name(DATA_AS_OF)
         .map(|f| f.data_type().clone())
         .map_err(|e| RunError::arrow(Phase::Compare)(e))?;
-    // Each side in one shape: the keys, the measures (negated for what is published), arrival.
-    let shape = |df: DataFrame, sign: i64, arrival: bool| -> Result<DataFrame, RunError> {
+    // Each side in one shape: the keys, each measure as fresh and as published, arrival.
+    let shape = |df: DataFrame, is_fresh: bool| -> Result<DataFrame, RunError> {
         let mut cols: Vec<Expr> = keys.iter().map(ident).collect();
         for m in &measures {
-            let v = coalesce(vec![ident(*m), lit(0i64)]);
-            cols.push(if sign < 0 {
-                (lit(0i64) - v).alias(*m)
-            } else {
-                v.alias(*m)
-            });
+            let v = coalesce(vec![ident(&m.name), lit(0i64)]);
+            let zero = cast(lit(0i64), m.data_type.clone());
+            let (f, p) = if is_fresh { (v, zero) } else { (zero, v) };
+            cols.push(f.alias(&m.fresh));
+            cols.push(p.alias(&m.published));
         }
-        cols.push(if arrival {
+        cols.push(if is_fresh {
             // Only what arrived after the day closed is behind an adjustment; a removal (a
             // delete) has no row left to say when: the run that found it does (below).
             late_arrival(closes, &ts).alias(ARRIVED_AT)
@@ -78,20 +86,32 @@ pub async fn deltas(
         df.select(cols).map_err(q)
     };
     let mem = MemTable::try_new(schema.clone(), vec![fresh]).map_err(q)?;
-    let mut all = shape(ctx.read_table(Arc::new(mem)).map_err(q)?, 1, true)?;
+    let mut all = shape(ctx.read_table(Arc::new(mem)).map_err(q)?, true)?;
     for side in [gold, booked].into_iter().flatten() {
-        all = all.union(shape(side, -1, false)?).map_err(q)?;
+        all = all.union(shape(side, false)?).map_err(q)?;
     }
-    let mut aggs: Vec<Expr> = measures.iter().map(|m| sum(ident(*m)).alias(*m)).collect();
+    let mut aggs: Vec<Expr> = Vec::new();
+    for m in &measures {
+        aggs.push(sum(ident(&m.fresh)).alias(&m.fresh));
+        aggs.push(sum(ident(&m.published)).alias(&m.published));
+    }
     aggs.push(max(ident(ARRIVED_AT)).alias(ARRIVED_AT));
-    let nonzero = measures
-        .iter()
-        .map(|m| ident(*m).not_eq(lit(0i64)))
-        .reduce(Expr::or)
-        .unwrap_or_else(|| lit(false));
+    let any = |f: &dyn Fn(&Side) -> Expr| {
+        measures
+            .iter()
+            .map(f)
+            .reduce(Expr::or)
+            .unwrap_or_else(|| lit(false))
+    };
+    let changed = any(&Side::changed);
+    let stuck = any(&Side::stuck);
     let mut out: Vec<Expr> = vec![ident(EVENT_DATE), date_lit(reported_in).alias(REPORTED_IN)];
     out.extend(spec.group_by.iter().map(ident));
-    out.extend(measures.iter().map(|m| ident(*m)));
+    out.extend(
+        measures
+            .iter()
+            .map(|m| (ident(&m.fresh) - ident(&m.published)).alias(&m.name)),
+    );
     let now_lit = lit(datafusion::scalar::ScalarValue::TimestampMicrosecond(
         Some(now.timestamp_micros()),
         Some("UTC".into()),
@@ -99,14 +119,86 @@ pub async fn deltas(
     out.push(coalesce(vec![ident(ARRIVED_AT), cast(now_lit, ts.clone())]).alias(ARRIVED_AT));
     out.push(lit(run_id.to_string()).alias(RUN_ID));
     let order: Vec<_> = keys.iter().map(|k| ident(k).sort(true, true)).collect();
-    all.aggregate(keys.iter().map(ident).collect(), aggs)
-        .and_then(|df| df.filter(nonzero))
+    let totals = all
+        .aggregate(keys.iter().map(ident).collect(), aggs)
+        .map_err(q)?
+        .cache()
+        .await
+        .map_err(q)?;
+    let stuck = totals
+        .clone()
+        .filter(stuck)
+        .map_err(q)?
+        .count()
+        .await
+        .map_err(q)?;
+    let rows = totals
+        .filter(changed)
         .and_then(|df| df.select(out))
         .and_then(|df| df.sort(order))
         .map_err(q)?
         .collect()
         .await
-        .map_err(q)
+        .map_err(q)?;
+    Ok((rows, stuck))
+}
+
+/// A measure's two sides in the compare: its fresh total and its published one.
+struct Side {
+    name: String,
+    fresh: String,
+    published: String,
+    data_type: arrow::datatypes::DataType,
+}
+
+impl Side {
+    fn of(name: &str, schema: &arrow::datatypes::Schema) -> Side {
+        let data_type = schema
+            .field_with_name(name)
+            .map(|f| f.data_type().clone())
+            .unwrap_or(arrow::datatypes::DataType::Int64);
+        Side {
+            name: name.to_string(),
+            fresh: format!("__fresh_{name}"),
+            published: format!("__published_{name}"),
+            data_type,
+        }
+    }
+
+    fn is_float(&self) -> bool {
+        self.data_type.is_floating()
+    }
+
+    /// The totals differ: for floats, NaN equals NaN and -0.0 equals 0.0, and a NaN published
+    /// total is never adjusted (see [`Side::stuck`]).
+    fn changed(&self) -> Expr {
+        let (f, p) = (ident(&self.fresh), ident(&self.published));
+        if !self.is_float() {
+            return distinct(f, p);
+        }
+        // (|f - p| > 0: NaN when f is, and 0.0 for -0.0 - 0.0, which compare unequal alone)
+        let abs = datafusion::functions::math::expr_fn::abs(f.clone() - p.clone());
+        distinct(f, p.clone())
+            .and(abs.gt(lit(0.0f64)))
+            .and(datafusion::logical_expr::not(isnan(p)))
+    }
+
+    /// A published float total is NaN while the fresh one is not.
+    fn stuck(&self) -> Expr {
+        if !self.is_float() {
+            return lit(false);
+        }
+        isnan(ident(&self.published)).and(datafusion::logical_expr::not(isnan(ident(&self.fresh))))
+    }
+}
+
+/// `a IS DISTINCT FROM b`.
+fn distinct(a: Expr, b: Expr) -> Expr {
+    datafusion::logical_expr::binary_expr(a, datafusion::logical_expr::Operator::IsDistinctFrom, b)
+}
+
+fn isnan(e: Expr) -> Expr {
+    datafusion::functions::math::expr_fn::isnan(e)
 }
 
 /// A row's arrival when it is after its day's close, else NULL.

@@ -109,7 +109,7 @@ impl Days {
 }
 
 /// The first day still open on `logical`.
-fn open_from(spec: &Aggregate, logical: NaiveDate) -> NaiveDate {
+pub fn open_from(spec: &Aggregate, logical: NaiveDate) -> NaiveDate {
     logical - Duration::days(i64::from(spec.lookback_days))
 }
 

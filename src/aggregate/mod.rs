@@ -68,6 +68,8 @@ pub(crate) async fn run_once(
         timer: Timer::default(),
         summary,
         c: AggregateCounters::default(),
+        keep_unconsumed: false,
+        newest_logical: None,
     };
     run.execute().instrument(info_span!("aggregate")).await?;
     Ok(run.finish())
@@ -103,6 +105,11 @@ struct Run<'a> {
     timer: Timer,
     summary: RunSummary,
     c: AggregateCounters,
+    /// The run leaves some source changes for a later run: its commits record the source
+    /// version the last run read, not the one it read.
+    keep_unconsumed: bool,
+    /// The newest logical date of any run so far, this one included (recorded in its commits).
+    newest_logical: Option<NaiveDate>,
 }
 
 impl Run<'_> {
@@ -125,6 +132,9 @@ impl Run<'_> {
         let old_status = status::read(&self.ctx, status_table.as_ref(), &spec.status_uri).await?;
         let logical = days::logical_date(spec, self.opts.logical_date, self.now);
         let full = self.opts.full_reload || gold.is_none();
+        if let (false, Some(g)) = (full, &gold) {
+            self.check_definition(g).await?;
+        }
         self.summary.mode = match (gold.is_some(), self.opts.full_reload) {
             (false, _) => RunMode::Bootstrap,
             (true, true) => RunMode::FullReload,
@@ -481,15 +491,24 @@ impl Run<'_> {
         });
         let mut props = deltalake::kernel::transaction::CommitProperties::default()
             .with_metadata([(lake::COMMIT_INFO_KEY.to_string(), facts)]);
-        let recorded = match self.opts.restate_from {
-            Some(_) => c.previous_source_version,
-            None => s.source_version,
+        let recorded = match self.opts.restate_from.is_some() || self.keep_unconsumed {
+            true => c.previous_source_version,
+            false => s.source_version,
         };
         if let Some(v) = recorded {
             props = props.with_application_transaction(deltalake::kernel::Transaction::new(
                 self.p.app_id(),
                 v as i64,
             ));
+        }
+        if let Some(day) = self.newest_logical {
+            props = props.with_application_transaction(plan::newest_logical_transaction(
+                &self.p.app_id(),
+                day,
+            ));
+        }
+        for t in plan::definition(self.spec).transactions(&self.p.app_id()) {
+            props = props.with_application_transaction(t);
         }
         props
     }

@@ -23,11 +23,25 @@ impl Run<'_> {
     ) -> Result<Plan, RunError> {
         let spec = self.spec;
         self.check_logical_date(old_status, logical);
+        // The days the newest earlier run left open, rows or none: a day still empty then that
+        // turns final now gets its one last restatement, like a published one.
+        let newest = match recorded_in {
+            Some(t) => newest_logical(t, &self.p.app_id())
+                .await
+                .map_err(RunError::delta(Phase::Plan, &spec.status_uri))?,
+            None => None,
+        };
+        self.newest_logical = Some(newest.map_or(logical, |n| n.max(logical)));
+        let open_before = newest.map(|n| days::open_from(spec, n));
         let oldest_open = old_status
             .values()
             .find(|s| !s.is_final() && s.event_date <= logical)
-            .map(|s| s.event_date);
+            .map(|s| s.event_date)
+            .into_iter()
+            .chain(open_before.filter(|_| !full))
+            .min();
         let mut touched = BTreeSet::new();
+        let mut unknown = false;
         // `--from/--to` restates days on purpose and leaves the source's changes since the last
         // run to the next scheduled one (its commits record the version the last run read).
         let on_purpose = self.opts.restate_from.is_some();
@@ -48,6 +62,7 @@ impl Run<'_> {
                 match touched::since(&self.ctx, source, spec, since).await? {
                     touched::Touched::Days(d) => touched = d,
                     touched::Touched::Unknown(why) => {
+                        unknown = true;
                         let cap =
                             logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
                         self.warn(format!(
@@ -77,10 +92,12 @@ impl Run<'_> {
         };
         // A day is closed once a run labelled it final; one never published is closed when it
         // lies before the lookback.
+        // ... and one never published is closed when the newest earlier run had it final.
         let closed = |d: &NaiveDate| {
-            old_status
-                .get(d)
-                .map_or(days.is_final(*d), status::DayStatus::is_final)
+            old_status.get(d).map_or(
+                open_before.map_or(days.is_final(*d), |o| *d < o.min(days.open_from)),
+                status::DayStatus::is_final,
+            )
         };
         let cap = logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
         let late: Vec<NaiveDate> = touched
@@ -89,11 +106,13 @@ impl Run<'_> {
             .filter(|d| closed(d) && !days.set.contains(d))
             .collect();
         let mut adjust = BTreeSet::new();
+        let mut beyond_cap = Vec::new();
         match spec.after_close {
             AfterClose::Restate => {
                 let (within, beyond): (Vec<NaiveDate>, Vec<NaiveDate>) =
                     late.iter().partition(|d| **d >= cap);
                 days.set.extend(within);
+                beyond_cap.clone_from(&beyond);
                 if !beyond.is_empty() {
                     self.c.num_days_beyond_max_lookback = beyond.len() as u64;
                     self.warn(format!(
@@ -114,6 +133,24 @@ impl Run<'_> {
                     days.set.remove(&d);
                     adjust.insert(d);
                 }
+            }
+        }
+        // A change the run neither restates nor adjusts (a day after an older logical date: a
+        // backfill) stays unconsumed — the run records the version the last run read, so the
+        // next run reads it again. (Days past max_lookback are left on purpose, and counted.)
+        let uncovered: Vec<NaiveDate> = touched
+            .iter()
+            .copied()
+            .filter(|d| !days.set.contains(d) && !adjust.contains(d) && !beyond_cap.contains(d))
+            .collect();
+        let newer_known = old_status.keys().next_back().is_some_and(|d| *d > logical);
+        if !uncovered.is_empty() || (unknown && newer_known) {
+            self.keep_unconsumed = true;
+            if let Some(first) = uncovered.first() {
+                self.warn(format!(
+                    "the source changed {} day(s) this run does not restate (the first {first}, after the logical date {logical}): left for the next run with a later logical date",
+                    uncovered.len()
+                ));
             }
         }
         Ok(Plan { days, adjust })
@@ -196,7 +233,7 @@ impl Run<'_> {
             None => None,
         };
         let booked = adjust::booked(&self.ctx, adjustments, &spec.adjustments_uri, keep).await?;
-        adjust::deltas(
+        let (rows, stuck) = adjust::deltas(
             &self.ctx,
             spec,
             fresh,
@@ -207,6 +244,113 @@ impl Run<'_> {
             self.now,
             closed,
         )
-        .await
+        .await?;
+        if stuck > 0 {
+            self.warn(format!(
+                "{stuck} group(s) of closed days have a published total that is NaN while a fresh recompute's is not (a NaN row was corrected after close): no adjustment can change a NaN total, so none was booked. Rebuild the days with `--full-reload` (gold then holds the fresh totals)"
+            ));
+        }
+        Ok(rows)
+    }
+}
+
+/// The transaction recording the newest logical date of `pipeline_app`'s runs (days since the
+/// epoch), in each commit of its tables.
+fn newest_logical_app(pipeline_app: &str) -> String {
+    format!("{pipeline_app}/newest_logical_date")
+}
+
+pub(super) fn newest_logical_transaction(
+    pipeline_app: &str,
+    day: NaiveDate,
+) -> deltalake::kernel::Transaction {
+    deltalake::kernel::Transaction::new(
+        newest_logical_app(pipeline_app),
+        i64::from(days::days_since_epoch(day)),
+    )
+}
+
+/// The newest logical date a run of `pipeline_app` recorded in `table` (`None` before it was
+/// recorded).
+async fn newest_logical(
+    table: &deltalake::DeltaTable,
+    pipeline_app: &str,
+) -> Result<Option<NaiveDate>, deltalake::DeltaTableError> {
+    let v = table
+        .snapshot()?
+        .transaction_version(
+            table.log_store().as_ref(),
+            &newest_logical_app(pipeline_app),
+        )
+        .await?;
+    Ok(v.and_then(|v| i32::try_from(v).ok()).and_then(|d| {
+        NaiveDate::from_ymd_opt(1970, 1, 1)?
+            .checked_add_signed(chrono::Duration::days(i64::from(d)))
+    }))
+}
+
+/// The settings that give gold's rows their meaning: what a day's measures count, and in which
+/// day and group. (Where the tables live, the lookback and finality steer the runs only.)
+pub(super) fn definition(spec: &Aggregate) -> crate::run::definition::Definition {
+    let mut d = crate::run::definition::Definition::default()
+        .with("event_date.column", spec.event_date.as_str())
+        .with("event_date.time_zone", spec.time_zone.name())
+        .with("group_by", spec.group_by.join("\u{1f}"))
+        .with("where", spec.where_sql.as_deref().unwrap_or_default());
+    for m in &spec.measures {
+        d = d.with(
+            format!("measures.{}", m.name),
+            format!(
+                "{}\u{1f}{}\u{1f}{}",
+                m.agg.as_str(),
+                m.column.as_deref().unwrap_or_default(),
+                m.filter.as_deref().unwrap_or_default()
+            ),
+        );
+    }
+    let lookups: Vec<String> = spec
+        .lookups
+        .iter()
+        .map(|l| {
+            let placeholder: Vec<String> = l
+                .placeholder
+                .iter()
+                .map(|(c, v)| format!("{c}={v}"))
+                .collect();
+            format!(
+                "{}\u{1f}{}\u{1f}{}\u{1f}{}\u{1f}{}",
+                l.dimension_key,
+                l.key,
+                l.as_of.as_deref().unwrap_or_default(),
+                l.columns.join(","),
+                placeholder.join(",")
+            )
+        })
+        .collect();
+    d.with("lookups", lookups.join("\u{1e}"))
+}
+
+impl Run<'_> {
+    /// Refuses an incremental run when a setting of [`definition`] changed since gold recorded
+    /// it: the days restated would mean something else than the days left alone.
+    pub(super) async fn check_definition(
+        &self,
+        gold: &deltalake::DeltaTable,
+    ) -> Result<(), RunError> {
+        let changed = definition(self.spec)
+            .changed(gold, &self.p.app_id())
+            .await
+            .map_err(RunError::delta(Phase::Plan, &self.spec.target_uri))?;
+        if changed.is_empty() {
+            return Ok(());
+        }
+        let named: Vec<String> = changed.iter().map(|s| format!("`{s}`")).collect();
+        Err(RunError::DefinitionChanged {
+            settings: named.join(", "),
+            pipeline: self.p.name.clone(),
+            uri: self.spec.target_uri.clone(),
+            path: self.p.path.display().to_string(),
+            var_args: self.opts.var_args.clone(),
+        })
     }
 }

@@ -119,6 +119,15 @@ pub enum RunError {
         recorded: i64,
         pipeline: String,
     },
+    /// A setting that gives the target's rows their meaning changed since the target was built.
+    #[error("{settings} of `{pipeline}` changed since {uri} was written: an incremental run would restate some days under the new definition and leave the others under the old one, so one table would hold two meanings. Nothing was written. Rebuild every day under the new definition with `tidemark run {path}{var_args} --full-reload` (in a bundle: `tidemark job run <job> --full-reload`), or put the old setting back")]
+    DefinitionChanged {
+        settings: String,
+        pipeline: String,
+        uri: String,
+        path: String,
+        var_args: String,
+    },
     /// A data file of the source may not be read: the OS (file permissions) or the store
     /// (credentials, policy) refused. Nothing was written to the target.
     #[error("cannot read the source table {uri}: {source}. Reading one of its data files was refused: make the table's files readable for the user running tidemark (or fix the store's credentials or policy), then rerun; the target was not changed")]
@@ -356,7 +365,8 @@ impl Classify for RunError {
             | RunError::SourceReplaced { .. }
             | RunError::InferredOverdue { .. }
             | RunError::SourceWentBack { .. }
-            | RunError::SourceRewritten { .. } => ErrorClass::BadData,
+            | RunError::SourceRewritten { .. }
+            | RunError::DefinitionChanged { .. } => ErrorClass::BadData,
         }
     }
 }

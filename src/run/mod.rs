@@ -6,6 +6,7 @@
 //! adds an arm to [`run`] and touches nothing inside another kind.
 
 pub(crate) mod dedup;
+pub mod definition;
 mod error;
 pub mod expect;
 pub(crate) mod once;
@@ -44,6 +45,9 @@ pub struct RunOptions {
     /// `aggregate`: restate exactly these event days (inclusive), on purpose.
     pub restate_from: Option<chrono::NaiveDate>,
     pub restate_to: Option<chrono::NaiveDate>,
+    /// The run's `--var` arguments as a shell would take them back (` --var k=v`), for the
+    /// commands a message suggests.
+    pub var_args: String,
 }
 
 /// How often a run that lost a commit race is planned again before it gives up with the

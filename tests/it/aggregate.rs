@@ -18,24 +18,24 @@ use common::*;
 
 /// One payment in the source (a silver table as tidemark writes it).
 #[derive(Debug, Clone)]
-struct Pay {
-    id: String,
-    created: i64,
-    merchant: &'static str,
-    amount: i64,
-    status: &'static str,
-    arrived: i64,
-    deleted: bool,
+pub(crate) struct Pay {
+    pub(crate) id: String,
+    pub(crate) created: i64,
+    pub(crate) merchant: &'static str,
+    pub(crate) amount: i64,
+    pub(crate) status: &'static str,
+    pub(crate) arrived: i64,
+    pub(crate) deleted: bool,
 }
 
-fn at(y: i32, m: u32, d: u32, h: u32, min: u32) -> i64 {
+pub(crate) fn at(y: i32, m: u32, d: u32, h: u32, min: u32) -> i64 {
     Utc.with_ymd_and_hms(y, m, d, h, min, 0)
         .single()
         .expect("time")
         .timestamp_micros()
 }
 
-fn pay(id: &str, created: i64, merchant: &'static str, amount: i64) -> Pay {
+pub(crate) fn pay(id: &str, created: i64, merchant: &'static str, amount: i64) -> Pay {
     Pay {
         id: id.into(),
         created,
@@ -47,12 +47,12 @@ fn pay(id: &str, created: i64, merchant: &'static str, amount: i64) -> Pay {
     }
 }
 
-async fn write_source(dir: &Path, pays: &[Pay]) {
+pub(crate) async fn write_source(dir: &Path, pays: &[Pay]) {
     write_source_as(dir, pays, false).await
 }
 
 /// The source as silver holds it after a merge: one row per payment (a correction replaces it).
-async fn replace_source(dir: &Path, pays: &[Pay]) {
+pub(crate) async fn replace_source(dir: &Path, pays: &[Pay]) {
     let mut latest: BTreeMap<String, Pay> = BTreeMap::new();
     for p in pays {
         latest.insert(p.id.clone(), p.clone());
@@ -61,7 +61,7 @@ async fn replace_source(dir: &Path, pays: &[Pay]) {
     write_source_as(dir, &all, true).await
 }
 
-async fn write_source_as(dir: &Path, pays: &[Pay], replace: bool) {
+pub(crate) async fn write_source_as(dir: &Path, pays: &[Pay], replace: bool) {
     let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
     let schema = Arc::new(Schema::new(vec![
         Field::new("payment_id", DataType::Utf8, false),
@@ -110,7 +110,7 @@ async fn write_source_as(dir: &Path, pays: &[Pay], replace: bool) {
         .expect("overwrite");
 }
 
-fn pipeline(dir: &Path, extra: &str) -> std::path::PathBuf {
+pub(crate) fn pipeline(dir: &Path, extra: &str) -> std::path::PathBuf {
     let text = format!(
         "name: daily\nkind: aggregate\nsource: {{ uri: \"{d}/silver\" }}\ntarget: {{ uri: \"{d}/gold\" }}\nevent_date: {{ column: created_at, time_zone: Europe/Amsterdam }}\ngroup_by: [merchant_id]\nmeasures:\n  - {{ name: payments, agg: count }}\n  - {{ name: amount_cents, agg: sum, column: amount_cents }}\n  - {{ name: refunds, agg: count, filter: \"status = 'refunded'\" }}\n{extra}",
         d = dir.display()
@@ -120,7 +120,7 @@ fn pipeline(dir: &Path, extra: &str) -> std::path::PathBuf {
     p
 }
 
-fn run(p: &Path, logical: &str, extra: &[&str]) -> serde_json::Value {
+pub(crate) fn run(p: &Path, logical: &str, extra: &[&str]) -> serde_json::Value {
     let out = exec(
         tidemark_at(at(2024, 4, 10, 12, 0))
             .arg("run")
@@ -133,7 +133,7 @@ fn run(p: &Path, logical: &str, extra: &[&str]) -> serde_json::Value {
 }
 
 /// The local (Amsterdam) date of an instant.
-fn local_day(micros: i64) -> NaiveDate {
+pub(crate) fn local_day(micros: i64) -> NaiveDate {
     chrono::DateTime::from_timestamp_micros(micros)
         .expect("t")
         .with_timezone(&chrono_tz::Europe::Amsterdam)
@@ -141,7 +141,7 @@ fn local_day(micros: i64) -> NaiveDate {
 }
 
 /// (day, merchant) -> (payments, amount, refunds), recomputed from the source's live rows.
-fn oracle(pays: &[Pay]) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
+pub(crate) fn oracle(pays: &[Pay]) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
     let mut latest: BTreeMap<&str, &Pay> = BTreeMap::new();
     for p in pays {
         latest.insert(&p.id, p); // later appends replace earlier ones (as silver would)
@@ -160,7 +160,7 @@ fn oracle(pays: &[Pay]) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
 
 /// Each row of a gold-shaped table (gold, or the adjustments table): ((day, merchant),
 /// (payments, amount, refunds)), and the row's batch and index for the other columns.
-async fn measure_rows(
+pub(crate) async fn measure_rows(
     table: &Path,
 ) -> Vec<((NaiveDate, String), (i64, i64, i64), RecordBatch, usize)> {
     let mut out = Vec::new();
@@ -194,7 +194,7 @@ async fn measure_rows(
 }
 
 /// Gold as (day, merchant) -> (payments, amount, refunds, is_final).
-async fn gold(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)> {
+pub(crate) async fn gold(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)> {
     measure_rows(&dir.join("gold"))
         .await
         .into_iter()
@@ -209,7 +209,7 @@ async fn gold(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)
         .collect()
 }
 
-fn without_final(
+pub(crate) fn without_final(
     g: &BTreeMap<(NaiveDate, String), (i64, i64, i64, bool)>,
 ) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
     g.iter()
@@ -217,12 +217,12 @@ fn without_final(
         .collect()
 }
 
-fn day(s: &str) -> NaiveDate {
+pub(crate) fn day(s: &str) -> NaiveDate {
     s.parse().expect("date")
 }
 
 /// The status table's rows: day -> (status, rows, final_since).
-async fn status(dir: &Path) -> BTreeMap<NaiveDate, (String, i64, Option<NaiveDate>)> {
+pub(crate) async fn status(dir: &Path) -> BTreeMap<NaiveDate, (String, i64, Option<NaiveDate>)> {
     let mut out = BTreeMap::new();
     for b in read_all(&dir.join("gold_status")).await {
         let d = b
@@ -258,7 +258,7 @@ async fn status(dir: &Path) -> BTreeMap<NaiveDate, (String, i64, Option<NaiveDat
 }
 
 /// The status table's `late_rows_after_close` by day.
-async fn late_after_close(dir: &Path) -> BTreeMap<NaiveDate, i64> {
+pub(crate) async fn late_after_close(dir: &Path) -> BTreeMap<NaiveDate, i64> {
     let mut out = BTreeMap::new();
     for b in read_all(&dir.join("gold_status")).await {
         let d = b
@@ -489,7 +489,7 @@ async fn mistakes_are_refused_with_what_to_do() {
 }
 
 /// Gold plus the adjustments booked, per (day, merchant): what a finance reader sums.
-async fn with_adjustments(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
+pub(crate) async fn with_adjustments(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64, i64)> {
     let mut out = without_final(&gold(dir).await);
     if version(&dir.join("gold_adjustments")).await.is_none() {
         return out;
@@ -504,7 +504,7 @@ async fn with_adjustments(dir: &Path) -> BTreeMap<(NaiveDate, String), (i64, i64
     out
 }
 
-fn six_days() -> Vec<Pay> {
+pub(crate) fn six_days() -> Vec<Pay> {
     let mut pays = Vec::new();
     for dd in 1..=6u32 {
         for (j, m) in ["m1", "m2"].iter().enumerate() {

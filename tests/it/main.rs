@@ -7,6 +7,7 @@
 mod common;
 
 mod aggregate;
+mod aggregate_edges;
 mod bundle_vars;
 mod cdf;
 mod cli;
@@ -20,6 +21,7 @@ mod ingest;
 mod jobs;
 mod lake_features;
 mod lateness;
+mod merge_edges;
 mod oracle;
 mod readme;
 mod reliability;
