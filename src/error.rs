@@ -210,6 +210,7 @@ pub fn os_error_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io:
         ("(os error 2)", std::io::ErrorKind::NotFound),
         ("(os error 28)", std::io::ErrorKind::StorageFull),
         ("(os error 122)", std::io::ErrorKind::QuotaExceeded),
+        ("(os error 27)", std::io::ErrorKind::FileTooLarge),
     ]
     .into_iter()
     .find_map(|(code, kind)| text.contains(code).then_some(kind));
@@ -217,20 +218,37 @@ pub fn os_error_kind(err: &(dyn std::error::Error + 'static)) -> Option<std::io:
 }
 
 /// Whether an error (anywhere in its chain, or in a message that flattened the chain) is a full
-/// disk or an exhausted quota: local I/O the operator can fix, not a bug.
+/// disk, an exhausted quota or a file past the process's file-size limit (EFBIG: `ulimit -f`,
+/// as container runtimes set): local I/O the operator can fix, not a bug.
 pub fn is_disk_full(err: &(dyn std::error::Error + 'static)) -> bool {
+    any_in_chain(err, |io, text| {
+        matches!(
+            io,
+            Some(std::io::ErrorKind::StorageFull)
+                | Some(std::io::ErrorKind::QuotaExceeded)
+                | Some(std::io::ErrorKind::FileTooLarge)
+        ) || text.contains("No space left on device")
+            || text.contains("Disk quota exceeded")
+            || text.contains("File too large")
+    })
+}
+
+/// Whether the space that ran out is a per-process file-size limit (EFBIG), not the disk.
+pub fn is_file_too_large(err: &(dyn std::error::Error + 'static)) -> bool {
+    any_in_chain(err, |io, text| {
+        io == Some(std::io::ErrorKind::FileTooLarge) || text.contains("File too large")
+    })
+}
+
+/// Whether `test` holds for some error of the chain (its OS error kind, if any, and its text).
+fn any_in_chain(
+    err: &(dyn std::error::Error + 'static),
+    test: impl Fn(Option<std::io::ErrorKind>, &str) -> bool,
+) -> bool {
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = next {
-        if let Some(io) = e.downcast_ref::<std::io::Error>() {
-            if matches!(
-                io.kind(),
-                std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded
-            ) {
-                return true;
-            }
-        }
-        let text = e.to_string();
-        if text.contains("No space left on device") || text.contains("Disk quota exceeded") {
+        let io = e.downcast_ref::<std::io::Error>().map(std::io::Error::kind);
+        if test(io, &e.to_string()) {
             return true;
         }
         next = next_in_chain(e);
@@ -252,6 +270,13 @@ mod tests {
         assert!(is_disk_full(&flattened));
         let other = datafusion::error::DataFusionError::Execution("bad plan".into());
         assert!(!is_disk_full(&other));
+        let efbig = std::io::Error::from_raw_os_error(27);
+        assert!(is_disk_full(&efbig) && is_file_too_large(&efbig));
+        assert!(!is_file_too_large(&io));
+        let flattened = datafusion::error::DataFusionError::Execution(
+            "Arrow error: Io error: File too large (os error 27)".into(),
+        );
+        assert!(is_disk_full(&flattened) && is_file_too_large(&flattened));
     }
 
     /// A local store wraps the OS error in a generic store error; a write refused by the OS is

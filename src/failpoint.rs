@@ -8,6 +8,7 @@
 //! | `error` | the point returns a retryable error |
 //! | `error*N` | the first N hits return an error, later hits pass (retry tests) |
 //! | `enospc` | the point fails as a full disk does (`No space left on device`, os error 28) |
+//! | `efbig` | the point fails as a file past the process's file-size limit does (`File too large`, os error 27) |
 //! | `eacces` | the point fails as a denied permission does (`Permission denied`, os error 13) |
 //! | `panic` | the process panics at the point |
 //! | `abort` | the process aborts (no destructors, like `kill -9`) |
@@ -26,6 +27,8 @@ pub enum Fault {
     DiskFull,
     /// Permission denied (`eacces`): the OS error an access without the right gets.
     PermissionDenied,
+    /// A file past the process's file-size limit (`efbig`, RLIMIT_FSIZE).
+    FileTooLarge,
 }
 
 /// An armed `error`, `enospc` or `eacces` failpoint fired.
@@ -48,7 +51,9 @@ impl Injected {
     pub fn class(&self) -> crate::error::ErrorClass {
         match self.fault {
             Fault::Error => crate::error::ErrorClass::Retryable,
-            Fault::DiskFull | Fault::PermissionDenied => crate::error::ErrorClass::Io,
+            Fault::DiskFull | Fault::PermissionDenied | Fault::FileTooLarge => {
+                crate::error::ErrorClass::Io
+            }
         }
     }
 
@@ -58,6 +63,7 @@ impl Injected {
             Fault::Error => None,
             Fault::DiskFull => Some(std::io::Error::from_raw_os_error(28)),
             Fault::PermissionDenied => Some(std::io::Error::from_raw_os_error(13)),
+            Fault::FileTooLarge => Some(std::io::Error::from_raw_os_error(27)),
         }
     }
 }
@@ -108,6 +114,7 @@ mod imp {
             "error" => return Err(injected(Fault::Error)),
             "enospc" => return Err(injected(Fault::DiskFull)),
             "eacces" => return Err(injected(Fault::PermissionDenied)),
+            "efbig" => return Err(injected(Fault::FileTooLarge)),
             _ => {}
         }
         if let Some(n) = action.strip_prefix("error*") {

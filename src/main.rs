@@ -5,6 +5,7 @@ use tidemark::cli::{wants_json, Cli, OutputFormat};
 use tidemark::error::{json_failure, Classify, ErrorClass};
 
 fn main() {
+    tidemark::signal::ignore_file_size_signal();
     let raw: Vec<String> = std::env::args().collect();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
@@ -60,7 +61,30 @@ fn main() {
             false,
         ),
     };
-    match runtime.block_on(tidemark::app::dispatch(cli.command, clock)) {
+    // A panic anywhere is a bug, but still a documented exit (70) with its message — and with
+    // `--output json` its one JSON object — never the runtime's bare 101.
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        runtime
+            .block_on(tidemark::app::dispatch(cli.command, clock))
+            .map_err(Box::new)
+    }));
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(payload) => {
+            let what = payload
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| payload.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic".into());
+            fail(
+                "",
+                ErrorClass::Internal,
+                &format!("internal error (a bug in tidemark or a library it uses, not in your data or setup): {what}"),
+                true,
+            )
+        }
+    };
+    match outcome {
         Ok(out) => match out.failure {
             Some((class, message)) => fail(&out.stdout, class, &message, false),
             None => write_stdout(&out.stdout),

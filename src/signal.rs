@@ -46,3 +46,15 @@ pub fn name(class: ErrorClass) -> &'static str {
         _ => "SIGINT",
     }
 }
+
+/// A file-size limit (`ulimit -f`, a container's RLIMIT_FSIZE) reached by a spill or data file
+/// raises SIGXFSZ, whose default action kills the process with no message and no JSON. Ignored,
+/// the write fails with EFBIG instead, and the run ends with exit 74 saying which limit to raise.
+pub fn ignore_file_size_signal() {
+    #[cfg(unix)]
+    // SAFETY: setting a signal's disposition to SIG_IGN at startup, before any thread exists;
+    // no handler runs, so nothing can observe a half-initialised state.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}

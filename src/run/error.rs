@@ -164,6 +164,8 @@ fn memory_hint(e: &datafusion::error::DataFusionError) -> &'static str {
         datafusion::error::DataFusionError::ResourcesExhausted(_)
     ) {
         ". The run needed more memory than its limit: raise --memory-limit (or the job cluster's memory_limit), or run with fewer --threads; nothing was committed"
+    } else if crate::error::is_file_too_large(e) {
+        ". A file grew past this process's file-size limit (EFBIG: `ulimit -f`, or the container's RLIMIT_FSIZE; spill files go to --spill-dir, or the job cluster's spill_directory): raise or lift the limit, or give the run more --memory-limit so it spills less, then rerun; nothing was committed"
     } else if crate::error::is_disk_full(e) {
         ". The disk is full (spill files go to --spill-dir, or the job cluster's spill_directory): free space or point it at a larger disk, then rerun; nothing was committed"
     } else {
@@ -204,7 +206,9 @@ fn target_read_class(e: &deltalake::DeltaTableError) -> ErrorClass {
 
 /// What to do about a failed write, when the OS said why.
 fn write_hint(e: &deltalake::DeltaTableError) -> &'static str {
-    if crate::error::is_disk_full(e) {
+    if crate::error::is_file_too_large(e) {
+        ". A file grew past this process's file-size limit (EFBIG: `ulimit -f`, or the container's RLIMIT_FSIZE): raise or lift the limit (or lower the target's file size), then rerun; nothing was committed"
+    } else if crate::error::is_disk_full(e) {
         ". The disk (or quota) is full: free space, then rerun; nothing was committed"
     } else if crate::error::os_error_kind(e) == Some(std::io::ErrorKind::PermissionDenied) {
         ". The OS refused the write: make the table's directory (and its _delta_log) writable for the user running tidemark, then rerun; nothing was committed"
@@ -420,9 +424,11 @@ pub(crate) fn file_error_class(e: &(dyn std::error::Error + 'static)) -> Option<
     if found.is_some() {
         match crate::error::os_error_kind(e) {
             Some(std::io::ErrorKind::PermissionDenied) => return Some(ErrorClass::Unavailable),
-            Some(std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded) => {
-                return Some(ErrorClass::Io)
-            }
+            Some(
+                std::io::ErrorKind::StorageFull
+                | std::io::ErrorKind::QuotaExceeded
+                | std::io::ErrorKind::FileTooLarge,
+            ) => return Some(ErrorClass::Io),
             _ => {}
         }
     }

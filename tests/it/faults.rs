@@ -486,8 +486,10 @@ fn scenarios() -> Vec<(u64, Fault)> {
 }
 
 /// The disk holding the spill files fills up during a full reload that spills (the payments
-/// generator's 60,000 payments sorted under a 16 MiB memory limit): exit 74 saying to free space,
-/// nothing committed; the rerun succeeds and `reconcile` finds the target identical to its source.
+/// generator's 60,000 payments sorted under a 16 MiB memory limit), a spill file passes the
+/// file-size limit, and the whole run runs under `ulimit -f`: exit 74 saying to free space or
+/// raise the limit, nothing committed; the rerun succeeds and `reconcile` finds the target
+/// identical to its source.
 fn spill_scenario() -> Tally {
     let mut tally = Tally {
         scenarios: 1,
@@ -545,20 +547,51 @@ fn spill_scenario() -> Tally {
         "--spill-dir",
         spill.to_str().expect("utf8"),
     ];
-    let out = counted(&mut tm(&run, Some("spill.write=enospc")), &mut tally);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if !out.status.success() {
+    // The spill disk fills up, a spill file passes the process's file-size limit (EFBIG, as a
+    // container's RLIMIT_FSIZE makes it), and a real `ulimit -f` under the whole run: each is
+    // exit 74 saying what to free or raise, with nothing committed.
+    let limited = |args: &[&str]| {
+        let cmd = tm(args, None);
+        let mut sh = Command::new("sh");
+        sh.arg("-c")
+            .arg("ulimit -f 256 && exec \"$0\" \"$@\"")
+            .arg(cmd.get_program())
+            .args(cmd.get_args())
+            .envs(cmd.get_envs().filter_map(|(k, v)| Some((k, v?))))
+            .env_remove("TIDEMARK_FAILPOINTS");
+        sh
+    };
+    let faults: [(&str, Command, &str); 3] = [
+        (
+            "spill disk full",
+            tm(&run, Some("spill.write=enospc")),
+            "free space",
+        ),
+        (
+            "spill file too large",
+            tm(&run, Some("spill.write=efbig")),
+            "file-size limit",
+        ),
+        ("ulimit -f", limited(&run), "file-size limit"),
+    ];
+    for (name, mut cmd, says) in faults {
+        tally.scenarios += 1;
+        let out = counted(&mut cmd, &mut tally);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if out.status.success() {
+            eprintln!("{name}: the run did not spill, no fault injected");
+            continue;
+        }
         tally.faults_injected += 1;
-        if out.status.code() != Some(74) || !stderr.contains("free space") {
+        if out.status.code() != Some(74) || !stderr.contains(says) {
             tally.io_faults_misclassified += 1;
             eprintln!(
-                "spill disk full: exit {:?}, expected 74 saying to free space: {stderr}",
+                "{name}: exit {:?}, expected 74 saying `{says}`: {stderr}",
                 out.status.code()
             );
         }
-    } else {
-        eprintln!("spill disk full: the run did not spill, no fault injected");
     }
+    tally.scenarios -= 1;
     let rerun = counted(&mut tm(&run, None), &mut tally);
     let reconciled = counted(
         &mut tm(
@@ -575,8 +608,8 @@ fn spill_scenario() -> Tally {
             String::from_utf8_lossy(&reconciled.stdout)
         );
     }
-    if tally.faults_injected == 1 && converged {
-        tally.faults_survived = 1;
+    if converged {
+        tally.faults_survived = tally.faults_injected;
     }
     tally
 }
