@@ -70,6 +70,7 @@ pub(crate) async fn run_once(
         c: AggregateCounters::default(),
         keep_unconsumed: false,
         newest_logical: None,
+        gold_version: None,
     };
     run.execute().instrument(info_span!("aggregate")).await?;
     Ok(run.finish())
@@ -110,6 +111,8 @@ struct Run<'a> {
     keep_unconsumed: bool,
     /// The newest logical date of any run so far, this one included (recorded in its commits).
     newest_logical: Option<NaiveDate>,
+    /// Gold's version before this run (`None`: no gold yet).
+    gold_version: Option<u64>,
 }
 
 impl Run<'_> {
@@ -132,9 +135,7 @@ impl Run<'_> {
         let old_status = status::read(&self.ctx, status_table.as_ref(), &spec.status_uri).await?;
         let logical = days::logical_date(spec, self.opts.logical_date, self.now);
         let full = self.opts.full_reload || gold.is_none();
-        if let (false, Some(g)) = (full, &gold) {
-            self.check_definition(g).await?;
-        }
+        self.gold_version = gold.as_ref().and_then(|g| g.version());
         self.summary.mode = match (gold.is_some(), self.opts.full_reload) {
             (false, _) => RunMode::Bootstrap,
             (true, true) => RunMode::FullReload,
@@ -144,6 +145,13 @@ impl Run<'_> {
         source
             .update_datafusion_session(&self.ctx.state())
             .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?;
+        // The pipeline's columns and lookups are checked against the tables first, then its
+        // definition against gold's: a refused run warns about nothing it would have done.
+        let df = crate::run::frame(&self.ctx, &source, &spec.source_uri, Phase::Read).await?;
+        let df = lookup::apply(&self.ctx, self.p, spec, df).await?;
+        if let (false, Some(g)) = (full, &gold) {
+            self.check_definition(g).await?;
+        }
         let plan = self
             .plan_days(&source, status_table.as_ref(), &old_status, logical, full)
             .await?;
@@ -151,8 +159,6 @@ impl Run<'_> {
         self.end_phase(Phase::Plan)?;
 
         // read: the days' groups from the source's live rows
-        let df = crate::run::frame(&self.ctx, &source, &spec.source_uri, Phase::Read).await?;
-        let df = lookup::apply(&self.ctx, self.p, spec, df).await?;
         if full {
             return self
                 .restate_all(
@@ -489,6 +495,15 @@ impl Run<'_> {
             "num_adjustment_rows": c.num_adjustment_rows,
             "previous_source_version": c.previous_source_version,
         });
+        let mut facts = facts;
+        let mut named: Vec<String> = plan::definition(self.spec)
+            .transactions(&self.p.app_id())
+            .into_iter()
+            .map(|t| t.app_id)
+            .collect();
+        named
+            .push(plan::newest_logical_transaction(&self.p.app_id(), self.now.date_naive()).app_id);
+        facts[lake::TXN_APPS] = named.into();
         let mut props = deltalake::kernel::transaction::CommitProperties::default()
             .with_metadata([(lake::COMMIT_INFO_KEY.to_string(), facts)]);
         let recorded = match self.opts.restate_from.is_some() || self.keep_unconsumed {

@@ -179,13 +179,26 @@ impl Run<'_> {
         if let Some(newest) = newest {
             let gap = (logical - newest).num_days();
             if gap > i64::from(spec.lookback_days) + 1 && !open.is_empty() {
-                self.warn(format!(
-                    "the logical date {logical} is {gap} days after the newest arrival gold has seen ({newest}): the {} open day(s) close now, final since {logical}. If the clock or --logical-date is wrong, restore the tables this run writes to their versions before it — `tidemark restore {name} --version N` for gold, `tidemark restore {status} --version M` for the status table (and {adjustments} likewise, if it booked adjustments; `tidemark history` shows the versions) — then run with the right --logical-date",
-                    open.len(),
-                    name = self.p.name,
-                    status = spec.status_uri,
-                    adjustments = spec.adjustments_uri,
-                ));
+                let head = format!(
+                    "the logical date {logical} is {gap} days after the newest arrival gold has seen ({newest})"
+                );
+                let message = match (self.opts.dry_run, self.gold_version) {
+                    (true, _) => format!(
+                        "{head}: a run with it would close the {} open day(s), final since {logical}. If the clock or --logical-date is wrong, run with the right --logical-date",
+                        open.len()
+                    ),
+                    (false, Some(v)) => format!(
+                        "{head}: the {} open day(s) close now, final since {logical}. If the clock or --logical-date is wrong, undo this run with `tidemark restore {path}{vars} --version {v}` (gold, its status and adjustments tables go back together), then run with the right --logical-date",
+                        open.len(),
+                        path = self.p.path.display(),
+                        vars = self.opts.var_args,
+                    ),
+                    (false, None) => format!(
+                        "{head}: the {} open day(s) close now, final since {logical}",
+                        open.len()
+                    ),
+                };
+                self.warn(message);
             }
         }
         if let Some(last) = old_status.values().filter_map(|s| s.final_since).max() {

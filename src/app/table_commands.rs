@@ -74,8 +74,10 @@ pub async fn history(mut args: HistoryArgs) -> Result<String, AppError> {
     Ok(format!("{t}\n"))
 }
 
-/// `tidemark restore`.
+/// `tidemark restore`. A pipeline's tables are restored together: an aggregate's status and
+/// adjustments tables go back to the versions they had when gold had the restored version.
 pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
+    let (companions, keys) = companions_of(&args)?;
     args.table = table_or_pipeline_target(&args.table, &args.from)?;
     let table = lake::open_required(&args.table, "table").await?;
     let latest = table.version().unwrap_or(0);
@@ -88,13 +90,24 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
             args.table
         )));
     }
-    let outcome = lake::restore(table, args.version)
+    let mut plans = Vec::new();
+    for (role, uri) in companions {
+        if let Some(t) = lake::open_if_exists(&uri).await? {
+            let to = lake::companion_version(&table, args.version, &t)
+                .await
+                .map_err(delta_error("cannot read the log of", &uri))?;
+            if to != t.version() {
+                plans.push((role, uri, t, to));
+            }
+        }
+    }
+    let outcome = lake::restore(table, args.version, &keys)
         .await
-        .map_err(|source| AppError::Delta {
-            action: "cannot restore",
-            uri: args.table.clone(),
-            source: Box::new(source),
-        })?;
+        .map_err(delta_error("cannot restore", &args.table))?;
+    let mut also = Vec::new();
+    for (role, uri, t, to) in plans {
+        also.push(restore_companion(role, uri, t, to).await?);
+    }
     let undo = format!(
         "tidemark restore {} --version {}",
         args.table,
@@ -105,6 +118,7 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
             let mut v = serde_json::to_value(&outcome).unwrap_or_default();
             v["table"] = args.table.clone().into();
             v["undo"] = undo.into();
+            v["also_restored"] = serde_json::to_value(&also).unwrap_or_default();
             v.to_string() + "\n"
         }
         OutputFormat::Text => {
@@ -116,6 +130,9 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
                 outcome.files_restored,
                 outcome.files_removed
             );
+            for a in &also {
+                out.push_str(&a.line());
+            }
             for (app, v) in &outcome.source_versions {
                 out.push_str(&format!(
                     "{app}: the next run re-reads source rows landed after source version {v}\n"
@@ -125,6 +142,97 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
             out
         }
     })
+}
+
+/// A companion table restored with its pipeline's main table.
+#[derive(Debug, serde::Serialize)]
+struct AlsoRestored {
+    role: &'static str,
+    table: String,
+    /// The version restored (`None`: the table had no commit then, so it was emptied).
+    restored_version: Option<u64>,
+    new_version: Option<u64>,
+}
+
+impl AlsoRestored {
+    fn line(&self) -> String {
+        match self.restored_version {
+            Some(v) => format!(
+                "restored its {} table {} to version {v} as new version {}, to match\n",
+                self.role,
+                self.table,
+                self.new_version.unwrap_or_default()
+            ),
+            None => format!(
+                "emptied its {} table {} (it had no rows then) as new version {}\n",
+                self.role,
+                self.table,
+                self.new_version.unwrap_or_default()
+            ),
+        }
+    }
+}
+
+/// The tables restored with a pipeline's target (an aggregate's status and adjustments tables),
+/// and the target's keys when each names one row (a `cdc_merge`: its restore's feed pairs a
+/// key's rows as an update).
+type Companions = (Vec<(&'static str, String)>, Vec<String>);
+
+fn companions_of(args: &RestoreArgs) -> Result<Companions, AppError> {
+    if super::pipeline_or_table(&args.table, &args.from)?.is_none() {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    Ok(match load_pipeline(&args.table, &args.from)?.spec {
+        Spec::Aggregate(a) => (
+            vec![
+                ("status", a.status_uri.clone()),
+                ("adjustments", a.adjustments_uri.clone()),
+            ],
+            Vec::new(),
+        ),
+        Spec::CdcMerge(m) => (Vec::new(), m.keys.clone()),
+        _ => (Vec::new(), Vec::new()),
+    })
+}
+
+async fn restore_companion(
+    role: &'static str,
+    uri: String,
+    table: deltalake::DeltaTable,
+    to: Option<u64>,
+) -> Result<AlsoRestored, AppError> {
+    let (restored_version, new_version) = match to {
+        Some(v) => {
+            let o = lake::restore(table, v, &[])
+                .await
+                .map_err(delta_error("cannot restore", &uri))?;
+            (Some(v), Some(o.new_version))
+        }
+        None => {
+            let (t, _) = table
+                .delete()
+                .await
+                .map_err(delta_error("cannot empty", &uri))?;
+            (None, t.version())
+        }
+    };
+    Ok(AlsoRestored {
+        role,
+        table: uri,
+        restored_version,
+        new_version,
+    })
+}
+
+fn delta_error<'a>(
+    action: &'static str,
+    uri: &'a str,
+) -> impl FnOnce(deltalake::DeltaTableError) -> AppError + 'a {
+    move |source| AppError::Delta {
+        action,
+        uri: uri.to_string(),
+        source: Box::new(source),
+    }
 }
 
 /// `tidemark maintain`.

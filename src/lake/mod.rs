@@ -4,6 +4,7 @@
 //! Everything here reads the Delta log; data files are only read through DataFusion scans that
 //! the `run` module plans.
 
+pub mod change_file;
 mod compact;
 pub mod datafile;
 pub mod dv;
@@ -19,6 +20,7 @@ pub mod record;
 pub mod remote;
 pub mod replace_keys;
 mod restore;
+mod restore_feed;
 pub mod stats;
 pub mod storage;
 pub mod store_fault;
@@ -37,7 +39,7 @@ pub use open::{
     or_new, table_url, NewDirs,
 };
 pub use record::SourceRecord;
-pub use restore::{restore, RestoreOutcome};
+pub use restore::{companion_version, restore, RestoreOutcome, TXN_APPS};
 pub use store_fault::{store_fault, StoreFault};
 
 /// Key under which tidemark stores its run facts in the Delta `commitInfo`.

@@ -19,6 +19,10 @@ use super::read_commits;
 /// pipelines that write a table.
 const PIPELINE_SEARCH_DEPTH: usize = 100;
 
+/// The key of a run's facts listing the other `txn` app ids its commit records (a restore
+/// re-records them as of the restored version).
+pub const TXN_APPS: &str = "txn_apps";
+
 /// What a restore did.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct RestoreOutcome {
@@ -30,20 +34,41 @@ pub struct RestoreOutcome {
     pub source_versions: Vec<(String, i64)>,
 }
 
-/// Restores `table` to `version` in one new commit.
-pub async fn restore(table: DeltaTable, version: u64) -> Result<RestoreOutcome, DeltaTableError> {
+/// Restores `table` to `version` in one new commit. When the table keeps a change data feed,
+/// the commit carries the feed of what it changed (keyed by `keys`, when known: see
+/// [`super::restore_feed`]).
+pub async fn restore(
+    table: DeltaTable,
+    version: u64,
+    keys: &[String],
+) -> Result<RestoreOutcome, DeltaTableError> {
     let mut at_version = table.clone();
     at_version.load_version(version).await?;
+    let table = match super::restore_feed::changes(&table, &at_version, keys).await? {
+        Some(rows) => {
+            let schema = match rows.first() {
+                Some(b) => b.schema(),
+                None => feed_schema(&table).await?,
+            };
+            let patch = super::restore_feed::RestoreFeed::new(rows, schema);
+            super::facts::with_patches(table, vec![patch])
+        }
+        None => table,
+    };
     let mut apps = BTreeSet::new();
+    // Other transactions the pipelines' commits name (`txn_apps`: an aggregate's definition and
+    // newest logical date): they come back as of `version` too.
+    let mut named = BTreeSet::new();
     for t in [&table, &at_version] {
         for entry in read_commits(t, PIPELINE_SEARCH_DEPTH).await? {
-            if let Some(name) = entry
-                .run
-                .as_ref()
-                .and_then(|r| r.get("pipeline"))
-                .and_then(|p| p.as_str())
-            {
+            let Some(run) = entry.run.as_ref() else {
+                continue;
+            };
+            if let Some(name) = run.get("pipeline").and_then(|p| p.as_str()) {
                 apps.insert(format!("tidemark/{name}"));
+            }
+            if let Some(list) = run.get(TXN_APPS).and_then(|a| a.as_array()) {
+                named.extend(list.iter().filter_map(|a| a.as_str()).map(str::to_string));
             }
         }
     }
@@ -57,6 +82,15 @@ pub async fn restore(table: DeltaTable, version: u64) -> Result<RestoreOutcome, 
         let v = *recorded.version.get_or_insert(-1);
         txns.extend(super::record::transactions(&app, &recorded));
         source_versions.push((app, v));
+    }
+    let snapshot = at_version.snapshot()?;
+    for app in named {
+        let v = snapshot
+            .transaction_version(at_version.log_store().as_ref(), &app)
+            .await?;
+        if let Some(v) = v {
+            txns.push(Transaction::new(app, v));
+        }
     }
     let props = CommitProperties::default().with_application_transactions(txns);
     let latest = table.version().unwrap_or(0);
@@ -72,4 +106,74 @@ pub async fn restore(table: DeltaTable, version: u64) -> Result<RestoreOutcome, 
         files_removed: metrics.num_removed_file as u64,
         source_versions,
     })
+}
+
+/// The version of a companion table (an aggregate's status or adjustments table) that goes with
+/// its pipeline's main table restored to `version`: the newest of its commits made before the
+/// first commit undone (the run that made `version + 1` started, or for a commit of no run, was
+/// made). `None` when every commit of it comes later (it must be emptied), and `Some(latest)`
+/// when nothing of it is undone.
+pub async fn companion_version(
+    main: &DeltaTable,
+    version: u64,
+    companion: &DeltaTable,
+) -> Result<Option<u64>, DeltaTableError> {
+    let Some(cutoff) = undo_cutoff(main, version + 1).await? else {
+        return Ok(companion.version());
+    };
+    let mut next = companion.version();
+    while let Some(v) = next {
+        let Some(actions) = super::commit_actions(companion, v).await? else {
+            // (its older commits were cleaned up: the oldest one read is the best there is)
+            return Ok(Some(v + 1).filter(|v| Some(*v) <= companion.version()));
+        };
+        let at = actions.iter().find_map(|a| match a {
+            deltalake::kernel::Action::CommitInfo(ci) => ci.timestamp,
+            _ => None,
+        });
+        if at.is_some_and(|t| t < cutoff) {
+            return Ok(Some(v));
+        }
+        next = v.checked_sub(1);
+    }
+    Ok(None)
+}
+
+/// When the first commit to undo (`first`) began: its run's start (the time in its UUIDv7 run
+/// id), or its commit time. `None` when `first` is not in the log.
+async fn undo_cutoff(main: &DeltaTable, first: u64) -> Result<Option<i64>, DeltaTableError> {
+    let Some(actions) = super::commit_actions(main, first).await? else {
+        return Ok(None);
+    };
+    let Some(info) = actions.iter().find_map(|a| match a {
+        deltalake::kernel::Action::CommitInfo(ci) => Some(ci.clone()),
+        _ => None,
+    }) else {
+        return Ok(None);
+    };
+    let started = info
+        .info
+        .get(super::COMMIT_INFO_KEY)
+        .and_then(|f| f.get("run_id"))
+        .and_then(|r| r.as_str())
+        .and_then(|r| uuid::Uuid::parse_str(r).ok())
+        .and_then(|u| u.get_timestamp())
+        .map(|t| {
+            let (secs, nanos) = t.to_unix();
+            secs as i64 * 1000 + i64::from(nanos / 1_000_000)
+        });
+    Ok(started.or(info.timestamp))
+}
+
+/// The schema of an empty change data file of `table`: its columns and `_change_type`.
+async fn feed_schema(table: &DeltaTable) -> Result<arrow::datatypes::SchemaRef, DeltaTableError> {
+    let provider = table.table_provider().await?;
+    let mut fields: Vec<arrow::datatypes::FieldRef> =
+        provider.schema().fields().iter().cloned().collect();
+    fields.push(std::sync::Arc::new(arrow::datatypes::Field::new(
+        "_change_type",
+        arrow::datatypes::DataType::Utf8,
+        true,
+    )));
+    Ok(std::sync::Arc::new(arrow::datatypes::Schema::new(fields)))
 }

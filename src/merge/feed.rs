@@ -18,17 +18,14 @@ use std::sync::Arc;
 
 use arrow::array::{Array, ArrayRef, AsArray, RecordBatch, StringArray};
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef};
-use bytes::Bytes;
 use deltalake::kernel::transaction::TransactionError;
 use deltalake::{DeltaTable, ObjectStore};
 use object_store::path::Path;
 use object_store::ObjectStoreExt;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
-use parquet::arrow::ArrowWriter;
 use serde_json::Value;
 
 use crate::config::pipeline::DELETED_COLUMN;
-use crate::lake::datafile::writer_properties;
 use crate::lake::facts::CommitPatch;
 
 /// The feed's `_change_type` values.
@@ -272,40 +269,7 @@ impl CdcFile {
     }
 }
 
-/// Why a change data file could not be written.
-#[derive(Debug)]
-pub(crate) enum ChangeFileError {
-    Parquet(parquet::errors::ParquetError),
-    Store(object_store::Error),
-}
-
-/// Writes `batches` (in `schema`: the table's columns and `_change_type`) as one change data
-/// file under `dir` (`_change_data`, or a partition's folder in it); returns its path and size.
-/// The copy-on-write rewrite and the rewrite of delta-rs' feed both write their files here.
-pub(crate) async fn write_change_file(
-    store: &Arc<dyn ObjectStore>,
-    dir: &str,
-    schema: SchemaRef,
-    batches: &[RecordBatch],
-) -> Result<(String, usize), ChangeFileError> {
-    let path = format!(
-        "{dir}/cdc-00000-{}.c000.snappy.parquet",
-        uuid::Uuid::new_v4()
-    );
-    let p = ChangeFileError::Parquet;
-    let mut writer =
-        ArrowWriter::try_new(Vec::new(), schema, Some(writer_properties(1 << 16))).map_err(p)?;
-    for b in batches {
-        writer.write(b).map_err(p)?;
-    }
-    let bytes = writer.into_inner().map_err(p)?;
-    let size = bytes.len();
-    store
-        .put(&store_path(&path), Bytes::from(bytes).into())
-        .await
-        .map_err(ChangeFileError::Store)?;
-    Ok((path, size))
-}
+pub(crate) use crate::lake::change_file::{write_change_file, ChangeFileError};
 
 /// Writes `batch` as a change data file under `dir` and returns `template` (a `cdc` action)
 /// pointing at it.

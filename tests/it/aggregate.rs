@@ -791,7 +791,8 @@ async fn max_lookback_caps_restatement_but_not_adjustment() {
 }
 
 /// A logical date far past every arrival closes the open days at once: the run says so, and
-/// how to undo it (the restore of each table the run wrote, by name).
+/// the one command that undoes it (the pipeline's restore, which takes gold, its status and its
+/// adjustments tables back together); a dry run only says what a run would do.
 #[tokio::test]
 async fn a_logical_date_far_past_the_data_says_how_to_undo_it() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -799,15 +800,32 @@ async fn a_logical_date_far_past_the_data_says_how_to_undo_it() {
     write_source(d, &six_days()).await;
     let p = pipeline(d, "recompute: { lookback: 2d }\n");
     run(&p, "2024-04-06", &[]);
+    let (gold_before, status_before) = (gold(d).await, status(d).await);
+    let dry = run(&p, "2024-06-01", &["--dry-run"]);
+    let w = dry["warnings"].to_string();
+    assert!(w.contains("would close") && !w.contains("restore"), "{w}");
+    let gold_version = version(&d.join("gold")).await.expect("gold");
     let s = run(&p, "2024-06-01", &[]);
     let w = s["warnings"].to_string();
-    assert!(
-        w.contains("close now")
-            && w.contains("tidemark restore daily --version N")
-            && w.contains(&format!(
-                "tidemark restore {}/gold_status --version M",
-                d.display()
-            )),
-        "{w}"
+    let undo = format!("tidemark restore {} --version {gold_version}", p.display());
+    assert!(w.contains("close now") && w.contains(&undo), "{w}");
+    assert_ne!(status(d).await, status_before);
+    let out = exec(
+        tidemark_at(at(2024, 4, 10, 12, 0))
+            .args(["restore"])
+            .arg(&p)
+            .args(["--version", &gold_version.to_string(), "--output", "json"]),
     );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert_eq!(r["also_restored"][0]["role"], "status", "{r}");
+    assert_eq!(gold(d).await, gold_before, "gold's labels are back");
+    assert_eq!(
+        status(d).await,
+        status_before,
+        "and the status says the same"
+    );
+    // The next run with the right date finds nothing to do.
+    let again = run(&p, "2024-04-06", &[]);
+    assert!(again["target_version"].is_null(), "{again}");
 }

@@ -338,6 +338,62 @@ async fn restore_keeps_each_version_s_deletion_vectors() {
     assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
 }
 
+/// `restore` of a deletion-vector target that keeps a change data feed: the restore commit is
+/// one the feed readers can read (tidemark's `changes`, delta-rs' CDF scan), and its feed says
+/// what the restore changed — the next hour's rows taken back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_of_a_deletion_vector_target_with_a_feed_keeps_the_feed_readable() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let p = pipeline(d, "deletion_vectors");
+    let text = std::fs::read_to_string(&p).expect("read");
+    std::fs::write(
+        &p,
+        text.replacen("/silver\" }", "/silver\", change_data_feed: true }", 1),
+    )
+    .expect("write");
+    let (_, v) = load_then_next_hour(d, &p).await;
+    let v1 = v["target_version"].as_u64().expect("committed");
+    let more = vec![
+        Change::upsert("k03", T0 + 3 * HOUR, NOW - MIN / 2, 3),
+        Change::upsert("k05", T0 + 3 * HOUR, NOW - MIN / 2, 3),
+    ];
+    append(&bronze(d), &more).await;
+    run_ok(d, &p);
+    let restored = exec(tidemark(d).arg("restore").arg(&p).args([
+        "--version",
+        &v1.to_string(),
+        "--output",
+        "json",
+    ]));
+    assert_eq!(restored.code, 0, "{}\n{}", restored.stdout, restored.stderr);
+    let r: Value = serde_json::from_str(restored.stdout.trim()).expect("json");
+    let new = r["new_version"].as_u64().expect("new version");
+    let out = exec(tidemark(d).arg("changes").arg(&p).args([
+        "--from-version",
+        &new.to_string(),
+        "--output",
+        "json",
+    ]));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let feed = feed_rows(&silver(d), new, new).await;
+    let mut changes: Vec<(String, String)> = feed
+        .iter()
+        .map(|(_, change, row)| (row.id.clone(), change.clone()))
+        .collect();
+    changes.sort();
+    assert_eq!(
+        changes,
+        vec![
+            ("k03".to_string(), "update_postimage".to_string()),
+            ("k03".to_string(), "update_preimage".to_string()),
+            ("k05".to_string(), "update_postimage".to_string()),
+            ("k05".to_string(), "update_preimage".to_string()),
+        ],
+        "{feed:?}"
+    );
+}
+
 /// A deletion-vector file cut short or deleted by hand is damage (65), never a bug (70), for
 /// `run` and `reconcile`; a `--full-reload` rebuilds the table without reading it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

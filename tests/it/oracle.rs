@@ -411,7 +411,9 @@ async fn restore_then_incremental_converges() {
         deltalake::table::builder::parse_table_uri(silver(dir.path()).to_str().expect("utf8"))
             .expect("url");
     let table = deltalake::open_table(url).await.expect("open");
-    let outcome = tidemark::lake::restore(table, 0).await.expect("restore");
+    let outcome = tidemark::lake::restore(table, 0, &[])
+        .await
+        .expect("restore");
     assert_eq!(
         outcome.source_versions,
         vec![("tidemark/test".to_string(), 0)]
