@@ -56,6 +56,13 @@ pub enum AppError {
     /// SIGINT or SIGTERM stopped the command.
     #[error("{} received: the run was stopped and its spill files removed; nothing was committed unless its commit had already landed (a Delta commit lands whole or not at all: `tidemark history` shows which). Rerunning is safe", crate::signal::name(*signal))]
     Stopped { signal: ErrorClass },
+    /// SIGINT or SIGTERM stopped a command that has no run to clean up.
+    #[error("{} received: `tidemark {command}` was stopped. {after}", crate::signal::name(*signal))]
+    Interrupted {
+        signal: ErrorClass,
+        command: &'static str,
+        after: &'static str,
+    },
     #[error("{action} {uri}: {source}")]
     Delta {
         action: &'static str,
@@ -79,7 +86,7 @@ impl Classify for AppError {
             AppError::Lateness(e) => e.class(),
             AppError::Delta { source, .. } => classify_delta(source),
             AppError::Reconcile(e) => e.class(),
-            AppError::Stopped { signal } => *signal,
+            AppError::Stopped { signal } | AppError::Interrupted { signal, .. } => *signal,
         }
     }
 }
@@ -118,12 +125,22 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
     use jobs_commands as j;
     Ok(match command {
         Command::Run(args) => run_command(args, clock).await?.into(),
-        Command::History(args) => history(args).await?.into(),
-        Command::Restore(args) => restore(args).await?.into(),
-        Command::Generate(args) => generate_command(args).await?.into(),
+        Command::History(args) => stoppable("history", READ_ONLY, history(args)).await?.into(),
+        Command::Restore(args) => stoppable("restore", RESTORE, restore(args)).await?.into(),
+        Command::Generate(args) => stoppable("generate", GENERATE, generate_command(args))
+            .await?
+            .into(),
         Command::Demo(args) => demo::demo(args, clock).await?,
-        Command::Maintain(args) => maintain(args, clock.as_ref()).await?.into(),
-        Command::Reconcile(args) => reconcile_command(args, clock.as_ref()).await?.into(),
+        Command::Maintain(args) => stoppable("maintain", MAINTAIN, maintain(args, clock.as_ref()))
+            .await?
+            .into(),
+        Command::Reconcile(args) => stoppable(
+            "reconcile",
+            READ_ONLY,
+            reconcile_command(args, clock.as_ref()),
+        )
+        .await?
+        .into(),
         Command::Bundle(b) => match b.command {
             BundleCommand::Validate(args) => j::bundle_validate(args),
             BundleCommand::Summary(args) => j::bundle_summary(args, clock.as_ref())?.into(),
@@ -132,11 +149,41 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
             JobCommand::Run(args) => j::job_run(args, clock).await?,
         },
         Command::Scheduler(args) => j::scheduler(args, clock).await?.into(),
-        Command::Runs(args) => j::runs(args).await?.into(),
-        Command::Lateness(args) => lateness_command::lateness(args).await?.into(),
-        Command::Changes(args) => changes_command::changes(args).await?.into(),
-        Command::Status(args) => status_command::status(args).await?.into(),
+        Command::Runs(args) => stoppable("runs", READ_ONLY, j::runs(args)).await?.into(),
+        Command::Lateness(args) => {
+            stoppable("lateness", LATENESS, lateness_command::lateness(args))
+                .await?
+                .into()
+        }
+        Command::Changes(args) => stoppable("changes", READ_ONLY, changes_command::changes(args))
+            .await?
+            .into(),
+        Command::Status(args) => stoppable("status", READ_ONLY, status_command::status(args))
+            .await?
+            .into(),
     })
+}
+
+const READ_ONLY: &str = "It only reads, so nothing was changed; rerun it";
+const LATENESS: &str =
+    "Nothing was changed (a --plot file is written whole or not at all); rerun it";
+const GENERATE: &str = "The table it was writing is unfinished: rerun the same command, which replaces an interrupted generation and starts over";
+const MAINTAIN: &str = "Each of its commits (tombstone removal, compaction) landed whole or not at all, and a vacuum only deletes files no version needs: `tidemark history` shows what landed; rerun it to finish";
+const RESTORE: &str = "Each table's restore commit landed whole or not at all; `tidemark history` shows which did. Rerun the same restore to finish (a table already at the version is restored again, with the same rows)";
+
+/// Runs a command that has no run of its own to stop: SIGINT or SIGTERM ends it with exit
+/// 130/143 and its message (with `--output json`, its one JSON object), not the default death.
+async fn stoppable<T, E: Into<AppError>>(
+    command: &'static str,
+    after: &'static str,
+    work: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, AppError> {
+    // (biased: the signals are listened to before the work starts)
+    tokio::select! {
+        biased;
+        signal = crate::signal::stop_signal() => Err(AppError::Interrupted { signal, command, after }),
+        done = work => done.map_err(Into::into),
+    }
 }
 
 /// The file of pipeline `name`: a path, a file of `--pipelines-dir`, else a pipeline of the
@@ -387,6 +434,9 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
 /// target differs from the newest rows of its source.
 pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let pipeline = load_pipeline(&args.pipeline, &args.from)?;
+    crate::failpoint::hit_async("reconcile.start")
+        .await
+        .map_err(RunError::from)?;
     let var_args = shell_var_args(&args.from.vars);
     let opts = ReconcileOptions {
         limit: args.limit,

@@ -172,3 +172,19 @@ pub fn hit(name: &str) -> Result<(), Injected> {
         Ok(())
     }
 }
+
+/// [`hit`] for async code whose task must stay responsive while the point waits (`pause`,
+/// `sleep`): the wait runs on a blocking thread, so a `select!` on stop signals still runs.
+pub async fn hit_async(name: &'static str) -> Result<(), Injected> {
+    #[cfg(feature = "failpoints")]
+    {
+        tokio::task::spawn_blocking(move || hit(name))
+            .await
+            .unwrap_or(Ok(()))
+    }
+    #[cfg(not(feature = "failpoints"))]
+    {
+        let _ = name;
+        Ok(())
+    }
+}

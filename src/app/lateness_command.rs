@@ -10,6 +10,9 @@ use crate::config::{ConfigError, Vars};
 /// or a table URI; the work is in [`crate::lateness`].
 pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
     use crate::lateness::{self as l, LatenessInputs, LatenessOptions};
+    crate::failpoint::hit_async("lateness.start")
+        .await
+        .map_err(crate::run::RunError::from)?;
     let inputs = match super::pipeline_or_table(&args.table, &args.from)? {
         Some(_) => {
             let p = load_pipeline(&args.table, &args.from)?;

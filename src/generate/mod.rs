@@ -182,6 +182,9 @@ pub enum GenerateError {
     /// Building the Arrow batches failed (a bug: the schema is fixed).
     #[error("could not build Arrow record batches: {0}")]
     Arrow(#[from] ArrowError),
+    /// A failpoint armed for testing fired.
+    #[error(transparent)]
+    Injected(#[from] crate::failpoint::Injected),
 }
 
 impl crate::error::Classify for GenerateError {
@@ -197,6 +200,7 @@ impl crate::error::Classify for GenerateError {
             GenerateError::Store(e) => e.class(),
             GenerateError::Delta { source, .. } => crate::error::classify_delta(source),
             GenerateError::Arrow(_) => ErrorClass::Internal,
+            GenerateError::Injected(e) => e.class(),
         }
     }
 }
@@ -273,11 +277,12 @@ fn initial_world(opts: &GenerateOptions) -> Result<(World, i64), GenerateError> 
 async fn generate_full(opts: &GenerateOptions) -> Result<GenerateReport, GenerateError> {
     let (world, hi) = initial_world(opts)?;
     let frontier = to_utc(hi)?;
-    let table = new_table(&opts.out).await?;
+    let (table, restart) = new_table(&opts.out).await?;
 
     let meta = GenMeta::new(world, hi, None);
     let mut days = ingestion_days(&world, hi);
-    let (table, counts) = write_by_ingestion_day(table, &mut days, &meta, &opts.out).await?;
+    let (table, counts) =
+        write_by_ingestion_day(table, &mut days, &meta, &opts.out, restart).await?;
     let counts = Counts {
         distinct_payments: days.payments,
         ..counts
@@ -409,16 +414,36 @@ impl GenMeta {
     }
 }
 
-/// An unloaded handle for a table that must not exist yet.
-async fn new_table(out: &str) -> Result<DeltaTable, GenerateError> {
+/// The commit metadata key of a full generation's commits before its last (which carries
+/// [`META_KEY`]): a table with only such commits is an interrupted generation.
+const PARTIAL_KEY: &str = "gen_partial";
+
+/// A handle for a table that must not exist yet — or that an interrupted full generation left
+/// (every commit marked [`PARTIAL_KEY`], none finished): `true` then, and the generation
+/// replaces it.
+async fn new_table(out: &str) -> Result<(DeltaTable, bool), GenerateError> {
     let url = ensure_table_uri(out).at(out)?;
-    let table = DeltaTableBuilder::from_url(url).at(out)?.build().at(out)?;
-    if table.verify_deltatable_existence().await.at(out)? {
+    let mut table = DeltaTableBuilder::from_url(url).at(out)?.build().at(out)?;
+    if !table.verify_deltatable_existence().await.at(out)? {
+        return Ok((table, false));
+    }
+    table.load().await.at(out)?;
+    let mut history = table.history(None);
+    let mut interrupted = true;
+    while let Some(commit) = history.next().await {
+        if !commit.at(out)?.info.contains_key(PARTIAL_KEY) {
+            interrupted = false;
+            break;
+        }
+    }
+    drop(history);
+    if !interrupted {
         return Err(GenerateError::TableExists {
             path: out.to_string(),
         });
     }
-    Ok(table)
+    tracing::warn!("{out} holds an interrupted generation: it is replaced");
+    Ok((table, true))
 }
 
 /// A loaded handle of an existing table (without creating directories on the way).
@@ -464,11 +489,17 @@ async fn commit_rows(
     meta: Option<&GenMeta>,
     out: &str,
 ) -> Result<DeltaTable, GenerateError> {
-    let mut write = table.write(to_batches(rows)?).with_save_mode(mode);
-    if let Some(meta) = meta {
-        write = write.with_commit_properties(meta.commit_properties());
-    }
-    write.await.at(out)
+    let props = match meta {
+        Some(meta) => meta.commit_properties(),
+        // (a full generation's commit before its last: see `new_table`)
+        None => CommitProperties::default().with_metadata([(PARTIAL_KEY.to_string(), true.into())]),
+    };
+    table
+        .write(to_batches(rows)?)
+        .with_save_mode(mode)
+        .with_commit_properties(props)
+        .await
+        .at(out)
 }
 
 /// Create the table with one append commit per ingestion day of `days` (like a bronze table
@@ -479,16 +510,15 @@ async fn write_by_ingestion_day(
     days: impl Iterator<Item = Vec<Row>>,
     meta: &GenMeta,
     out: &str,
+    restart: bool,
 ) -> Result<(DeltaTable, Counts), GenerateError> {
     let mut counts = Counts::default();
     let mut held: Option<Vec<Row>> = None;
     let mut first = true;
-    let mode = |first: bool| {
-        if first {
-            SaveMode::ErrorIfExists
-        } else {
-            SaveMode::Append
-        }
+    let mode = |first: bool| match (first, restart) {
+        (true, false) => SaveMode::ErrorIfExists,
+        (true, true) => SaveMode::Overwrite,
+        (false, _) => SaveMode::Append,
     };
     for day in days {
         counts.rows += day.len() as u64;
@@ -496,6 +526,7 @@ async fn write_by_ingestion_day(
         if let Some(previous) = held.replace(day) {
             table = commit_rows(table, &previous, mode(first), None, out).await?;
             first = false;
+            crate::failpoint::hit_async("generate.between_commits").await?;
         }
     }
     let last = held.unwrap_or_default();

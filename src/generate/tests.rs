@@ -309,7 +309,7 @@ async fn an_empty_first_window_still_creates_a_generator_table() -> TestResult {
     let w = world(10, 1, 0);
     let table = new_table(&out).await?;
     let meta = GenMeta::new(w, w.start_us, None);
-    write_by_ingestion_day(table, std::iter::empty(), &meta, &out).await?;
+    write_by_ingestion_day(table.0, std::iter::empty(), &meta, &out, false).await?;
     assert!(read_table(&out).await?.is_empty());
     let report = next_hours(&out, 24).await?;
     assert_eq!(report.window_start.map(us), Some(w.start_us));
@@ -339,7 +339,7 @@ async fn next_hours_needs_a_generator_table() -> TestResult {
     let plain = dir.path().join("plain").display().to_string();
     let rows = gen_window(&world(100, 1, 0), None, world(100, 1, 0).start_us + DAY);
     commit_rows(
-        new_table(&plain).await?,
+        new_table(&plain).await?.0,
         &rows,
         SaveMode::ErrorIfExists,
         None,
@@ -420,4 +420,32 @@ fn ingestion_days_are_the_whole_window_cut_by_day() {
         pnums.dedup();
         assert_eq!(streamed.payments, pnums.len() as u64);
     }
+}
+
+/// A full generation stopped between its commits (SIGINT, a crash) left a table with no
+/// generator metadata: the same command run again replaces it, and a table of anything else
+/// is still refused.
+#[tokio::test]
+async fn an_interrupted_generation_is_replaced_by_the_rerun() -> TestResult {
+    let dir = tempfile::tempdir()?;
+    let out = dir.path().join("bronze").display().to_string();
+    let w = world(100, 1, 0);
+    let rows = gen_window(&w, None, w.start_us + DAY);
+    commit_rows(
+        new_table(&out).await?.0,
+        &rows,
+        SaveMode::ErrorIfExists,
+        None,
+        &out,
+    )
+    .await?;
+    let (_, restart) = new_table(&out).await?;
+    assert!(restart, "an interrupted generation is replaced");
+    let report = generate(&options(dir.path(), 100, 1, 7)).await?;
+    assert!(report.rows > 0);
+    assert!(matches!(
+        new_table(&out).await.expect_err("finished now"),
+        GenerateError::TableExists { .. }
+    ));
+    Ok(())
 }

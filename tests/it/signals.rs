@@ -232,3 +232,78 @@ fn a_demo_stopped_during_its_backfill_leaves_nothing_half_written() {
     assert_eq!(again.code, 0, "{}", again.stderr);
     assert!(again.stdout.contains("backfill: full"), "{}", again.stdout);
 }
+
+/// SIGINT or SIGTERM to `reconcile`, `lateness` and `generate` with `--output json`: exit 130 /
+/// 143 with one JSON object saying what happened; an interrupted `generate` is replaced by the
+/// same command run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_stopped_by_a_signal_print_their_json_and_generate_starts_over() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    append(
+        &bronze(d),
+        &[Change::upsert("a", T0 + HOUR, T0 + HOUR + MIN, 1)],
+    )
+    .await;
+    let p = write_pipeline(d, "15m", "soft", "");
+    let ran = output(tidemark(NOW).arg("run").arg(&p));
+    assert_eq!(ran.code, 0, "{}", ran.stderr);
+    let generated = d.join("generated");
+    let generate = |c: &mut Command| {
+        c.arg("generate").arg("--out").arg(&generated).args([
+            "--payments",
+            "200",
+            "--days",
+            "3",
+            "--seed",
+            "5",
+        ]);
+    };
+    type Args<'a> = Box<dyn Fn(&mut Command) + 'a>;
+    let cases: Vec<(&str, Args)> = vec![
+        (
+            "reconcile.start",
+            Box::new(|c: &mut Command| {
+                c.arg("reconcile").arg(&p);
+            }),
+        ),
+        (
+            "lateness.start",
+            Box::new(|c: &mut Command| {
+                c.arg("lateness").arg(&p);
+            }),
+        ),
+        ("generate.between_commits", Box::new(generate)),
+    ];
+    for (i, (point, args)) in cases.iter().enumerate() {
+        let (signal, code) = if i % 2 == 0 {
+            (libc::SIGINT, 130)
+        } else {
+            (libc::SIGTERM, 143)
+        };
+        let pause = Pause::new();
+        let mut cmd = tidemark(NOW);
+        cmd.env("TIDEMARK_FAILPOINTS", pause.at(point));
+        args(&mut cmd);
+        let child = cmd
+            .args(["--output", "json"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        pause.wait_reached();
+        send(&child, signal);
+        let out = child.wait_with_output().expect("wait");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(code), "{point}: {stderr}");
+        let json: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{point}: one JSON object ({e}): {stderr}"));
+        assert_eq!(json["error"]["exit_code"], code, "{point}: {json}");
+    }
+    // The interrupted generation left a table; the same command replaces it and finishes.
+    assert!(version(&generated).await.is_some(), "a partial table");
+    let mut again = tidemark(NOW);
+    generate(&mut again);
+    let out = output(&mut again);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+}
