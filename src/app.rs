@@ -345,8 +345,9 @@ fn run_engine(args: &RunArgs) -> Result<Engine, AppError> {
                 .filter(|b| (MIN_MEMORY_LIMIT..=MAX_MEMORY_LIMIT).contains(b))
                 .ok_or_else(|| {
                     AppError::Usage(format!(
-                        "--memory-limit {text:?} is not a size between {} and {} bytes; write it like 1536MiB or 4GiB",
-                        MIN_MEMORY_LIMIT, MAX_MEMORY_LIMIT
+                        "--memory-limit {text:?} is not a size between {} and {}; write it like 1536MiB or 4GiB",
+                        crate::report::size(MIN_MEMORY_LIMIT),
+                        crate::report::size(MAX_MEMORY_LIMIT)
                     ))
                 })?;
             Some(bytes)

@@ -533,3 +533,33 @@ impl RunSummary {
         out
     }
 }
+
+/// A byte count as people read it: `512MiB` when a unit divides it, else `1.2MiB (1234567
+/// bytes)` — never a bare count of bytes in a message.
+pub fn size(bytes: u64) -> String {
+    const UNITS: [(&str, u64); 4] = [
+        ("TiB", 1 << 40),
+        ("GiB", 1 << 30),
+        ("MiB", 1 << 20),
+        ("KiB", 1 << 10),
+    ];
+    for (u, n) in UNITS {
+        if bytes >= n && bytes.is_multiple_of(n) {
+            return format!("{}{u}", bytes / n);
+        }
+    }
+    match UNITS.iter().find(|(_, n)| bytes >= *n) {
+        Some((u, n)) => format!("{:.1}{u} ({bytes} bytes)", bytes as f64 / *n as f64),
+        None => format!("{bytes}B"),
+    }
+}
+
+#[cfg(test)]
+mod size_tests {
+    #[test]
+    fn sizes_read_as_units() {
+        assert_eq!(super::size(512 << 20), "512MiB");
+        assert_eq!(super::size(1_234_567), "1.2MiB (1234567 bytes)");
+        assert_eq!(super::size(900), "900B");
+    }
+}

@@ -186,7 +186,12 @@ impl Run<'_> {
         )?;
         let schema = compute::gold_schema(&grouped);
         if let Some(g) = &gold {
-            write::check_schema(g, &schema, &spec.target_uri)?;
+            let rerun = format!(
+                "tidemark run {}{}",
+                self.p.path.display(),
+                self.opts.var_args
+            );
+            write::check_schema(g, &schema, &spec.target_uri, &rerun)?;
         }
         // Gold's rows of the days are read back and fingerprinted at the same time (the
         // compare needs both).

@@ -23,7 +23,12 @@ use crate::run::{Phase, RunError};
 /// Refuses to replace days of a gold table whose columns are not the pipeline's (measures or
 /// groups changed since it was built): a day written one way beside days written another would
 /// be a table no reader can trust.
-pub fn check_schema(gold: &DeltaTable, schema: &SchemaRef, uri: &str) -> Result<(), RunError> {
+pub fn check_schema(
+    gold: &DeltaTable,
+    schema: &SchemaRef,
+    uri: &str,
+    rerun: &str,
+) -> Result<(), RunError> {
     let held = gold
         .snapshot()
         .map_err(RunError::delta(Phase::Compare, uri))?
@@ -37,7 +42,7 @@ pub fn check_schema(gold: &DeltaTable, schema: &SchemaRef, uri: &str) -> Result<
         return Err(RunError::SchemaDrift {
             uri: uri.to_string(),
             message: format!(
-                "gold has the columns [{}] and the pipeline now makes [{}] (its groups or measures changed): rebuild it with `tidemark run <pipeline> --full-reload`",
+                "gold has the columns [{}] and the pipeline now makes [{}] (its groups or measures changed): rebuild it with `{rerun} --full-reload`",
                 held.join(", "),
                 wanted.join(", ")
             ),

@@ -146,21 +146,6 @@ fn fire(t: DateTime<Utc>) -> String {
     t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
-fn size(bytes: u64) -> String {
-    const UNITS: [(&str, u64); 4] = [
-        ("TiB", 1 << 40),
-        ("GiB", 1 << 30),
-        ("MiB", 1 << 20),
-        ("KiB", 1 << 10),
-    ];
-    for (u, n) in UNITS {
-        if bytes >= n && bytes.is_multiple_of(n) {
-            return format!("{}{u}", bytes / n);
-        }
-    }
-    format!("{bytes}B")
-}
-
 fn job_json(job: &Job, from: DateTime<Utc>, count: usize) -> serde_json::Value {
     let fires: Vec<serde_json::Value> = job
         .schedule
@@ -295,7 +280,7 @@ pub fn bundle_summary(args: BundleSummaryArgs, clock: &dyn Clock) -> Result<Stri
                     .map(|n| n.to_string())
                     .unwrap_or_else(|| "all".to_string()),
                 c.memory_limit
-                    .map(size)
+                    .map(crate::report::size)
                     .unwrap_or_else(|| "none".to_string()),
                 c.spill_directory
                     .as_ref()
@@ -455,7 +440,28 @@ pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
         return Ok(serde_json::to_string(&rows).unwrap_or_default() + "\n");
     }
     if rows.is_empty() {
-        return Ok(format!("no runs recorded yet in {}\n", ledger.uri()));
+        return Ok(match &args.job {
+            Some(job) if !ledger.recent(None, 1).await?.is_empty() => {
+                let known: Vec<&String> = bundle.jobs.keys().collect();
+                let hint = if bundle.jobs.contains_key(job) {
+                    String::new()
+                } else {
+                    format!(
+                        " (the bundle has no job `{job}`; its jobs: {})",
+                        known
+                            .iter()
+                            .map(|s| s.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                format!(
+                    "no runs of job `{job}` recorded in {}{hint}; other jobs have runs: `tidemark runs` lists them\n",
+                    ledger.uri()
+                )
+            }
+            _ => format!("no runs recorded yet in {}\n", ledger.uri()),
+        });
     }
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY);

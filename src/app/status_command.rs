@@ -7,11 +7,13 @@ use crate::cli::StatusArgs;
 pub async fn status(args: StatusArgs) -> Result<String, AppError> {
     let p = load_pipeline(&args.pipeline, &args.from)?;
     let Spec::Aggregate(spec) = &p.spec else {
-        return Err(AppError::Usage(format!(
-            "`tidemark status` shows an aggregate pipeline's day status; `{}` is {}",
-            p.name,
-            p.kind()
-        )));
+        return Err(p
+            .wrong_kind(format!(
+                "`tidemark status` shows an aggregate pipeline's day status; `{}` is {}",
+                p.name,
+                p.kind()
+            ))
+            .into());
     };
     let days = crate::aggregate::day_status(spec).await?;
     Ok(match args.output {

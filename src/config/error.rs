@@ -57,6 +57,14 @@ pub enum ConfigError {
         line: usize,
         message: String,
     },
+    /// A command given a pipeline of a kind it does not work on (a usage error, 64, for every
+    /// command alike: the file is fine, the command is not for it).
+    #[error("{path}:{line}: {message}")]
+    WrongKind {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
     /// `${var.X}` or `${env.X}` has no value.
     #[error("{path}:{line}: {reference} in `{key}` has no value; {how}")]
     Unresolved {
@@ -85,7 +93,9 @@ pub enum ConfigError {
 impl Classify for ConfigError {
     fn class(&self) -> ErrorClass {
         match self {
-            ConfigError::BadVarArg(_) | ConfigError::UnusedVar { .. } => ErrorClass::Usage,
+            ConfigError::BadVarArg(_)
+            | ConfigError::UnusedVar { .. }
+            | ConfigError::WrongKind { .. } => ErrorClass::Usage,
             _ => ErrorClass::Config,
         }
     }

@@ -261,7 +261,6 @@ pub fn fold(
             .then(content.row(a).cmp(&content.row(b)))
     });
     let key_text = key_text(batch, &layout.keys)?;
-    let order_text = self::key_text(batch, &layout.order)?;
     let seq_col = batch
         .column_by_name(&layout.order[0])
         .cloned()
@@ -342,21 +341,36 @@ pub fn fold(
             out.iter().map(|o| o.current).collect::<Vec<_>>(),
         )));
         columns.push(Arc::new(durable));
-        let version: Int64Array = out
+        // One per version: its key and `valid_from` — not the opening record's tie-breakers, so
+        // a late record at the same instant does not change it. Versions opening at one instant
+        // (a change and its correction at the same time) are told apart by their rank counted
+        // from the last: the one in force keeps its key when an earlier one, which no point in
+        // time selects, arrives late.
+        let mut next: Option<(&str, i64)> = None;
+        let mut rank = 0u32;
+        let mut keys: Vec<Option<i64>> = out
             .iter()
+            .rev()
             .map(|o| {
-                let key = &key_text[o.values as usize];
+                let key = key_text[o.values as usize].as_str();
                 if from_1900(o) {
+                    next = None;
                     return Some(inferred_version_key(key));
                 }
-                // (the opening record's tie-breakers too: two versions can open at one instant)
                 let from = seq_i64.value(o.from as usize);
-                Some(surrogate(&format!(
-                    "{key}\u{1e}{from}\u{1e}{}",
-                    order_text[o.from as usize]
-                )))
+                rank = match next {
+                    Some(n) if n == (key, from) => rank + 1,
+                    _ => 0,
+                };
+                next = Some((key, from));
+                Some(match rank {
+                    0 => surrogate(&format!("{key}\u{1e}{from}")),
+                    n => surrogate(&format!("{key}\u{1e}{from}\u{1e}{n}")),
+                })
             })
             .collect();
+        keys.reverse();
+        let version = Int64Array::from(keys);
         columns.push(Arc::new(version));
     } else {
         columns.push(Arc::new(durable));

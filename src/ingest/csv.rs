@@ -78,9 +78,9 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                 line_no,
                 &text,
                 format!(
-                    "the row is {} bytes, over `max_record_bytes` ({})",
-                    text.len(),
-                    shape.max_record_bytes
+                    "the row is {}, over `max_record_bytes` ({})",
+                    crate::report::size(text.len() as u64),
+                    crate::report::size(shape.max_record_bytes)
                 ),
             ));
             continue;

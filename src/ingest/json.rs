@@ -20,9 +20,9 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                 line_no,
                 line,
                 format!(
-                    "the line is {} bytes, over `max_record_bytes` ({})",
-                    line.len(),
-                    shape.max_record_bytes
+                    "the line is {}, over `max_record_bytes` ({})",
+                    crate::report::size(line.len() as u64),
+                    crate::report::size(shape.max_record_bytes)
                 ),
             ));
             continue;

@@ -1234,3 +1234,55 @@ async fn a_delete_after_a_compaction_of_the_source_is_refused() {
         out.stderr
     );
 }
+
+/// `version_key` is one per version, key and `valid_from`: a late record at the same instant
+/// with an earlier tie-breaker — the same values, or values that no point in time selects —
+/// leaves the key of the version in force as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_record_at_the_same_instant_keeps_the_version_key() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd2");
+    let t = T0 + HOUR;
+    let first = Rec {
+        ing: t + 10 * MIN,
+        ..rec("m1", t, "small", "Acme")
+    };
+    land(d, &[first]).await;
+    run(&p, T0 + 2 * HOUR, &[]);
+    let keys = || async {
+        let mut out = Vec::new();
+        for b in read_all(&d.join("lake/merchants")).await {
+            let seg =
+                arrow::compute::cast(b.column_by_name("segment").expect("s"), &DataType::Utf8)
+                    .expect("utf8");
+            let seg = seg.as_string::<i32>();
+            let v = b
+                .column_by_name("version_key")
+                .expect("version_key")
+                .as_primitive::<arrow::datatypes::Int64Type>();
+            for i in 0..b.num_rows() {
+                out.push((seg.value(i).to_string(), v.value(i)));
+            }
+        }
+        out.sort();
+        out
+    };
+    let before = keys().await;
+    assert_eq!(before.len(), 1);
+    for (segment, name) in [("small", "Acme"), ("mid", "Acme")] {
+        let late = Rec {
+            ing: t + 5 * MIN,
+            ..rec("m1", t, segment, name)
+        };
+        land(d, &[late]).await;
+        run(&p, T0 + 3 * HOUR, &[]);
+        let now = keys().await;
+        let small: Vec<i64> = now
+            .iter()
+            .filter(|(s, _)| s == "small")
+            .map(|(_, v)| *v)
+            .collect();
+        assert_eq!(small, vec![before[0].1], "{segment}: {now:?}");
+    }
+}

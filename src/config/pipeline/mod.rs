@@ -324,14 +324,28 @@ impl Pipeline {
     pub fn cdc_merge(&self, command: &str) -> Result<&CdcMerge, ConfigError> {
         match &self.spec {
             Spec::CdcMerge(m) => Ok(m),
-            _ => Err(self.error_at(
-                "kind",
-                format!(
-                    "`tidemark {command}` works on cdc_merge pipelines; `{}` is {}",
-                    self.name,
-                    self.kind()
-                ),
-            )),
+            _ => Err(self.wrong_kind(format!(
+                "`tidemark {command}` works on cdc_merge pipelines; `{}` is {}",
+                self.name,
+                self.kind()
+            ))),
+        }
+    }
+
+    /// A command's refusal of this pipeline's kind, at its `kind:` line (exit 64 for every
+    /// command).
+    pub fn wrong_kind(&self, message: String) -> ConfigError {
+        match self.error_at("kind", message) {
+            ConfigError::Invalid {
+                path,
+                line,
+                message,
+            } => ConfigError::WrongKind {
+                path,
+                line,
+                message,
+            },
+            other => other,
         }
     }
 }
