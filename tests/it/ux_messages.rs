@@ -242,3 +242,26 @@ async fn a_target_holding_a_key_twice_stops_the_run_and_names_the_way_out() {
     assert_eq!(fixed.code, 0, "{}", fixed.stderr);
     assert_eq!(read_target(&s).await, oracle(&all, NOW, false));
 }
+
+/// A command given a pipeline of the wrong kind: one exit code (64, usage) whatever the
+/// command, at the pipeline's `kind:` line.
+#[tokio::test]
+async fn the_wrong_kind_of_pipeline_is_a_usage_error_for_every_command() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let merge = write_pipeline(d, "15m", "soft", "");
+    let agg = d.join("daily.yml");
+    std::fs::write(
+        &agg,
+        format!(
+            "name: daily\nkind: aggregate\nsource: {{ uri: \"{l}/silver\" }}\ntarget: {{ uri: \"{l}/gold\" }}\nevent_date: {{ column: updated_at }}\nmeasures:\n  - {{ name: n, agg: count }}\n",
+            l = d.join("lake").display()
+        ),
+    )
+    .expect("write");
+    for (command, p) in [("reconcile", &agg), ("status", &merge)] {
+        let out = exec(tidemark(NOW).arg(command).arg(p).args(["--output", "json"]));
+        assert_eq!(out.code, 64, "{command}: {}", out.stderr);
+        assert!(out.stderr.contains(":2:"), "{command}: at its kind line: {}", out.stderr);
+    }
+}
