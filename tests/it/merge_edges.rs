@@ -134,3 +134,72 @@ async fn float_keys_match_themselves_or_are_quarantined() {
         "{reasons:?}"
     );
 }
+
+mod float_key_oracle {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The keys real feeds carry in a float column: NaN, both zeros, an integer past 2^53, ...
+    fn key() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            Just(f64::NAN),
+            Just(0.0),
+            Just(-0.0),
+            Just(1.5),
+            Just(-1.5),
+            Just(9_007_199_254_740_993.0),
+            Just(f64::INFINITY),
+        ]
+    }
+
+    /// The oracle: per key (-0.0 is 0.0; NaN keys are quarantined), the greatest (seq, ing,
+    /// val) among the rows landed so far.
+    fn oracle(rows: &[(f64, i64, i64, String)]) -> Vec<(u64, String)> {
+        let mut best: std::collections::BTreeMap<u64, (i64, i64, String)> = Default::default();
+        for (k, seq, ing, val) in rows.iter().filter(|r| !r.0.is_nan()) {
+            let k = (k + 0.0).to_bits();
+            let v = (*seq, *ing, val.clone());
+            if best.get(&k).is_none_or(|b| *b < v) {
+                best.insert(k, v);
+            }
+        }
+        best.into_iter().map(|(k, (_, _, v))| (k, v)).collect()
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 8, failure_persistence: None, ..ProptestConfig::default() })]
+
+        /// Batches of float-keyed changes, each merged incrementally or by a full reload: after
+        /// every run silver equals the oracle — one row per key, NaN never inserted.
+        #[test]
+        fn float_keyed_silver_equals_the_oracle_after_every_run(
+            batches in prop::collection::vec(
+                (prop::collection::vec((key(), 0i64..30, 0u8..3), 1..6), prop::bool::weighted(0.25)),
+                2..5,
+            )
+        ) {
+            let rt = tokio::runtime::Runtime::new().expect("rt");
+            rt.block_on(async {
+                let dir = tempfile::tempdir().expect("tmp");
+                let d = dir.path();
+                let p = float_key_pipeline(d);
+                let mut landed: Vec<(f64, i64, i64, String)> = Vec::new();
+                for (b, (rows, full)) in batches.iter().enumerate() {
+                    let now = T0 + (b as i64 + 1) * HOUR;
+                    let rows: Vec<(f64, i64, i64, String)> = rows
+                        .iter()
+                        .map(|(k, m, v)| (*k, T0 + m * MIN, now - MIN, format!("b{b}v{v}")))
+                        .collect();
+                    let as_refs: Vec<(f64, i64, i64, &str)> =
+                        rows.iter().map(|r| (r.0, r.1, r.2, r.3.as_str())).collect();
+                    land_float_keys(d, &as_refs).await;
+                    landed.extend(rows);
+                    let extra: &[&str] = if *full { &["--full-reload"] } else { &[] };
+                    run_json(&p, now, extra);
+                    prop_assert_eq!(float_rows(d).await, oracle(&landed), "after batch {}", b);
+                }
+                Ok(())
+            })?;
+        }
+    }
+}

@@ -262,6 +262,10 @@ async fn the_wrong_kind_of_pipeline_is_a_usage_error_for_every_command() {
     for (command, p) in [("reconcile", &agg), ("status", &merge)] {
         let out = exec(tidemark(NOW).arg(command).arg(p).args(["--output", "json"]));
         assert_eq!(out.code, 64, "{command}: {}", out.stderr);
-        assert!(out.stderr.contains(":2:"), "{command}: at its kind line: {}", out.stderr);
+        assert!(
+            out.stderr.contains(":2:"),
+            "{command}: at its kind line: {}",
+            out.stderr
+        );
     }
 }
