@@ -52,6 +52,13 @@ pub enum IngestError {
     /// The files' columns changed in a way `on_schema_change` does not allow.
     #[error("schema change in the landing files of {pipeline}: {message}")]
     Schema { pipeline: String, message: String },
+    /// A compressed landing file that does not decompress (cut short, or not what its name says).
+    #[error("the landing file {uri} is named as {codec}-compressed but does not decompress ({reason}): it is cut short, still being written, or not {codec}. Nothing was written and it is not recorded as ingested; replace it with a complete file (or move it out of the landing location), then rerun")]
+    Decompress {
+        uri: String,
+        codec: &'static str,
+        reason: String,
+    },
     /// A full reload would drop rows whose landing files are gone.
     #[error("a full reload of {uri} would drop the rows of {count} file(s) ingested from {landing} that are no longer there (first: {first}); nothing was written. Restore those files to the landing location first, or rebuild the table another way")]
     ReloadWouldDrop {
@@ -93,6 +100,7 @@ impl Classify for IngestError {
             IngestError::FileChanged { .. }
             | IngestError::Schema { .. }
             | IngestError::ReloadWouldDrop { .. }
+            | IngestError::Decompress { .. }
             | IngestError::RecordBehind { .. } => ErrorClass::BadData,
         }
     }

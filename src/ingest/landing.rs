@@ -190,7 +190,38 @@ impl Landing {
                 read: bytes.len() as u64,
             });
         }
-        Ok(bytes)
+        decompressed(&f.rel, &f.uri, bytes)
+    }
+}
+
+/// A file's contents, decompressed when its name ends in `.gz`, `.zst` or `.bz2` (as Auto Loader
+/// and most producers name them); other files as they are.
+fn decompressed(rel: &str, uri: &str, bytes: Bytes) -> Result<Bytes, IngestError> {
+    use std::io::Read;
+    let codec = match rel
+        .rsplit_once('.')
+        .map(|(_, ext)| ext.to_ascii_lowercase())
+    {
+        Some(e) if e == "gz" || e == "gzip" => "gzip",
+        Some(e) if e == "zst" || e == "zstd" => "zstd",
+        Some(e) if e == "bz2" => "bzip2",
+        _ => return Ok(bytes),
+    };
+    let mut out = Vec::new();
+    let read = match codec {
+        "gzip" => flate2::read::MultiGzDecoder::new(&bytes[..]).read_to_end(&mut out),
+        "zstd" => {
+            zstd::stream::read::Decoder::new(&bytes[..]).and_then(|mut d| d.read_to_end(&mut out))
+        }
+        _ => bzip2::read::MultiBzDecoder::new(&bytes[..]).read_to_end(&mut out),
+    };
+    match read {
+        Ok(_) => Ok(Bytes::from(out)),
+        Err(e) => Err(IngestError::Decompress {
+            uri: uri.to_string(),
+            codec,
+            reason: e.to_string(),
+        }),
     }
 }
 

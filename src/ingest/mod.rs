@@ -43,6 +43,32 @@ use landing::{Landing, LandingFile};
 use rows::Parsed;
 use schema::Col;
 
+/// How long a text landing file whose last line has no line end is waited for (its producer is
+/// still writing it) before it is read without that line.
+const CUT_FILE_GRACE: chrono::TimeDelta = chrono::TimeDelta::hours(1);
+
+/// Where the unterminated last line of a JSON or CSV file starts (`None`: the file ends with a
+/// line end, is empty, or is Parquet).
+fn cut_tail(body: &[u8], format: Format) -> Option<usize> {
+    if format == Format::Parquet || body.is_empty() || body.ends_with(b"\n") {
+        return None;
+    }
+    Some(body.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1))
+}
+
+/// `parsed` (of the file up to its last line end) with the unterminated last line quarantined.
+fn with_cut_tail(mut parsed: Parsed, tail: Option<(u64, bytes::Bytes)>) -> Parsed {
+    if let Some((line, tail)) = tail {
+        parsed.rejects.push(rows::Reject::new(
+            Some(line),
+            &tail,
+            "the file's last line has no line end: the file was cut while it was written (or the producer omits the final line end), so the line may be incomplete; it was not ingested. Deliver the record again in a complete file".to_string(),
+        ));
+        parsed.records += 1;
+    }
+    parsed
+}
+
 /// Records read to infer a schema (from the first files of the first run).
 const INFER_RECORDS: usize = 1000;
 
@@ -256,7 +282,15 @@ impl Run<'_> {
         let mut cols = self
             .columns(bronze_schema.as_deref(), &landing, &plan.files)
             .await?;
-        let mut parsed = self.read(&landing, &plan.files, &cols).await?;
+        let (mut parsed, deferred) = self.read(&landing, &plan.files, &cols).await?;
+        if let Some(first) = deferred.first() {
+            self.c.num_files_pending += deferred.len() as u64;
+            self.warn(format!(
+                "{} landing file(s) end in a line without its line end (first: {}): a producer is still writing them, so they are left for a later run (after an hour unchanged they are read, and that last line is quarantined)",
+                deferred.len(),
+                first.uri
+            ));
+        }
         let unknown: BTreeMap<String, (ColumnType, String)> = parsed
             .iter()
             .flat_map(|(f, p)| {
@@ -305,10 +339,10 @@ impl Run<'_> {
                 self.c.columns_added.push(name.clone());
             }
             // The first pass could not keep the new fields' values: parse again with them.
-            parsed = self.read(&landing, &plan.files, &cols).await?;
+            parsed = self.read(&landing, &plan.files, &cols).await?.0;
         }
         self.summary.num_source_rows_read = parsed.iter().map(|(_, p)| p.records).sum();
-        self.c.num_bytes_read = plan.files.iter().map(|f| f.size).sum();
+        self.c.num_bytes_read = parsed.iter().map(|(f, _)| f.size).sum();
         self.c.num_rescued = parsed.iter().map(|(_, p)| p.rescued).sum();
         self.end_phase(Phase::Read)?;
 
@@ -332,7 +366,7 @@ impl Run<'_> {
         self.end_phase(Phase::Validate)?;
 
         // commit
-        self.c.num_files_ingested = plan.files.len() as u64;
+        self.c.num_files_ingested = parsed.len() as u64;
         self.c.num_rows_written = parsed.iter().map(|(_, p)| p.batch.num_rows() as u64).sum();
         if self.opts.dry_run {
             return Ok(());
@@ -477,23 +511,35 @@ impl Run<'_> {
         }
     }
 
-    /// Reads and parses `files`, a few at a time (parsing runs off the async threads).
+    /// Reads and parses `files`, a few at a time (parsing runs off the async threads). A text
+    /// file whose last line has no line end is being written: left for a later run while it was
+    /// modified within [`CUT_FILE_GRACE`] (returned second), after that read without that line,
+    /// which goes to the quarantine.
     async fn read(
         &self,
         landing: &Landing,
         files: &[LandingFile],
         cols: &[Col],
-    ) -> Result<Vec<(LandingFile, Parsed)>, RunError> {
+    ) -> Result<(Vec<(LandingFile, Parsed)>, Vec<LandingFile>), RunError> {
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
         let cols = std::sync::Arc::new(cols.to_vec());
         let format = self.spec.format;
         let (rescue, max_record_bytes, csv_opts) =
             (self.spec.rescue, self.spec.max_record_bytes, self.spec.csv);
-        futures::stream::iter(files.iter().cloned())
+        let now = self.now;
+        let read: Vec<(LandingFile, Option<Parsed>)> = futures::stream::iter(files.iter().cloned())
             .map(|f| {
                 let cols = cols.clone();
                 async move {
                     let body = landing.read(&f).await?;
+                    let (body, tail) = match cut_tail(&body, format) {
+                        None => (body, None),
+                        Some(_) if now - f.modified < CUT_FILE_GRACE => return Ok((f, None)),
+                        Some(at) => (body.slice(..at), Some(body.slice(at..))),
+                    };
+                    let tail_line = tail
+                        .as_ref()
+                        .map(|_| body.iter().filter(|b| **b == b'\n').count() as u64 + 1);
                     let parsed = tokio::task::spawn_blocking(move || {
                         let shape = Shape {
                             cols: &cols,
@@ -513,12 +559,22 @@ impl Run<'_> {
                         message: format!("parsing a landing file stopped: {e}"),
                     })?
                     .map_err(RunError::arrow(Phase::Read))?;
-                    Ok::<_, RunError>((f, parsed))
+                    let parsed = with_cut_tail(parsed, tail_line.zip(tail));
+                    Ok::<_, RunError>((f, Some(parsed)))
                 }
             })
             .buffered(workers)
             .try_collect()
-            .await
+            .await?;
+        let mut parsed = Vec::new();
+        let mut deferred = Vec::new();
+        for (f, p) in read {
+            match p {
+                Some(p) => parsed.push((f, p)),
+                None => deferred.push(f),
+            }
+        }
+        Ok((parsed, deferred))
     }
 
     fn facts(&self) -> serde_json::Value {

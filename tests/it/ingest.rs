@@ -13,16 +13,16 @@ use arrow::datatypes::{Int64Type, TimestampMicrosecondType};
 use common::*;
 
 /// One bronze row: (payment id, amount, source file's name, `_ingested_at` µs).
-type Row = (String, Option<i64>, String, i64);
+pub(crate) type Row = (String, Option<i64>, String, i64);
 
-fn landing(dir: &Path) -> PathBuf {
+pub(crate) fn landing(dir: &Path) -> PathBuf {
     let l = dir.join("landing");
     std::fs::create_dir_all(&l).expect("landing");
     l
 }
 
 /// An ingest pipeline over `dir/landing` into `dir/lake/bronze`; `extra` is appended.
-fn pipeline(dir: &Path, extra: &str) -> PathBuf {
+pub(crate) fn pipeline(dir: &Path, extra: &str) -> PathBuf {
     let text = format!(
         "name: events\nkind: ingest\nlanding: {{ uri: \"{d}/landing\", glob: \"*.jsonl\" }}\nformat: json\ntarget: {{ uri: \"{d}/lake/bronze\" }}\nschema:\n  id: string not null\n  amount: long\n  updated_at: timestamp\nquarantine: {{ uri: \"{d}/lake/quarantine\" }}\n{extra}",
         d = dir.display()
@@ -33,7 +33,7 @@ fn pipeline(dir: &Path, extra: &str) -> PathBuf {
 }
 
 /// A JSON-lines landing file of `(id, amount)` records.
-fn land(dir: &Path, name: &str, records: &[(&str, i64)]) {
+pub(crate) fn land(dir: &Path, name: &str, records: &[(&str, i64)]) {
     let mut text = String::new();
     for (id, amount) in records {
         text.push_str(&format!(
@@ -43,7 +43,7 @@ fn land(dir: &Path, name: &str, records: &[(&str, i64)]) {
     std::fs::write(landing(dir).join(name), text).expect("land");
 }
 
-fn run(dir: &Path, now: i64, args: &[&str]) -> Out {
+pub(crate) fn run(dir: &Path, now: i64, args: &[&str]) -> Out {
     exec(
         tidemark_at(now)
             .arg("run")
@@ -52,7 +52,7 @@ fn run(dir: &Path, now: i64, args: &[&str]) -> Out {
     )
 }
 
-fn bronze_rows(batches: &[RecordBatch]) -> Vec<Row> {
+pub(crate) fn bronze_rows(batches: &[RecordBatch]) -> Vec<Row> {
     let mut out = Vec::new();
     for b in batches {
         let s = |n: &str| {
@@ -82,7 +82,7 @@ fn bronze_rows(batches: &[RecordBatch]) -> Vec<Row> {
     out
 }
 
-async fn bronze(dir: &Path) -> Vec<Row> {
+pub(crate) async fn bronze(dir: &Path) -> Vec<Row> {
     let path = dir.join("lake/bronze");
     if version(&path).await.is_none() {
         return Vec::new();
@@ -91,7 +91,7 @@ async fn bronze(dir: &Path) -> Vec<Row> {
 }
 
 /// What bronze must hold: every record of every landing file, once (ignoring `_ingested_at`).
-fn oracle(dir: &Path) -> Vec<(String, Option<i64>, String)> {
+pub(crate) fn oracle(dir: &Path) -> Vec<(String, Option<i64>, String)> {
     let mut out = Vec::new();
     for e in std::fs::read_dir(dir.join("landing")).expect("landing") {
         let p = e.expect("entry").path();
@@ -113,7 +113,7 @@ fn oracle(dir: &Path) -> Vec<(String, Option<i64>, String)> {
     out
 }
 
-fn without_time(rows: &[Row]) -> Vec<(String, Option<i64>, String)> {
+pub(crate) fn without_time(rows: &[Row]) -> Vec<(String, Option<i64>, String)> {
     let mut v: Vec<_> = rows
         .iter()
         .map(|(a, b, c, _)| (a.clone(), *b, c.clone()))
@@ -122,7 +122,7 @@ fn without_time(rows: &[Row]) -> Vec<(String, Option<i64>, String)> {
     v
 }
 
-fn json(out: &Out) -> serde_json::Value {
+pub(crate) fn json(out: &Out) -> serde_json::Value {
     serde_json::from_str(out.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", out.stdout))
 }
 

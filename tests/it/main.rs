@@ -18,6 +18,7 @@ mod expectations;
 mod faults;
 mod foreign;
 mod ingest;
+mod ingest_edges;
 mod jobs;
 mod lake_features;
 mod lateness;
