@@ -70,6 +70,17 @@ fn record(
             continue;
         };
         match from_json(&v, col.ty) {
+            // A number that is not an integer (1e2, 1.50, a 23-digit id) keeps its digits as
+            // written: its f64 would print them otherwise, and collapse two ids into one.
+            Some(Cell::Str(_)) if matches!(&v, Value::Number(n) if n.is_f64()) => {
+                match raw_field(line, &col.name) {
+                    Some(raw) => cells.push(Cell::Str(raw)),
+                    None => {
+                        rows.reject(Reject::new(line_no, line, wrong_type(col, &v)));
+                        return;
+                    }
+                }
+            }
             Some(c) => cells.push(c),
             None if shape.rescue => {
                 rescued.insert(col.name.clone(), v);
@@ -180,4 +191,11 @@ impl<'de> serde::Deserialize<'de> for Ordered {
         }
         d.deserialize_map(Fields)
     }
+}
+
+/// The text of the top-level field `name` of a JSON object line, exactly as written.
+fn raw_field(line: &[u8], name: &str) -> Option<String> {
+    let fields: std::collections::HashMap<String, &serde_json::value::RawValue> =
+        serde_json::from_slice(line).ok()?;
+    fields.get(name).map(|r| r.get().to_string())
 }

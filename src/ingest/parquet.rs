@@ -67,8 +67,8 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                 continue;
             };
             // A type that does not cast at all (a nested column into a number) fits no row.
-            let casted =
-                cast(src, &target).unwrap_or_else(|_| arrow::array::new_null_array(&target, n));
+            let casted = exact_cast(src, &target)
+                .unwrap_or_else(|_| arrow::array::new_null_array(&target, n));
             let shown = ArrayFormatter::try_new(src.as_ref(), &opts)?;
             for i in 0..n {
                 if src.is_valid(i) && casted.is_null(i) {
@@ -143,6 +143,25 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
     }
     out.batch = arrow::compute::concat_batches(&schema, &batches)?;
     Ok(out)
+}
+
+/// `src` cast to `target`, with the values that would lose information null (they do not fit:
+/// rejected or rescued by the caller): a double or decimal into an integer column must be a
+/// whole number in range — Arrow's cast truncates 4.7 to 4 and 3.99 to 3.
+fn exact_cast(src: &ArrayRef, target: &DataType) -> Result<ArrayRef, arrow::error::ArrowError> {
+    let casted = cast(src, target)?;
+    let from = src.data_type();
+    let lossy = target.is_integer()
+        && (from.is_floating()
+            || matches!(from, DataType::Decimal128(..) | DataType::Decimal256(..)));
+    if !lossy {
+        return Ok(casted);
+    }
+    let back = cast(&casted, from)?;
+    let same = arrow::compute::kernels::cmp::eq(&back, src)?;
+    // (null on either side: nothing to lose)
+    let differs: BooleanArray = same.iter().map(|v| Some(v == Some(false))).collect();
+    arrow::compute::nullif(&casted, &differs)
 }
 
 /// A row of the file as JSON text, for the quarantine table.

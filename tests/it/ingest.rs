@@ -607,10 +607,11 @@ async fn exactly_once_through_kills_at_every_phase() {
                     continue; // the point is not on this path
                 }
                 injected += 1;
-                // A panic injected inside delta-rs' writer is caught there and reported as what
-                // it stands for, a bug (70), as in tests/it/faults.rs; any other 70 is counted.
-                let panic_in_writer = point.starts_with("store.") && action == "panic";
-                if faulty.code == 70 && !panic_in_writer {
+                // An injected panic stands for a bug: exit 70 with its message (never the
+                // runtime's bare 101), as in tests/it/faults.rs; any other 70 is counted.
+                if action == "panic" {
+                    assert_eq!(faulty.code, 70, "{point}=panic: {}", faulty.stderr);
+                } else if faulty.code == 70 {
                     exit70 += 1;
                     eprintln!("{point}={action}: exit 70: {}", faulty.stderr);
                 }

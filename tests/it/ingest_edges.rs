@@ -93,3 +93,79 @@ async fn a_csv_file_cut_mid_line_waits_for_its_line_end() {
     assert_eq!(s["num_quarantined"], 1, "{s}");
     assert_eq!(amounts().await, vec!["10", "12345", "30", "p1", "p2", "p3"]);
 }
+
+/// Numbers keep their information: a JSON number for a `string` column keeps its digits as
+/// written (two 23-digit ids stay two ids, `1e2` stays `1e2`); a Parquet double or decimal for a
+/// `long` column that is not a whole number is quarantined (never truncated 4.7 → 4, 3.99 → 3),
+/// as the same values are from JSON.
+#[tokio::test]
+async fn numbers_keep_their_digits_or_are_quarantined() {
+    use arrow::array::{Decimal128Array, Float64Array, RecordBatch, StringArray};
+    use arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let l = landing(d);
+    std::fs::write(
+        l.join("ids.jsonl"),
+        "{\"id\":12345678901234567890123,\"amount\":1}\n{\"id\":12345678901234567890124,\"amount\":2}\n{\"id\":1e2,\"amount\":3}\n{\"id\":1.50,\"amount\":4}\n",
+    )
+    .expect("land");
+    let p = pipeline(d, "");
+    let out = run(d, T0 + HOUR, &["--output", "json"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let mut ids = strings(&read_all(&d.join("lake/bronze")).await, "id");
+    ids.sort();
+    assert_eq!(
+        ids,
+        vec![
+            "1.50",
+            "12345678901234567890123",
+            "12345678901234567890124",
+            "1e2"
+        ]
+    );
+    // Parquet: doubles and decimals into `long`.
+    let pq = d.join("pq");
+    std::fs::create_dir_all(pq.join("landing")).expect("mkdir");
+    let text = std::fs::read_to_string(&p)
+        .expect("read")
+        .replace(&d.display().to_string(), &pq.display().to_string())
+        .replace("glob: \"*.jsonl\"", "glob: \"*.parquet\"")
+        .replace("format: json", "format: parquet");
+    std::fs::write(pq.join("ingest.yml"), text).expect("write");
+    let schema = Arc::new(Schema::new(vec![
+        Field::new("id", DataType::Utf8, false),
+        Field::new("amount", DataType::Float64, true),
+        Field::new("fee", DataType::Decimal128(10, 2), true),
+    ]));
+    let batch = RecordBatch::try_new(
+        schema.clone(),
+        vec![
+            Arc::new(StringArray::from(vec!["whole", "fraction", "cents"])),
+            Arc::new(Float64Array::from(vec![Some(4.0), Some(4.7), Some(1.0)])),
+            Arc::new(
+                Decimal128Array::from(vec![Some(500), Some(500), Some(399)])
+                    .with_precision_and_scale(10, 2)
+                    .expect("decimal"),
+            ),
+        ],
+    )
+    .expect("batch");
+    let file = std::fs::File::create(pq.join("landing/a.parquet")).expect("create");
+    let mut w = parquet::arrow::ArrowWriter::try_new(file, schema, None).expect("writer");
+    w.write(&batch).expect("write");
+    w.close().expect("close");
+    let with_fee = std::fs::read_to_string(pq.join("ingest.yml"))
+        .expect("read")
+        .replace("  amount: long\n", "  amount: long\n  fee: long\n");
+    std::fs::write(pq.join("ingest.yml"), with_fee).expect("write");
+    let out = run(&pq, T0 + HOUR, &["--output", "json"]);
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let s = json(&out);
+    assert_eq!(s["num_quarantined"], 2, "4.7 and 3.99: {s}");
+    let b = read_all(&pq.join("lake/bronze")).await;
+    assert_eq!(strings(&b, "id"), vec!["whole"]);
+    assert_eq!(strings(&b, "amount"), vec!["4"]);
+    assert_eq!(strings(&b, "fee"), vec!["5"]);
+}
