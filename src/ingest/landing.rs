@@ -261,7 +261,7 @@ fn list_local(
     let walk = walkdir::WalkDir::new(root)
         .follow_links(true)
         .into_iter()
-        .filter_entry(|e| e.depth() == 0 || !e.file_name().to_str().is_none_or(is_hidden));
+        .filter_entry(|e| e.depth() == 0 || !is_hidden(&e.file_name().to_string_lossy()));
     for entry in walk {
         let entry = entry.map_err(|e| {
             let source = match e.into_io_error() {
@@ -292,12 +292,7 @@ fn list_local(
         let Ok(rel) = entry.path().strip_prefix(root) else {
             continue;
         };
-        let Some(rel) = rel
-            .to_str()
-            .map(|r| r.replace(std::path::MAIN_SEPARATOR, "/"))
-        else {
-            continue; // not UTF-8: it could not be named in `_source_file`
-        };
+        let rel = utf8_name(rel).replace(std::path::MAIN_SEPARATOR, "/");
         if !glob.matches_with(&rel, GLOB) {
             continue;
         }
@@ -324,6 +319,27 @@ fn list_local(
         });
     }
     Ok(out)
+}
+
+/// A path as text: itself when it is UTF-8; else (a Latin-1 name from a Windows share, say)
+/// its valid parts as they are and each other byte as `%XX`, with `%` itself written `%25` —
+/// one stable name per file, for the ingest record and `_source_file`.
+fn utf8_name(path: &std::path::Path) -> String {
+    if let Some(s) = path.to_str() {
+        return s.to_string();
+    }
+    #[cfg(unix)]
+    let bytes = std::os::unix::ffi::OsStrExt::as_bytes(path.as_os_str()).to_vec();
+    #[cfg(not(unix))]
+    let bytes = path.to_string_lossy().into_owned().into_bytes();
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(&chunk.valid().replace('%', "%25"));
+        for b in chunk.invalid() {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// FNV-1a of the size and the identity text, folded to a non-negative i64 (`-1` is reserved).
@@ -372,6 +388,18 @@ mod tests {
             .err()
             .unwrap();
         assert!(matches!(err, IngestError::LandingMissing { .. }), "{err}");
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn names_that_are_not_utf8_get_one_stable_text() {
+        use std::os::unix::ffi::OsStrExt;
+        let latin1 = std::path::Path::new(std::ffi::OsStr::from_bytes(b"caf\xe9 100%.jsonl"));
+        assert_eq!(utf8_name(latin1), "caf%E9 100%25.jsonl");
+        assert_eq!(
+            utf8_name(std::path::Path::new("caf\u{e9} 100%.jsonl")),
+            "caf\u{e9} 100%.jsonl"
+        );
     }
 
     #[test]

@@ -169,3 +169,32 @@ async fn numbers_keep_their_digits_or_are_quarantined() {
     assert_eq!(strings(&b, "amount"), vec!["4"]);
     assert_eq!(strings(&b, "fee"), vec!["5"]);
 }
+
+/// A landing file whose name is not UTF-8 (a Latin-1 name from a Windows share) is listed and
+/// ingested under a stable text of its name (`caf%E9.jsonl`), once — and a full reload sees it
+/// too.
+#[cfg(unix)]
+#[tokio::test]
+async fn a_file_whose_name_is_not_utf8_is_ingested_once() {
+    use std::os::unix::ffi::OsStrExt;
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    pipeline(d, "");
+    let name = std::ffi::OsStr::from_bytes(b"caf\xe9.jsonl");
+    std::fs::write(
+        landing(d).join(name),
+        "{\"id\":\"p1\",\"amount\":1,\"updated_at\":\"2025-01-06T10:00:00Z\"}\n",
+    )
+    .expect("land");
+    let out = run(d, T0 + HOUR, &["--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(json(&out)["num_files_ingested"], 1, "{}", out.stdout);
+    let rows = bronze(d).await;
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].2, "caf%E9.jsonl");
+    let again = run(d, T0 + 2 * HOUR, &["--output", "json"]);
+    assert_eq!(json(&again)["num_files_ingested"], 0, "{}", again.stdout);
+    let reload = run(d, T0 + 3 * HOUR, &["--full-reload", "--output", "json"]);
+    assert_eq!(reload.code, 0, "{}", reload.stderr);
+    assert_eq!(bronze(d).await.len(), 1);
+}
