@@ -33,6 +33,24 @@ pub struct Unresolved {
     pub how: String,
 }
 
+/// Warns when a relative location resolved against the bundle root names nothing, while the
+/// same text read from the working directory (as `tidemark run` without the bundle reads it)
+/// names something: the two commands would read different tables.
+fn warn_if_elsewhere(location: &str, root: &Path, resolved: &Path) {
+    let Ok(cwd) = std::env::current_dir() else {
+        return;
+    };
+    let here = crate::config::bundle::normalize(&cwd.join(location));
+    if here != resolved && here.exists() && !resolved.exists() {
+        tracing::warn!(
+            "`{location}` is a relative location: in the bundle it is {} (relative to the bundle root {}), which does not exist, while {} (relative to the working directory, where `tidemark run` without the bundle reads it) does. Write it as an absolute path or as `${{var.lake}}/…`, so the job and the run read the same table",
+            resolved.display(),
+            root.display(),
+            here.display()
+        );
+    }
+}
+
 impl Vars {
     /// An empty set of variables.
     pub fn new() -> Self {
@@ -82,9 +100,9 @@ impl Vars {
     pub fn locate(&self, location: &str) -> String {
         match self.bundle_root() {
             Some(root) if is_relative_path(location) => {
-                crate::config::bundle::normalize(&root.join(location))
-                    .display()
-                    .to_string()
+                let resolved = crate::config::bundle::normalize(&root.join(location));
+                warn_if_elsewhere(location, root, &resolved);
+                resolved.display().to_string()
             }
             _ => location.to_string(),
         }

@@ -251,3 +251,49 @@ fn pipeline_names_resolve_through_the_bundle_from_anywhere() {
         typo.stderr
     );
 }
+
+/// A pipeline with relative locations, run with `tidemark run` from a folder (its working
+/// directory's tables) and then as a bundle job (relative to the bundle root): where the two
+/// differ and only the working directory's exists, the job says so, naming both.
+#[tokio::test]
+async fn a_relative_location_read_differently_by_job_and_run_is_said_out_loud() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    append(&bronze(d), &[Change::upsert("a", T0, T0, 1)]).await;
+    let bundle = d.join("bundle");
+    std::fs::create_dir_all(bundle.join("resources")).expect("mkdir");
+    std::fs::write(
+        bundle.join("tidemark.yml"),
+        format!(
+            "bundle: {{ name: rel }}\ninclude: [resources/*.yml]\nvariables:\n  lake: {{ default: \"{}\" }}\ntargets:\n  local: {{ default: true }}\n",
+            d.join("lake").display()
+        ),
+    )
+    .expect("write");
+    let pipeline = "name: rel\nkind: cdc_merge\nsource: { uri: \"lake/bronze\" }\ntarget: { uri: \"lake/silver\" }\nkeys: [id]\nsequence_by: updated_at\ntie_breakers: [_ingested_at]\noverlap: 15m\nmax_future_skew: 5m\ndeletes: { column: op, values: [D], mode: soft }\ncolumns: { exclude: [op] }\nquarantine: { uri: \"lake/quarantine\" }\n";
+    std::fs::write(bundle.join("resources/rel.yml"), pipeline).expect("write");
+    std::fs::write(
+        bundle.join("resources/jobs.yml"),
+        "resources:\n  jobs:\n    j:\n      tasks:\n        - task_key: t\n          pipeline_task: { pipeline: rel.yml }\n",
+    )
+    .expect("write");
+    let out = exec(
+        tidemark_at(T0 + HOUR)
+            .current_dir(d)
+            .args(["job", "run", "j", "--bundle"])
+            .arg(&bundle),
+    );
+    assert_ne!(
+        out.code, 0,
+        "the bundle root has no lake/bronze: {}",
+        out.stderr
+    );
+    assert!(
+        out.stderr.contains("is a relative location")
+            && out
+                .stderr
+                .contains(&d.join("lake/bronze").display().to_string()),
+        "{}",
+        out.stderr
+    );
+}
