@@ -78,6 +78,11 @@ pub async fn history(mut args: HistoryArgs) -> Result<String, AppError> {
 /// adjustments tables go back to the versions they had when gold had the restored version.
 pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
     let (companions, keys) = companions_of(&args)?;
+    // The undo restores what this command restores: the pipeline's tables when given one.
+    let given = match super::pipeline_or_table(&args.table, &args.from)? {
+        Some(_) => format!("{}{}", args.table, super::shell_var_args(&args.from.vars)),
+        None => String::new(),
+    };
     args.table = table_or_pipeline_target(&args.table, &args.from)?;
     let table = lake::open_required(&args.table, "table").await?;
     let latest = table.version().unwrap_or(0);
@@ -110,7 +115,11 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
     }
     let undo = format!(
         "tidemark restore {} --version {}",
-        args.table,
+        if given.is_empty() {
+            &args.table
+        } else {
+            &given
+        },
         outcome.new_version.saturating_sub(1)
     );
     Ok(match args.output {

@@ -858,6 +858,12 @@ async fn a_logical_date_far_past_the_data_says_how_to_undo_it() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     let r: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
     assert_eq!(r["also_restored"][0]["role"], "status", "{r}");
+    assert!(
+        r["undo"]
+            .as_str()
+            .is_some_and(|u| u.starts_with(&format!("tidemark restore {}", p.display()))),
+        "the undo restores the pipeline's tables too: {r}"
+    );
     assert_eq!(gold(d).await, gold_before, "gold's labels are back");
     assert_eq!(
         status(d).await,
