@@ -93,9 +93,10 @@ pub async fn reload_scope(
     } else {
         datafusion::functions_aggregate::expr_fn::min(lit(ScalarValue::Int64(None)))
     };
+    // Every file bronze holds (not only those under this landing location: one that moved
+    // left its rows under the old one).
     let batches = ctx
         .read_table(provider)
-        .and_then(|df| df.filter(starts_with(&prefix)))
         .and_then(|df| {
             df.aggregate(
                 vec![col(SOURCE_FILE)],
@@ -109,6 +110,7 @@ pub async fn reload_scope(
     let present: HashSet<&str> = listed.iter().map(|f| f.uri.as_str()).collect();
     let glob = glob::Pattern::new(&spec.glob).ok();
     let mut gone = Vec::new();
+    let mut moved: Vec<String> = Vec::new();
     for b in &batches {
         let c = arrow::compute::cast(b.column(0), &DataType::Utf8)
             .map_err(RunError::arrow(Phase::Plan))?;
@@ -123,10 +125,22 @@ pub async fn reload_scope(
             .unwrap_or_else(|| Int64Array::new_null(b.num_rows()));
         for (i, file) in s.iter().enumerate() {
             let Some(file) = file else { continue };
-            if first.is_valid(i) {
-                arrived.insert(file.to_string(), first.value(i).div_euclid(1000));
+            let first_ms = first.is_valid(i).then(|| first.value(i).div_euclid(1000));
+            let Some(rel) = file.strip_prefix(&prefix) else {
+                // Under another location: this pipeline's file there before the landing
+                // location moved, when the record holds its name with that very arrival.
+                if let Some(rel) = moved_from(file, record, first_ms) {
+                    scope.push(file.to_string());
+                    moved.push(file.to_string());
+                    if let Some(ms) = first_ms {
+                        arrived.entry(format!("{prefix}{rel}")).or_insert(ms);
+                    }
+                }
+                continue;
+            };
+            if let Some(ms) = first_ms {
+                arrived.insert(file.to_string(), ms);
             }
-            let rel = &file[prefix.len()..];
             let mine = record.contains_key(rel)
                 || glob
                     .as_ref()
@@ -146,12 +160,50 @@ pub async fn reload_scope(
         }
         .into());
     }
+    // (a moved file that is no longer in the new location would be dropped: refused as above)
+    let moved_gone: Vec<&String> = moved
+        .iter()
+        .filter(|f| {
+            moved_from(f, record, None)
+                .is_some_and(|rel| !present.contains(format!("{prefix}{rel}").as_str()))
+        })
+        .collect();
+    if let Some(first) = moved_gone.first() {
+        return Err(IngestError::ReloadWouldDrop {
+            uri: uri.clone(),
+            landing: landing.root_uri.clone(),
+            count: moved_gone.len(),
+            first: (*first).clone(),
+        }
+        .into());
+    }
+    if let Some(first) = moved.first() {
+        tracing::warn!(
+            "{} file(s) this pipeline ingested are in bronze under another landing location (first: {first}): the landing location moved; their rows are replaced by the same files' rows under {}, each keeping its first arrival",
+            moved.len(),
+            landing.root_uri
+        );
+    }
     scope.sort();
     Ok((scope, arrived))
 }
 
-fn starts_with(prefix: &str) -> datafusion::logical_expr::Expr {
-    datafusion::functions::expr_fn::starts_with(col(SOURCE_FILE), lit(prefix.to_string()))
+/// The recorded name (relative to a landing location) of `file`, a `_source_file` under
+/// another location than this pipeline's: a name the record holds, with the same arrival
+/// (`first_ms`, when given) — this pipeline's own file, from before its location moved, not
+/// another pipeline's file of the same name.
+fn moved_from<'f>(
+    file: &'f str,
+    record: &HashMap<String, Recorded>,
+    first_ms: Option<i64>,
+) -> Option<&'f str> {
+    file.match_indices('/')
+        .map(|(i, _)| &file[i + 1..])
+        .find(|rel| {
+            record
+                .get(*rel)
+                .is_some_and(|r| first_ms.is_none_or(|ms| r.ingested_ms == ms))
+        })
 }
 
 /// The rejected records of every file, as rows for the quarantine table.

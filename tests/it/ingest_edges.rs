@@ -198,3 +198,40 @@ async fn a_file_whose_name_is_not_utf8_is_ingested_once() {
     assert_eq!(reload.code, 0, "{}", reload.stderr);
     assert_eq!(bronze(d).await.len(), 1);
 }
+
+/// The landing folder and the lake move (`mv`, modification times kept), and the pipeline is
+/// pointed at the new places: a full reload replaces the rows bronze holds under the old
+/// location by the same files' rows under the new one (one copy of each record, each file
+/// keeping its first arrival), and says bronze was rewritten.
+#[tokio::test]
+async fn a_full_reload_after_the_landing_folder_and_lake_moved_keeps_one_copy() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (old, new) = (dir.path().join("old"), dir.path().join("new"));
+    std::fs::create_dir_all(&old).expect("mkdir");
+    pipeline(&old, "");
+    land(&old, "a.jsonl", &[("p1", 1), ("p2", 2)]);
+    assert_eq!(run(&old, T0 + HOUR, &[]).code, 0);
+    land(&old, "b.jsonl", &[("p3", 3)]);
+    assert_eq!(run(&old, T0 + 2 * HOUR, &[]).code, 0);
+    let before = bronze(&old).await;
+    std::fs::rename(&old, &new).expect("move");
+    pipeline(&new, "");
+    let out = run(&new, T0 + 3 * HOUR, &["--full-reload", "--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(
+        json(&out)["warnings"]
+            .to_string()
+            .contains("bronze was rewritten"),
+        "{}",
+        out.stdout
+    );
+    let after = bronze(&new).await;
+    let ids: Vec<&str> = after.iter().map(|r| r.0.as_str()).collect();
+    assert_eq!(ids, vec!["p1", "p2", "p3"], "one copy: {after:?}");
+    let arrivals = |rows: &[Row]| rows.iter().map(|r| r.3).collect::<Vec<_>>();
+    assert_eq!(
+        arrivals(&after),
+        arrivals(&before),
+        "each file keeps its first arrival"
+    );
+}
