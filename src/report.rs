@@ -158,8 +158,11 @@ pub struct IngestCounters {
     pub num_files_skipped: u64,
     /// Files ingested before that changed since (re-ingested with `on_file_change: reingest`).
     pub num_files_changed: u64,
-    /// New files left for the next run by `max_files_per_run` / `max_bytes_per_run`.
+    /// New files left for the next run by `max_files_per_run` / `max_bytes_per_run`, or still
+    /// being written.
     pub num_files_pending: u64,
+    /// New files byte-identical to files already ingested: recorded, their rows not appended.
+    pub num_files_duplicate: u64,
     pub num_bytes_read: u64,
     /// Rows appended to bronze (records read minus those quarantined).
     pub num_rows_written: u64,
@@ -491,6 +494,9 @@ impl RunSummary {
                         ("quarantined", quarantined),
                         ("rows written", c.num_rows_written.to_string()),
                     ]);
+                }
+                if c.num_files_duplicate > 0 {
+                    rows.push(("re-delivered copies", c.num_files_duplicate.to_string()));
                 }
                 if c.num_files_changed > 0 {
                     rows.push(("changed files", c.num_files_changed.to_string()));

@@ -206,6 +206,12 @@ fn moved_from<'f>(
         })
 }
 
+/// Whether `f` is the file `r` records: the same fingerprint, or the same contents (a copied
+/// folder gives every file a new modification time, not new contents).
+pub fn same_file(r: &Recorded, f: &LandingFile) -> bool {
+    r.fingerprint == f.fingerprint || (r.content.is_some() && r.content == f.content)
+}
+
 /// The rejected records of every file, as rows for the quarantine table.
 pub fn rejects_batch(parsed: &[(LandingFile, Parsed)]) -> Result<Option<RecordBatch>, ArrowError> {
     let n: usize = parsed.iter().map(|(_, p)| p.rejects.len()).sum();
@@ -353,7 +359,7 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         let ingested_ms = match (w.whole, recorded) {
             // Contents the record holds keep their arrival; a file that changed since arrives
             // now (`on_file_change: reingest`).
-            (true, Some(r)) if r.fingerprint == f.fingerprint => r.ingested_ms,
+            (true, Some(r)) if same_file(r, f) => r.ingested_ms,
             (true, Some(_)) => now_ms,
             (true, None) => w.arrived.get(&f.uri).copied().unwrap_or(now_ms),
             _ => now_ms,
@@ -362,10 +368,13 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
             file: f.rel.clone(),
             fingerprint: f.fingerprint,
             ingested_ms,
+            content: f.content,
         };
         // A full reload records again only what the record does not already say.
         let known = recorded.is_some_and(|r| {
-            r.fingerprint == entry.fingerprint && r.ingested_ms == entry.ingested_ms
+            r.fingerprint == entry.fingerprint
+                && r.ingested_ms == entry.ingested_ms
+                && (r.content.is_some() || entry.content.is_none())
         });
         if !(w.whole && known) {
             entries.push(entry);

@@ -26,6 +26,8 @@ pub struct LandingFile {
     /// What the ingest record keeps to tell a changed file: a hash of the size and the
     /// modification time (local) or the ETag (object stores).
     pub fingerprint: i64,
+    /// A hash of its contents (as read: decompressed), once a run read it.
+    pub content: Option<i64>,
     location: Location,
 }
 
@@ -154,6 +156,7 @@ impl Landing {
         LandingFile {
             uri: format!("{}/{}", self.root_uri, rel),
             fingerprint: fingerprint(m.size, &identity),
+            content: None,
             size: m.size,
             modified: m.last_modified,
             location: Location::Store(store.clone(), m.location),
@@ -223,6 +226,11 @@ fn decompressed(rel: &str, uri: &str, bytes: Bytes) -> Result<Bytes, IngestError
             reason: e.to_string(),
         }),
     }
+}
+
+/// The content hash of a landing file's bytes (xxh3, folded to a non-negative i64).
+pub fn content_hash(bytes: &[u8]) -> i64 {
+    (twox_hash::XxHash3_64::oneshot(bytes) >> 1) as i64
 }
 
 /// A listed object's path relative to the landing prefix.
@@ -312,6 +320,7 @@ fn list_local(
         out.push(LandingFile {
             uri: format!("{root_uri}/{rel}"),
             fingerprint: fingerprint(meta.len(), &identity),
+            content: None,
             size: meta.len(),
             modified,
             location: Location::Local(entry.path().to_path_buf()),

@@ -209,7 +209,17 @@ impl Run<'_> {
             let names: Vec<&str> = listed.iter().map(|f| f.rel.as_str()).collect();
             book.lookup(&self.ctx, Some(&names)).await?
         };
-        let plan = plan::choose(listed, &record, spec, whole);
+        let mut plan = plan::choose(listed, &record, spec, whole);
+        // A file whose modification time changed but whose contents did not (a copied folder,
+        // a restored backup) is the file that was ingested.
+        let same = self.same_contents(&landing, &plan.changed, &record).await?;
+        if !same.is_empty() {
+            plan.changed.retain(|f| !same.contains(&f.rel));
+            if !whole {
+                plan.files.retain(|f| !same.contains(&f.rel));
+                plan.skipped += same.len() as u64;
+            }
+        }
         self.c.num_files_listed = plan.listed;
         self.c.num_files_skipped = plan.skipped;
         self.c.num_files_pending = plan.pending;
@@ -341,6 +351,7 @@ impl Run<'_> {
             // The first pass could not keep the new fields' values: parse again with them.
             parsed = self.read(&landing, &plan.files, &cols).await?.0;
         }
+        self.drop_redelivered(&book, &record, &mut parsed).await?;
         self.summary.num_source_rows_read = parsed.iter().map(|(_, p)| p.records).sum();
         self.c.num_bytes_read = parsed.iter().map(|(f, _)| f.size).sum();
         self.c.num_rescued = parsed.iter().map(|(_, p)| p.rescued).sum();
@@ -502,6 +513,82 @@ impl Run<'_> {
         Ok(cols)
     }
 
+    /// The changed files (another fingerprint than recorded) whose contents are the recorded
+    /// ones: read and hashed.
+    async fn same_contents(
+        &self,
+        landing: &Landing,
+        changed: &[LandingFile],
+        record: &std::collections::HashMap<String, Recorded>,
+    ) -> Result<std::collections::HashSet<String>, RunError> {
+        let mut same = std::collections::HashSet::new();
+        for f in changed {
+            let Some(recorded) = record.get(&f.rel).and_then(|r| r.content) else {
+                continue;
+            };
+            let body = landing.read(f).await?;
+            if landing::content_hash(&body) == recorded {
+                same.insert(f.rel.clone());
+            }
+        }
+        Ok(same)
+    }
+
+    /// A file byte-identical to one ingested before (or earlier in this run) under another
+    /// name — a producer's at-least-once retry — is recorded but delivers no rows: its rows
+    /// would be new versions of nothing (new `_ingested_at`, new `_source_file`).
+    async fn drop_redelivered(
+        &mut self,
+        book: &record::Record,
+        record: &std::collections::HashMap<String, Recorded>,
+        parsed: &mut [(LandingFile, Parsed)],
+    ) -> Result<(), RunError> {
+        // Of the recorded files with one content, the first to arrive delivered its rows (a
+        // later one is a copy recorded without rows).
+        let mut first: std::collections::HashMap<i64, (i64, &String)> = Default::default();
+        for (rel, r) in record {
+            if let Some(c) = r.content {
+                let e = first.entry(c).or_insert((r.ingested_ms, rel));
+                if (r.ingested_ms, rel) < (e.0, e.1) {
+                    *e = (r.ingested_ms, rel);
+                }
+            }
+        }
+        let mut seen: std::collections::HashMap<i64, String> = first
+            .into_iter()
+            .map(|(c, (_, rel))| (c, rel.clone()))
+            .collect();
+        let contents: Vec<i64> = parsed.iter().filter_map(|(f, _)| f.content).collect();
+        for (c, rel) in book.by_content(&self.ctx, &contents).await? {
+            seen.entry(c).or_insert(rel);
+        }
+        let mut copies: Vec<(String, String)> = Vec::new();
+        for (f, p) in parsed.iter_mut() {
+            let Some(c) = f.content else { continue };
+            if p.records == 0 {
+                continue; // nothing to deliver twice
+            }
+            match seen.get(&c) {
+                Some(original) if *original != f.rel => {
+                    copies.push((f.uri.clone(), original.clone()));
+                    p.empty();
+                }
+                Some(_) => {}
+                None => {
+                    seen.insert(c, f.rel.clone());
+                }
+            }
+        }
+        self.c.num_files_duplicate = copies.len() as u64;
+        if let Some((first, original)) = copies.first() {
+            self.warn(format!(
+                "{} landing file(s) are byte-identical to files already ingested (first: {first}, the same bytes as {original}): a producer delivered them again; they are recorded, and their rows are not appended a second time",
+                copies.len()
+            ));
+        }
+        Ok(())
+    }
+
     fn shape<'c>(&self, cols: &'c [Col]) -> Shape<'c> {
         Shape {
             cols,
@@ -531,7 +618,9 @@ impl Run<'_> {
             .map(|f| {
                 let cols = cols.clone();
                 async move {
+                    let mut f = f;
                     let body = landing.read(&f).await?;
+                    f.content = Some(landing::content_hash(&body));
                     let (body, tail) = match cut_tail(&body, format) {
                         None => (body, None),
                         Some(_) if now - f.modified < CUT_FILE_GRACE => return Ok((f, None)),

@@ -44,6 +44,8 @@ pub const COMMIT_KEY: &str = "tidemark.ingest_files";
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Recorded {
     pub fingerprint: i64,
+    /// Its content hash, for files recorded since it was kept.
+    pub content: Option<i64>,
     /// Its `_ingested_at`, in milliseconds.
     pub ingested_ms: i64,
 }
@@ -54,6 +56,8 @@ pub struct Entry {
     pub file: String,
     pub fingerprint: i64,
     pub ingested_ms: i64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<i64>,
 }
 
 /// An ingest commit's `tidemark.ingest_files`.
@@ -171,6 +175,7 @@ impl Record {
                         file: file.to_string(),
                         fingerprint: t.version,
                         ingested_ms: t.last_updated.unwrap_or(0),
+                        content: None,
                     })
                 })
                 .collect();
@@ -271,12 +276,21 @@ impl Record {
                     )
                     .map_err(RunError::query(Phase::Plan))?;
             }
+            // (an index written before contents were recorded has no `content`)
+            let content = match df.schema().field_with_unqualified_name("content") {
+                Ok(_) => col("content"),
+                Err(_) => cast(
+                    lit(datafusion::scalar::ScalarValue::Int64(None)),
+                    DataType::Int64,
+                ),
+            };
             let batches = df
                 .select(vec![
                     col("file"),
                     col("fingerprint"),
                     cast(col("ingested_at"), DataType::Int64).alias("ingested_us"),
                     col("run"),
+                    content.alias("content"),
                 ])
                 .map_err(RunError::query(Phase::Plan))?
                 .collect()
@@ -289,6 +303,7 @@ impl Record {
                 let fp = b.column(1).as_primitive::<Int64Type>();
                 let us = b.column(2).as_primitive::<Int64Type>();
                 let run = b.column(3).as_primitive::<Int64Type>();
+                let content = b.column(4).as_primitive::<Int64Type>();
                 for i in 0..b.num_rows() {
                     // A run bronze never committed (bronze restored to an earlier version, or
                     // an index written by hand): not recorded. Run 0 holds the files an older
@@ -298,6 +313,7 @@ impl Record {
                     }
                     let r = Recorded {
                         fingerprint: fp.value(i),
+                        content: content.is_valid(i).then(|| content.value(i)),
                         ingested_ms: us.value(i).div_euclid(1000),
                     };
                     keep(file.value(i), run.value(i), r);
@@ -308,6 +324,7 @@ impl Record {
             for e in entries {
                 let r = Recorded {
                     fingerprint: e.fingerprint,
+                    content: e.content,
                     ingested_ms: e.ingested_ms,
                 };
                 keep(&e.file, *run, r);
@@ -320,6 +337,57 @@ impl Record {
             .filter(|(k, _)| wanted.as_ref().is_none_or(|w| w.contains(k.as_str())))
             .map(|(k, (_, r))| (k, r))
             .collect())
+    }
+
+    /// The files this pipeline recorded (in this bronze table) with one of `contents`: content
+    /// hash → file.
+    pub async fn by_content(
+        &self,
+        ctx: &SessionContext,
+        contents: &[i64],
+    ) -> Result<HashMap<i64, String>, RunError> {
+        let mut out = HashMap::new();
+        for (_, _, entries) in &self.behind {
+            for e in entries {
+                if let Some(c) = e.content.filter(|c| contents.contains(c)) {
+                    out.entry(c).or_insert_with(|| e.file.clone());
+                }
+            }
+        }
+        let (Some(index), Some(bronze_id)) = (&self.index, &self.bronze_id) else {
+            return Ok(out);
+        };
+        if contents.is_empty() {
+            return Ok(out);
+        }
+        let df = crate::run::frame(ctx, index, &self.uri, Phase::Plan).await?;
+        if df.schema().field_with_unqualified_name("content").is_err() {
+            return Ok(out);
+        }
+        let batches = df
+            .filter(
+                col("pipeline")
+                    .eq(lit(self.pipeline.clone()))
+                    .and(col("bronze_id").eq(lit(bronze_id.clone())))
+                    .and(col("run").lt_eq(lit(self.committed.unwrap_or(0))))
+                    .and(col("content").in_list(contents.iter().map(|c| lit(*c)).collect(), false)),
+            )
+            .and_then(|df| df.select(vec![col("content"), col("file")]))
+            .map_err(RunError::query(Phase::Plan))?
+            .collect()
+            .await
+            .map_err(RunError::scan(Phase::Plan, &self.uri))?;
+        for b in &batches {
+            let content = b.column(0).as_primitive::<Int64Type>();
+            let file = arrow::compute::cast(b.column(1), &DataType::Utf8)
+                .map_err(RunError::arrow(Phase::Plan))?;
+            let file = file.as_string::<i32>();
+            for i in 0..b.num_rows() {
+                out.entry(content.value(i))
+                    .or_insert_with(|| file.value(i).to_string());
+            }
+        }
+        Ok(out)
     }
 
     /// Appends the runs the index misses and, when given, the run just committed to bronze
@@ -355,6 +423,7 @@ impl Record {
         let mut write = table
             .write(vec![batch])
             .with_save_mode(SaveMode::Append)
+            .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
             .with_commit_properties(props)
             .with_session_state(Arc::new(ctx.state()));
         if fresh {
@@ -454,6 +523,7 @@ fn index_batch(
         Vec::with_capacity(n),
         Vec::with_capacity(n),
     );
+    let mut content = Vec::with_capacity(n);
     for (r, v, entries) in runs {
         for e in entries {
             file.push(e.file.as_str());
@@ -461,6 +531,7 @@ fn index_batch(
             at.push(e.ingested_ms * 1000);
             run.push(*r);
             version.push(*v);
+            content.push(e.content);
         }
     }
     RecordBatch::try_new(
@@ -473,6 +544,7 @@ fn index_batch(
             Arc::new(TimestampMicrosecondArray::from(at).with_timezone("UTC")),
             Arc::new(Int64Array::from(run)),
             Arc::new(Int64Array::from(version)),
+            Arc::new(Int64Array::from(content)),
         ],
     )
 }
@@ -490,5 +562,6 @@ fn index_schema() -> Schema {
         ),
         Field::new("run", DataType::Int64, false),
         Field::new("bronze_version", DataType::Int64, true),
+        Field::new("content", DataType::Int64, true),
     ])
 }

@@ -54,6 +54,17 @@ pub struct Parsed {
     pub unknown: BTreeMap<String, ColumnType>,
 }
 
+impl Parsed {
+    /// No rows, rejects or records: what a re-delivered copy of an ingested file delivers.
+    pub fn empty(&mut self) {
+        self.batch = RecordBatch::new_empty(self.batch.schema());
+        self.rejects.clear();
+        self.records = 0;
+        self.rescued = 0;
+        self.unknown.clear();
+    }
+}
+
 enum ColBuilder {
     Str(StringBuilder),
     I64(Int64Builder),
