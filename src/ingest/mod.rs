@@ -14,6 +14,7 @@
 
 mod commit;
 mod csv;
+mod delivery;
 mod error;
 mod json;
 pub mod landing;
@@ -39,35 +40,10 @@ use crate::lake;
 use crate::report::{Counters, IngestCounters, RunMode, RunSummary};
 use crate::run::phase::{self, Phase, Timer};
 use crate::run::{quarantine, Engine, RunError, RunOptions};
+use delivery::{cut_tail, with_cut_tail, CUT_FILE_GRACE};
 use landing::{Landing, LandingFile};
 use rows::Parsed;
 use schema::Col;
-
-/// How long a text landing file whose last line has no line end is waited for (its producer is
-/// still writing it) before it is read without that line.
-const CUT_FILE_GRACE: chrono::TimeDelta = chrono::TimeDelta::hours(1);
-
-/// Where the unterminated last line of a JSON or CSV file starts (`None`: the file ends with a
-/// line end, is empty, or is Parquet).
-fn cut_tail(body: &[u8], format: Format) -> Option<usize> {
-    if format == Format::Parquet || body.is_empty() || body.ends_with(b"\n") {
-        return None;
-    }
-    Some(body.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1))
-}
-
-/// `parsed` (of the file up to its last line end) with the unterminated last line quarantined.
-fn with_cut_tail(mut parsed: Parsed, tail: Option<(u64, bytes::Bytes)>) -> Parsed {
-    if let Some((line, tail)) = tail {
-        parsed.rejects.push(rows::Reject::new(
-            Some(line),
-            &tail,
-            "the file's last line has no line end: the file was cut while it was written (or the producer omits the final line end), so the line may be incomplete; it was not ingested. Deliver the record again in a complete file".to_string(),
-        ));
-        parsed.records += 1;
-    }
-    parsed
-}
 
 /// Records read to infer a schema (from the first files of the first run).
 const INFER_RECORDS: usize = 1000;
@@ -511,82 +487,6 @@ impl Run<'_> {
             "schema inferred from the first landing files"
         );
         Ok(cols)
-    }
-
-    /// The changed files (another fingerprint than recorded) whose contents are the recorded
-    /// ones: read and hashed.
-    async fn same_contents(
-        &self,
-        landing: &Landing,
-        changed: &[LandingFile],
-        record: &std::collections::HashMap<String, Recorded>,
-    ) -> Result<std::collections::HashSet<String>, RunError> {
-        let mut same = std::collections::HashSet::new();
-        for f in changed {
-            let Some(recorded) = record.get(&f.rel).and_then(|r| r.content) else {
-                continue;
-            };
-            let body = landing.read(f).await?;
-            if landing::content_hash(&body) == recorded {
-                same.insert(f.rel.clone());
-            }
-        }
-        Ok(same)
-    }
-
-    /// A file byte-identical to one ingested before (or earlier in this run) under another
-    /// name — a producer's at-least-once retry — is recorded but delivers no rows: its rows
-    /// would be new versions of nothing (new `_ingested_at`, new `_source_file`).
-    async fn drop_redelivered(
-        &mut self,
-        book: &record::Record,
-        record: &std::collections::HashMap<String, Recorded>,
-        parsed: &mut [(LandingFile, Parsed)],
-    ) -> Result<(), RunError> {
-        // Of the recorded files with one content, the first to arrive delivered its rows (a
-        // later one is a copy recorded without rows).
-        let mut first: std::collections::HashMap<i64, (i64, &String)> = Default::default();
-        for (rel, r) in record {
-            if let Some(c) = r.content {
-                let e = first.entry(c).or_insert((r.ingested_ms, rel));
-                if (r.ingested_ms, rel) < (e.0, e.1) {
-                    *e = (r.ingested_ms, rel);
-                }
-            }
-        }
-        let mut seen: std::collections::HashMap<i64, String> = first
-            .into_iter()
-            .map(|(c, (_, rel))| (c, rel.clone()))
-            .collect();
-        let contents: Vec<i64> = parsed.iter().filter_map(|(f, _)| f.content).collect();
-        for (c, rel) in book.by_content(&self.ctx, &contents).await? {
-            seen.entry(c).or_insert(rel);
-        }
-        let mut copies: Vec<(String, String)> = Vec::new();
-        for (f, p) in parsed.iter_mut() {
-            let Some(c) = f.content else { continue };
-            if p.records == 0 {
-                continue; // nothing to deliver twice
-            }
-            match seen.get(&c) {
-                Some(original) if *original != f.rel => {
-                    copies.push((f.uri.clone(), original.clone()));
-                    p.empty();
-                }
-                Some(_) => {}
-                None => {
-                    seen.insert(c, f.rel.clone());
-                }
-            }
-        }
-        self.c.num_files_duplicate = copies.len() as u64;
-        if let Some((first, original)) = copies.first() {
-            self.warn(format!(
-                "{} landing file(s) are byte-identical to files already ingested (first: {first}, the same bytes as {original}): a producer delivered them again; they are recorded, and their rows are not appended a second time",
-                copies.len()
-            ));
-        }
-        Ok(())
     }
 
     fn shape<'c>(&self, cols: &'c [Col]) -> Shape<'c> {

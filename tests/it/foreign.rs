@@ -209,6 +209,21 @@ async fn delete_from_source(dir: &Path, predicate: &str) {
         .expect("delete");
 }
 
+/// `reconcile` compares with the source as it is now (version `v`), finds the difference (65)
+/// and says which version it used.
+fn reconciled_differently_at(dir: &Path, pipeline: &Path, now: i64, v: u64) {
+    let rec = counted(exec(
+        tidemark(now)
+            .current_dir(dir)
+            .args(["reconcile"])
+            .arg(pipeline)
+            .args(["--output", "json"]),
+    ));
+    assert_eq!(rec.code, 65, "{}\n{}", rec.stdout, rec.stderr);
+    let report: Value = serde_json::from_str(&rec.stdout).expect("report");
+    assert_eq!(report["source_version"], v, "{report}");
+}
+
 async fn a_delete_on_the_source_is_refused_naming_the_commit() {
     let dir = tempfile::tempdir().expect("tempdir");
     let (pipeline, landed) = history(dir.path()).await;
@@ -228,16 +243,7 @@ async fn a_delete_on_the_source_is_refused_naming_the_commit() {
     assert_eq!(version(&silver(dir.path())).await, before);
 
     // reconcile compares with the source as it is now, and says which version it used.
-    let rec = counted(exec(
-        tidemark(now)
-            .current_dir(dir.path())
-            .args(["reconcile"])
-            .arg(&pipeline)
-            .args(["--output", "json"]),
-    ));
-    assert_eq!(rec.code, 65, "{}\n{}", rec.stdout, rec.stderr);
-    let report: Value = serde_json::from_str(&rec.stdout).expect("report");
-    assert_eq!(report["source_version"], v, "{report}");
+    reconciled_differently_at(dir.path(), &pipeline, now, v);
 
     run_ok(&pipeline, now, &["--full-reload"]);
     let kept: Vec<Change> = landed
@@ -320,16 +326,7 @@ async fn a_delete_after_a_compaction_of_the_source_is_refused() {
         &["no longer append-only", &format!("commit {v} (DELETE)")],
     );
     assert_eq!(version(&silver(dir.path())).await, before);
-    let rec = counted(exec(
-        tidemark(now)
-            .current_dir(dir.path())
-            .args(["reconcile"])
-            .arg(&pipeline)
-            .args(["--output", "json"]),
-    ));
-    assert_eq!(rec.code, 65, "{}\n{}", rec.stdout, rec.stderr);
-    let report: Value = serde_json::from_str(&rec.stdout).expect("report");
-    assert_eq!(report["source_version"], v, "{report}");
+    reconciled_differently_at(dir.path(), &pipeline, now, v);
 }
 
 /// A run whose clock is hours behind defers rows that are due; the run still commits (other
