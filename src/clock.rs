@@ -122,6 +122,17 @@ pub fn from_env() -> Result<std::sync::Arc<dyn Clock>, String> {
     }
 }
 
+/// The one timestamp format of every summary, report, ledger listing and history: RFC 3339 in
+/// UTC with `Z` and microseconds (`2024-01-06T11:00:00.000000Z`).
+pub fn rfc3339(t: &DateTime<Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+}
+
+/// [`rfc3339`] of milliseconds since the epoch (a Delta commit's timestamp).
+pub fn rfc3339_ms(ms: i64) -> Option<String> {
+    DateTime::<Utc>::from_timestamp_millis(ms).map(|t| rfc3339(&t))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use chrono::{DateTime, SecondsFormat, Utc};
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::config::pipeline::Kind;
@@ -261,16 +261,7 @@ impl RunSummary {
     }
 }
 
-/// The one timestamp format of every summary, report, ledger listing and history: RFC 3339 in
-/// UTC with `Z` and microseconds (`2024-01-06T11:00:00.000000Z`).
-pub fn rfc3339(t: &DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(SecondsFormat::Micros, true)
-}
-
-/// [`rfc3339`] of milliseconds since the epoch (a Delta commit's timestamp).
-pub fn rfc3339_ms(ms: i64) -> Option<String> {
-    DateTime::<Utc>::from_timestamp_millis(ms).map(|t| rfc3339(&t))
-}
+pub use crate::clock::{rfc3339, rfc3339_ms};
 
 /// Serializes a time as [`rfc3339`].
 pub fn ser_time<S: serde::Serializer>(t: &DateTime<Utc>, s: S) -> Result<S::Ok, S::Error> {

@@ -263,16 +263,28 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                 }
                 Spec::Ingest(i) => {
                     record_index = Some(i.record_uri.clone());
-                    (i.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS)
+                    (
+                        i.target_uri,
+                        None,
+                        crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
+                    )
                 }
-                Spec::Aggregate(a) => (a.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
-                Spec::Dimension(d) => (d.target_uri, None, lake::datafile::DEFAULT_ROW_GROUP_ROWS),
+                Spec::Aggregate(a) => (
+                    a.target_uri,
+                    None,
+                    crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
+                ),
+                Spec::Dimension(d) => (
+                    d.target_uri,
+                    None,
+                    crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
+                ),
             }
         }
         None => (
             args.table.clone(),
             None,
-            lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+            crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
         ),
     };
     let role = if file_size.is_some() {
@@ -330,7 +342,7 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                     compact: !args.no_compact,
                     target_file_size: None,
                     cluster_keys: None,
-                    row_group_rows: lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+                    row_group_rows: crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
                     retention: args.retention,
                     dry_run: args.dry_run,
                 };

@@ -482,7 +482,7 @@ impl Run<'_> {
             keys,
             fresh,
             mark,
-            crate::lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+            crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
             self.ctx.state().config().target_partitions(),
             self.commit_properties(),
             deltalake::protocol::DeltaOperation::Merge {

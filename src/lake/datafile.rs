@@ -47,11 +47,6 @@ use super::stats::{delta_stats, StatsColumns};
 /// are ~10 KiB; a larger footer costs one more request.
 const FOOTER_HINT: usize = 64 * 1024;
 
-/// Rows per row group when a pipeline does not say (`target.row_group_rows`): small enough that
-/// re-encoding the row group around one late refund costs little, large enough that scans and
-/// compression do not suffer (measured in BENCHMARKS.md).
-pub const DEFAULT_ROW_GROUP_ROWS: usize = 4096;
-
 /// How tidemark writes target data files: snappy like delta-rs, row groups of `row_group_rows`,
 /// statistics per column chunk (pruning and Delta stats need no more) and no page index, so a
 /// file assembled from copied and re-encoded row groups is uniform.

@@ -342,7 +342,7 @@ pub async fn read_commits(
                 Action::Remove(_) => entry.files_removed += 1,
                 Action::CommitInfo(ci) => {
                     entry.timestamp_ms = ci.timestamp.or(ci.in_commit_timestamp);
-                    entry.time = entry.timestamp_ms.and_then(crate::report::rfc3339_ms);
+                    entry.time = entry.timestamp_ms.and_then(crate::clock::rfc3339_ms);
                     entry.operation = ci.operation.clone();
                     let mut info: BTreeMap<String, serde_json::Value> =
                         ci.info.into_iter().collect();

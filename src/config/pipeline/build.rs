@@ -326,10 +326,10 @@ impl Ctx<'_> {
             Some(n) => {
                 return Err(self.invalid(
                     "row_group_rows",
-                    format!("`target.row_group_rows: {n}` is out of range; use a row count between 1 and 1048576 (default {})", crate::lake::datafile::DEFAULT_ROW_GROUP_ROWS),
+                    format!("`target.row_group_rows: {n}` is out of range; use a row count between 1 and 1048576 (default {})", crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS),
                 ))
             }
-            None => crate::lake::datafile::DEFAULT_ROW_GROUP_ROWS,
+            None => crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
         };
         let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
         let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;

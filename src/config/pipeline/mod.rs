@@ -36,6 +36,11 @@ pub const DEFAULT_MAX_FUTURE_SKEW: Duration = Duration::from_secs(5 * 60);
 /// best of 2–128 MiB in both apply modes (BENCHMARKS.md, "The file size on object storage").
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 2 * 1024 * 1024;
 
+/// Rows per row group when a pipeline does not say (`target.row_group_rows`): small enough that
+/// re-encoding the row group around one late refund costs little, large enough that scans and
+/// compression do not suffer (measured in BENCHMARKS.md).
+pub const DEFAULT_ROW_GROUP_ROWS: usize = 4096;
+
 /// How a delete record is applied to the target.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
