@@ -316,7 +316,9 @@ pub fn tidemark_at(now: i64) -> assert_cmd::Command {
     let mut c = assert_cmd::Command::cargo_bin("tidemark").expect("tidemark binary");
     c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
         .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1");
+        .env("NO_COLOR", "1")
+        // (a failpoint armed in the caller's environment fires only where a test arms it)
+        .env_remove("TIDEMARK_FAILPOINTS");
     c
 }
 
