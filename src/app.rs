@@ -23,8 +23,9 @@ use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
 use crate::config::pipeline::Spec;
 use crate::config::{ConfigError, Pipeline, Vars};
-use crate::error::{classify_delta, Classify, ErrorClass};
+use crate::error::{Classify, ErrorClass};
 use crate::generate::{self, GenerateError, GenerateMode, GenerateOptions, GenerateReport};
+use crate::lake::classify_delta;
 use crate::lake::{self, LakeError};
 use crate::reconcile::{self, ReconcileError, ReconcileOptions};
 use crate::run::{self, Engine, RunError, RunOptions};
@@ -403,8 +404,9 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
     let engine = run_engine(&args)?;
     let opts = run_options(&args, &pipeline)?;
     let on_engine = engine.clone();
-    let mut handle =
-        engine.spawn(async move { run::run(&pipeline, &opts, clock.as_ref(), &on_engine).await });
+    let mut handle = engine.spawn(async move {
+        crate::pipeline::run(&pipeline, &opts, clock.as_ref(), &on_engine).await
+    });
     let result = tokio::select! {
         joined = &mut handle => joined,
         signal = crate::signal::stop_signal() => {

@@ -94,34 +94,6 @@ pub trait Classify {
     fn class(&self) -> ErrorClass;
 }
 
-/// Classifies a delta-rs error: a missing table or object-store failure is "unavailable",
-/// a lost commit race is "retryable", anything else is internal unless the caller knows better.
-pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
-    use deltalake::DeltaTableError as E;
-    if is_disk_full(err) {
-        return ErrorClass::Io;
-    }
-    if let Some(fault) = crate::lake::store_fault(err) {
-        return fault.class;
-    }
-    match err {
-        E::NotATable(_) | E::InvalidTableLocation(_) => ErrorClass::Unavailable,
-        E::ObjectStore { source } => match source {
-            deltalake::ObjectStoreError::NotFound { .. } => ErrorClass::Unavailable,
-            deltalake::ObjectStoreError::PermissionDenied { .. }
-            | deltalake::ObjectStoreError::Unauthenticated { .. } => ErrorClass::Unavailable,
-            _ => ErrorClass::Io,
-        },
-        E::Io { .. } => ErrorClass::Io,
-        E::Transaction { .. } | E::VersionAlreadyExists(_) => ErrorClass::Retryable,
-        E::InvalidJsonLog { .. } | E::InvalidStatsJson { .. } => ErrorClass::BadData,
-        E::KernelError(k) if kernel_file_damage(&k.to_string()) => ErrorClass::BadData,
-        // (delta-rs' MERGE flattens the kernel's error into its message)
-        E::Generic(text) if kernel_file_damage_within(text) => ErrorClass::BadData,
-        _ => ErrorClass::Internal,
-    }
-}
-
 /// Whether delta-rs' kernel says a file the log references (a data file, a deletion vector) is
 /// missing or damaged — its errors carry no type tidemark can name, only their text.
 pub(crate) fn kernel_file_damage(text: &str) -> bool {
@@ -154,37 +126,6 @@ pub fn next_in_chain<'a>(
         Some(inner) => Some(inner),
         None => e.source(),
     }
-}
-
-/// Classifies a failed delta-rs *write* (data files, a commit, the quarantine table): a full disk
-/// and an OS refusal to write (a read-only directory or `_delta_log`) are local I/O (74), not
-/// "unavailable" — the table was found; what failed is writing to it. Anything else is
-/// classified as by [`classify_delta`].
-pub fn classify_delta_write(err: &deltalake::DeltaTableError) -> ErrorClass {
-    if is_disk_full(err) || os_error_kind(err) == Some(std::io::ErrorKind::PermissionDenied) {
-        return ErrorClass::Io;
-    }
-    if let Some(fault) = crate::lake::store_fault(err) {
-        return fault.class;
-    }
-    let class = classify_delta(err);
-    if class != ErrorClass::Internal {
-        return class;
-    }
-    // The Parquet writer reports a failed upload of a data file as a Parquet error around the
-    // store's error: a storage failure, not a bug.
-    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
-    while let Some(e) = next {
-        if let Some(o) = e.downcast_ref::<deltalake::ObjectStoreError>() {
-            return match o {
-                deltalake::ObjectStoreError::PermissionDenied { .. }
-                | deltalake::ObjectStoreError::Unauthenticated { .. } => ErrorClass::Unavailable,
-                _ => ErrorClass::Io,
-            };
-        }
-        next = next_in_chain(e);
-    }
-    class
 }
 
 /// The kind of the first OS (`std::io`) error in an error's chain, also when a library flattened
@@ -277,56 +218,5 @@ mod tests {
             "Arrow error: Io error: File too large (os error 27)".into(),
         );
         assert!(is_disk_full(&flattened) && is_file_too_large(&flattened));
-    }
-
-    /// A local store wraps the OS error in a generic store error; a write refused by the OS is
-    /// local I/O, a read refused stays "unavailable" (see `run::error`).
-    #[test]
-    fn a_write_refused_by_the_os_is_local_io() {
-        let denied = || deltalake::DeltaTableError::ObjectStore {
-            source: deltalake::ObjectStoreError::Generic {
-                store: "LocalFileSystem",
-                source: Box::new(std::io::Error::from_raw_os_error(13)),
-            },
-        };
-        assert_eq!(
-            os_error_kind(&denied()),
-            Some(std::io::ErrorKind::PermissionDenied)
-        );
-        assert_eq!(classify_delta_write(&denied()), ErrorClass::Io);
-        let full = deltalake::DeltaTableError::Generic(
-            "Arrow error: Io error: No space left on device (os error 28)".into(),
-        );
-        assert_eq!(classify_delta_write(&full), ErrorClass::Io);
-        assert_eq!(classify_delta(&full), ErrorClass::Io);
-        let flattened = deltalake::DeltaTableError::Generic(
-            "Failed to write: Permission denied (os error 13)".into(),
-        );
-        assert_eq!(classify_delta_write(&flattened), ErrorClass::Io);
-        assert_eq!(
-            classify_delta_write(&deltalake::DeltaTableError::VersionAlreadyExists(3)),
-            ErrorClass::Retryable
-        );
-        // A data file's failed upload, as the Parquet writer wraps it.
-        let upload = deltalake::DeltaTableError::Parquet {
-            source: parquet::errors::ParquetError::External(Box::new(
-                deltalake::ObjectStoreError::Generic {
-                    store: "S3",
-                    source: "connection reset".into(),
-                },
-            )),
-        };
-        assert_eq!(classify_delta(&upload), ErrorClass::Internal);
-        assert_eq!(classify_delta_write(&upload), ErrorClass::Io);
-        // ... or inside an io::Error, which hides it from `source()`.
-        let wrapped = deltalake::DeltaTableError::Parquet {
-            source: parquet::errors::ParquetError::External(Box::new(std::io::Error::other(
-                deltalake::ObjectStoreError::Generic {
-                    store: "S3",
-                    source: "connection reset".into(),
-                },
-            ))),
-        };
-        assert_eq!(classify_delta_write(&wrapped), ErrorClass::Io);
     }
 }

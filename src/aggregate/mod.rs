@@ -14,6 +14,7 @@
 
 mod adjust;
 pub mod compute;
+mod counters;
 pub mod days;
 mod local_date;
 mod lookup;
@@ -30,50 +31,65 @@ use futures::{StreamExt, TryStreamExt};
 
 use chrono::{DateTime, NaiveDate, Utc};
 use datafusion::prelude::SessionContext;
-use tracing::{info, info_span, Instrument};
+use tracing::info;
 
 use crate::config::pipeline::aggregate::{AfterClose, EVENT_DATE};
 use crate::config::pipeline::{Aggregate, Kind};
 use crate::config::Pipeline;
 use crate::lake;
-use crate::report::{AggregateCounters, Counters, RunMode, RunSummary};
-use crate::run::phase::{self, Phase, Timer};
-use crate::run::{Engine, RunError, RunOptions};
+use crate::run::definition::Definition;
+use crate::run::{Attempt, Engine, Phase, Point, RunError, RunKind, RunOptions, Table};
+pub use counters::AggregateCounters;
 use days::Days;
 
-/// One attempt of an `aggregate` run. On success gold and its status table have at most one
-/// new commit each; on error nothing was committed to gold.
-pub(crate) async fn run_once(
-    p: &Pipeline,
-    spec: &Aggregate,
-    opts: &RunOptions,
-    now: DateTime<Utc>,
-    engine: &Engine,
-    run_id: String,
-) -> Result<RunSummary, RunError> {
-    let summary = RunSummary::new(
-        run_id,
-        &p.name,
-        Kind::Aggregate,
-        opts.dry_run,
-        (&spec.source_uri, &spec.target_uri),
-        Counters::Aggregate(AggregateCounters::default()),
-    );
-    let mut run = Run {
-        p,
-        spec,
-        opts,
-        now,
-        ctx: context(engine, spec),
-        timer: Timer::default(),
-        summary,
-        c: AggregateCounters::default(),
-        keep_unconsumed: false,
-        newest_logical: None,
-        gold_version: None,
-    };
-    run.execute().instrument(info_span!("aggregate")).await?;
-    Ok(run.finish())
+impl RunKind for Aggregate {
+    const KIND: Kind = Kind::Aggregate;
+    type Counters = AggregateCounters;
+
+    fn uris(&self) -> (&str, &str) {
+        (&self.source_uri, &self.target_uri)
+    }
+
+    fn tables(&self) -> Vec<(Table, &str)> {
+        vec![
+            (Table::Target, &self.target_uri),
+            (Table::Status, &self.status_uri),
+            (Table::Adjustments, &self.adjustments_uri),
+        ]
+    }
+
+    fn definition(&self) -> Definition {
+        plan::definition(self)
+    }
+
+    fn context(&self, engine: &Engine) -> SessionContext {
+        context(engine, self)
+    }
+
+    /// On success gold and its status table have at most one new commit each; on error
+    /// nothing was committed to gold.
+    async fn execute(&self, a: &mut Attempt<'_>) -> Result<AggregateCounters, RunError> {
+        let (p, opts, now) = (a.p, a.opts, a.now);
+        let mut run = Run {
+            a,
+            p,
+            spec: self,
+            opts,
+            now,
+            c: AggregateCounters::default(),
+            keep_unconsumed: false,
+            newest_logical: None,
+            gold_version: None,
+            source_table: None,
+        };
+        run.execute().await?;
+        info!(
+            days = run.c.num_days_recomputed,
+            changed = run.c.num_days_changed,
+            "aggregate finished"
+        );
+        Ok(run.c)
+    }
 }
 
 /// The run's session. Its reads are bounded by ranges of the event column, which Parquet
@@ -97,15 +113,15 @@ fn context(engine: &Engine, spec: &Aggregate) -> SessionContext {
 /// Days per aggregate of a full restatement: a month of groups in one hash table at a time.
 const FULL_CHUNK_DAYS: i64 = 31;
 
-struct Run<'a> {
+struct Run<'r, 'a> {
+    a: &'r mut Attempt<'a>,
     p: &'a Pipeline,
-    spec: &'a Aggregate,
+    spec: &'r Aggregate,
     opts: &'a RunOptions,
     now: DateTime<Utc>,
-    ctx: SessionContext,
-    timer: Timer,
-    summary: RunSummary,
     c: AggregateCounters,
+    /// The fingerprint of the source's table id, recorded with the version read.
+    source_table: Option<i64>,
     /// The run leaves some source changes for a later run: its commits record the source
     /// version the last run read, not the one it read.
     keep_unconsumed: bool,
@@ -115,42 +131,38 @@ struct Run<'a> {
     gold_version: Option<u64>,
 }
 
-impl Run<'_> {
+impl Run<'_, '_> {
     fn end_phase(&mut self, phase: Phase) -> Result<(), RunError> {
-        let path = match self.summary.mode {
-            RunMode::Incremental => phase::Path::Incremental,
-            RunMode::Bootstrap | RunMode::FullReload => phase::Path::FullReload,
-        };
-        self.timer.end(phase, path)
+        self.a.end_phase(phase)
     }
 
     async fn execute(&mut self) -> Result<(), RunError> {
         let spec = self.spec;
         // plan
         let source = lake::open_required(&spec.source_uri, "source").await?;
-        self.summary.source_version = source.version();
+        self.a.summary.source_version = source.version();
         let gold = lake::open_if_exists(&spec.target_uri).await?;
         let status_table = lake::open_if_exists(&spec.status_uri).await?;
         let adjustments = lake::open_if_exists(&spec.adjustments_uri).await?;
-        let old_status = status::read(&self.ctx, status_table.as_ref(), &spec.status_uri).await?;
+        let old_status = status::read(&self.a.ctx, status_table.as_ref(), &spec.status_uri).await?;
         let logical = days::logical_date(spec, self.opts.logical_date, self.now);
         let full = self.opts.full_reload || gold.is_none();
         self.gold_version = gold.as_ref().and_then(|g| g.version());
-        self.summary.mode = match (gold.is_some(), self.opts.full_reload) {
-            (false, _) => RunMode::Bootstrap,
-            (true, true) => RunMode::FullReload,
-            (true, false) => RunMode::Incremental,
-        };
+        self.a.mode_for(gold.is_some());
+        self.source_table = Some(lake::record::table_fingerprint(
+            &lake::record::table_id(&source)
+                .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?,
+        ));
         // (the source's store first: the plan reads its change data feed)
         source
-            .update_datafusion_session(&self.ctx.state())
+            .update_datafusion_session(&self.a.ctx.state())
             .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?;
         // The pipeline's columns and lookups are checked against the tables first, then its
         // definition against gold's: a refused run warns about nothing it would have done.
-        let df = crate::run::frame(&self.ctx, &source, &spec.source_uri, Phase::Read).await?;
-        let df = lookup::apply(&self.ctx, self.p, spec, df).await?;
+        let df = crate::run::frame(&self.a.ctx, &source, &spec.source_uri, Phase::Read).await?;
+        let df = lookup::apply(&self.a.ctx, self.p, spec, df).await?;
         if let (false, Some(g)) = (full, &gold) {
-            self.check_definition(g).await?;
+            self.a.check_definition(g, &spec.target_uri).await?;
         }
         let plan = self
             .plan_days(&source, status_table.as_ref(), &old_status, logical, full)
@@ -200,7 +212,7 @@ impl Run<'_> {
             let Some(g) = &gold else {
                 return Ok(None);
             };
-            let held = write::read_days(&self.ctx, g, &spec.target_uri, &plan.days).await?;
+            let held = write::read_days(&self.a.ctx, g, &spec.target_uri, &plan.days).await?;
             let prints = prints.clone();
             tokio::task::spawn_blocking(move || prints.of(&held))
                 .await
@@ -215,7 +227,7 @@ impl Run<'_> {
         let held = held?;
         let facts = compute::day_facts(&batches)?;
         let rows = compute::without_helpers(&batches)?;
-        self.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
+        self.a.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
         self.end_phase(Phase::Read)?;
 
         // compare: which days gold does not hold exactly so; what final days owe
@@ -248,7 +260,7 @@ impl Run<'_> {
             )
             .await?;
         }
-        crate::failpoint::hit("aggregate.after_adjustments")?;
+        self.a.failpoint(Point::Committed(Table::Adjustments))?;
         if let (false, Some(gold)) = (changed.is_empty(), gold) {
             let version = write::replace_days(
                 gold,
@@ -259,10 +271,10 @@ impl Run<'_> {
                 self.commit_properties(),
             )
             .await?;
-            self.summary.target_version = version;
+            self.a.summary.target_version = version;
         }
-        crate::failpoint::hit("aggregate.after_gold")?;
-        self.commit_status(status_table, &old_status, &new_status)
+        self.a.failpoint(Point::Committed(Table::Target))?;
+        self.commit_status(status_table, &old_status, &new_status, false)
             .await?;
         self.end_phase(Phase::Write)?;
         Ok(())
@@ -325,7 +337,7 @@ impl Run<'_> {
         if self.opts.dry_run {
             let mut s = datafusion::physical_plan::streaming::PartitionStream::execute(
                 observed.as_ref(),
-                self.ctx.task_ctx(),
+                self.a.ctx.task_ctx(),
             );
             while let Some(b) = s.next().await {
                 b.map_err(RunError::scan(Phase::Read, &spec.source_uri))?;
@@ -337,6 +349,7 @@ impl Run<'_> {
             )
             .map_err(q)?;
             let plan = self
+                .a
                 .ctx
                 .read_table(Arc::new(table))
                 .map_err(q)?
@@ -352,8 +365,8 @@ impl Run<'_> {
                 );
                 Some(m)
             });
-            self.summary.target_version = write::overwrite_all(
-                &self.ctx,
+            self.a.summary.target_version = write::overwrite_all(
+                &self.a.ctx,
                 gold,
                 &spec.target_uri,
                 &self.p.name,
@@ -383,7 +396,7 @@ impl Run<'_> {
             }
         }
         let facts = seen.lock().map(|d| d.clone()).unwrap_or_default();
-        self.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
+        self.a.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
         let first = facts.keys().next().copied().unwrap_or(logical);
         let last = facts
             .keys()
@@ -407,7 +420,9 @@ impl Run<'_> {
         }
         self.count_status(old_status, &new_status);
         self.end_phase(Phase::Write)?;
-        self.commit_status(status_table, old_status, &new_status)
+        // (always: the status table records what the reload read — a recreated source's new
+        // table id included — and the next run reads that record)
+        self.commit_status(status_table, old_status, &new_status, true)
             .await
     }
 
@@ -424,14 +439,16 @@ impl Run<'_> {
         self.c.num_days_open = new.values().filter(|s| !s.is_final()).count() as u64;
     }
 
-    /// Commits the new day status when it differs from the old (never in a dry run).
+    /// Commits the new day status when it differs from the old, or `always` (never in a dry
+    /// run).
     async fn commit_status(
         &mut self,
         table: Option<deltalake::DeltaTable>,
         old: &BTreeMap<NaiveDate, status::DayStatus>,
         new: &BTreeMap<NaiveDate, status::DayStatus>,
+        always: bool,
     ) -> Result<(), RunError> {
-        if self.opts.dry_run || new == old {
+        if self.opts.dry_run || (new == old && !always) {
             return Ok(());
         }
         self.c.status_version = status::write(
@@ -446,8 +463,7 @@ impl Run<'_> {
     }
 
     fn warn(&mut self, message: String) {
-        tracing::warn!("{message}");
-        self.summary.warnings.push(message);
+        self.a.warn(message);
     }
 
     /// The summary's counts of what the compare decided.
@@ -481,71 +497,28 @@ impl Run<'_> {
         };
     }
 
-    /// The run's facts in each commit, and the source version read (the pipeline's `txn`).
+    /// The run's facts in each commit, what it read of the source (version and table), its
+    /// definition, and the newest logical date of its runs.
     fn commit_properties(&self) -> deltalake::kernel::transaction::CommitProperties {
-        let (s, c) = (&self.summary, &self.c);
-        let facts = serde_json::json!({
-            "run_id": s.run_id,
-            "pipeline": s.pipeline,
-            "mode": s.mode,
-            "source_version": s.source_version,
-            "logical_date": c.logical_date.map(|d| d.to_string()),
-            "days_from": c.days_from.map(|d| d.to_string()),
-            "days_to": c.days_to.map(|d| d.to_string()),
-            "num_days_recomputed": c.num_days_recomputed,
-            "num_days_changed": c.num_days_changed,
-            "num_days_restated_after_close": c.num_days_restated_after_close,
-            "num_rows_written": c.num_rows_written,
-            "num_days_adjusted": c.num_days_adjusted,
-            "num_adjustment_rows": c.num_adjustment_rows,
-            "previous_source_version": c.previous_source_version,
-        });
-        let mut facts = facts;
-        let mut named: Vec<String> = plan::definition(self.spec)
-            .transactions(&self.p.app_id())
-            .into_iter()
-            .map(|t| t.app_id)
-            .collect();
-        named
-            .push(plan::newest_logical_transaction(&self.p.app_id(), self.now.date_naive()).app_id);
-        facts[lake::TXN_APPS] = named.into();
-        let mut props = deltalake::kernel::transaction::CommitProperties::default()
-            .with_metadata([(lake::COMMIT_INFO_KEY.to_string(), facts)]);
         let recorded = match self.opts.restate_from.is_some() || self.keep_unconsumed {
-            true => c.previous_source_version,
-            false => s.source_version,
+            true => self.c.previous_source_version,
+            false => self.a.summary.source_version,
         };
-        if let Some(v) = recorded {
-            props = props.with_application_transaction(deltalake::kernel::Transaction::new(
-                self.p.app_id(),
-                v as i64,
-            ));
-        }
-        if let Some(day) = self.newest_logical {
-            props = props.with_application_transaction(plan::newest_logical_transaction(
-                &self.p.app_id(),
-                day,
-            ));
-        }
-        for t in plan::definition(self.spec).transactions(&self.p.app_id()) {
-            props = props.with_application_transaction(t);
-        }
-        props
-    }
-
-    fn finish(&mut self) -> RunSummary {
-        self.summary.duration_ms = self.timer.elapsed_ms();
-        self.summary.phases_ms = std::mem::take(&mut self.timer).into_ms();
-        info!(
-            mode = %self.summary.mode,
-            target_version = ?self.summary.target_version,
-            days = self.c.num_days_recomputed,
-            changed = self.c.num_days_changed,
-            "aggregate finished"
-        );
-        let mut summary = self.summary.clone();
-        summary.counters = Counters::Aggregate(std::mem::take(&mut self.c));
-        summary
+        let record = lake::SourceRecord {
+            version: recorded.map(|v| v as i64),
+            table: self.source_table,
+            deferred_floor: None,
+        };
+        let app = self.p.app_id();
+        let newest = self
+            .newest_logical
+            .map(|d| plan::newest_logical_transaction(&app, d));
+        self.a.commit_properties(
+            &self.c,
+            serde_json::Map::new(),
+            &record,
+            newest.into_iter().collect(),
+        )
     }
 }
 
@@ -558,5 +531,5 @@ pub async fn day_status(
         // (gold missing too: a wrong path, or the pipeline never ran)
         lake::open_required(&spec.target_uri, "target").await?;
     }
-    status::read(&SessionContext::new(), table.as_ref(), &spec.status_uri).await
+    status::read(&lake::session::context(), table.as_ref(), &spec.status_uri).await
 }

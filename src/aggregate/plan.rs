@@ -8,7 +8,7 @@ pub(super) struct Plan {
     pub(super) adjust: BTreeSet<NaiveDate>,
 }
 
-impl Run<'_> {
+impl Run<'_, '_> {
     /// The days to recompute and those to adjust: the lookback window (or `--from/--to`, or
     /// with `recompute.touched` only the changed open days), the days turning final, and the
     /// final days the source changed since the last run — restated (within `max_lookback`) or
@@ -54,12 +54,16 @@ impl Run<'_> {
                 let r = lake::record::read(t, &self.p.app_id())
                     .await
                     .map_err(RunError::delta(Phase::Plan, &spec.status_uri))?;
+                // (not after `--from/--to`: it restates days on purpose, whatever the source)
+                if !on_purpose {
+                    self.a.check_source(&r, source, &spec.source_uri)?;
+                }
                 previous = r.version;
             }
             let since = previous.and_then(|v| u64::try_from(v).ok());
             self.c.previous_source_version = since;
             if let Some(since) = since.filter(|_| !on_purpose) {
-                match touched::since(&self.ctx, source, spec, since).await? {
+                match touched::since(&self.a.ctx, source, spec, since).await? {
                     touched::Touched::Days(d) => touched = d,
                     touched::Touched::Unknown(why) => {
                         unknown = true;
@@ -238,22 +242,22 @@ impl Run<'_> {
         let fresh = write::rows_of(rows, &plan.adjust)?;
         let published = match gold {
             Some(g) => Some(
-                crate::run::frame(&self.ctx, g, &spec.target_uri, Phase::Compare)
+                crate::run::frame(&self.a.ctx, g, &spec.target_uri, Phase::Compare)
                     .await?
                     .filter(keep.clone())
                     .map_err(RunError::query(Phase::Compare))?,
             ),
             None => None,
         };
-        let booked = adjust::booked(&self.ctx, adjustments, &spec.adjustments_uri, keep).await?;
+        let booked = adjust::booked(&self.a.ctx, adjustments, &spec.adjustments_uri, keep).await?;
         let (rows, stuck) = adjust::deltas(
-            &self.ctx,
+            &self.a.ctx,
             spec,
             fresh,
             published,
             booked,
             plan.days.logical,
-            &self.summary.run_id,
+            &self.a.summary.run_id,
             self.now,
             closed,
         )
@@ -341,29 +345,4 @@ pub(super) fn definition(spec: &Aggregate) -> crate::run::definition::Definition
         })
         .collect();
     d.with("lookups", lookups.join("\u{1e}"))
-}
-
-impl Run<'_> {
-    /// Refuses an incremental run when a setting of [`definition`] changed since gold recorded
-    /// it: the days restated would mean something else than the days left alone.
-    pub(super) async fn check_definition(
-        &self,
-        gold: &deltalake::DeltaTable,
-    ) -> Result<(), RunError> {
-        let changed = definition(self.spec)
-            .changed(gold, &self.p.app_id())
-            .await
-            .map_err(RunError::delta(Phase::Plan, &self.spec.target_uri))?;
-        if changed.is_empty() {
-            return Ok(());
-        }
-        let named: Vec<String> = changed.iter().map(|s| format!("`{s}`")).collect();
-        Err(RunError::DefinitionChanged {
-            settings: named.join(", "),
-            pipeline: self.p.name.clone(),
-            uri: self.spec.target_uri.clone(),
-            path: self.p.path.display().to_string(),
-            var_args: self.opts.var_args.clone(),
-        })
-    }
 }

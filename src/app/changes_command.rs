@@ -6,7 +6,6 @@ use std::collections::BTreeMap;
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::DataType;
-use datafusion::prelude::SessionContext;
 use futures::StreamExt;
 use serde::Serialize;
 
@@ -142,7 +141,7 @@ pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
             "the change data feed of {uri} starts at version {start} (it was turned on then): use --from-version {start} or later"
         )));
     }
-    let ctx = SessionContext::new();
+    let ctx = crate::lake::session::context();
     let plan = table
         .clone()
         .scan_cdf()

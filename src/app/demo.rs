@@ -314,8 +314,7 @@ async fn merchants_story(
     by_segment: Option<&str>,
     silver: &str,
 ) -> Result<String, AppError> {
-    use datafusion::prelude::SessionContext;
-    let ctx = SessionContext::new();
+    let ctx = lake::session::context();
     let query =
         |e: datafusion::error::DataFusionError| AppError::Usage(format!("the demo's summary: {e}"));
     let Some(table) = lake::open_if_exists(dim).await? else {

@@ -41,24 +41,39 @@ pub async fn history(mut args: HistoryArgs) -> Result<String, AppError> {
                 .unwrap_or_default()
         };
         let has = |k: &str| e.run.as_ref().is_some_and(|r| r.get(k).is_some());
-        let rows = if has("num_inserted") {
-            format!(
+        // Commits carry their kind; older ones (written before it was recorded) are known by
+        // their counters.
+        let kind = match field("kind") {
+            k if !k.is_empty() => k,
+            _ if has("num_days_changed") => "aggregate".into(),
+            _ if has("num_keys_changed") => "dimension".into(),
+            _ if has("num_files_ingested") => "ingest".into(),
+            _ if has("num_inserted") => "cdc_merge".into(),
+            _ => String::new(),
+        };
+        let rows = match kind.as_str() {
+            "cdc_merge" => format!(
                 "{}/{}/{}",
                 field("num_inserted"),
                 field("num_updated"),
                 field("num_deleted")
-            )
-        } else if has("num_days_changed") {
-            // an aggregate: the rows of the days it replaced, and how many days
-            format!(
+            ),
+            // the rows of the days it replaced, and how many days
+            "aggregate" => format!(
                 "{} ({} days)",
                 field("num_rows_written"),
                 field("num_days_changed")
-            )
-        } else if has("num_rows_written") {
-            field("num_rows_written")
-        } else {
-            String::new()
+            ),
+            // the rows appended
+            "ingest" => format!("{}/0/0", field("num_rows_written")),
+            // the changed keys' rows written, the keys, and their rows replaced
+            "dimension" => format!(
+                "{}/{}/{}",
+                field("num_rows_after"),
+                field("num_keys_changed"),
+                field("num_rows_before")
+            ),
+            _ => String::new(),
         };
         let run_id = field("run_id");
         t.add_row(vec![
@@ -191,17 +206,16 @@ fn companions_of(args: &RestoreArgs) -> Result<Companions, AppError> {
     if super::pipeline_or_table(&args.table, &args.from)?.is_none() {
         return Ok((Vec::new(), Vec::new()));
     }
-    Ok(match load_pipeline(&args.table, &args.from)?.spec {
-        Spec::Aggregate(a) => (
-            vec![
-                ("status", a.status_uri.clone()),
-                ("adjustments", a.adjustments_uri.clone()),
-            ],
-            Vec::new(),
-        ),
-        Spec::CdcMerge(m) => (Vec::new(), m.keys.clone()),
-        _ => (Vec::new(), Vec::new()),
-    })
+    let p = load_pipeline(&args.table, &args.from)?;
+    let keys = match &p.spec {
+        Spec::CdcMerge(m) => m.keys.clone(),
+        _ => Vec::new(),
+    };
+    let companions = crate::pipeline::companions(&p)
+        .into_iter()
+        .map(|(t, uri)| (t.as_str(), uri))
+        .collect();
+    Ok((companions, keys))
 }
 
 async fn restore_companion(
@@ -247,11 +261,12 @@ fn delta_error<'a>(
 /// `tidemark maintain`.
 pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, AppError> {
     let mut merge = None;
-    let mut record_index = None;
+    let mut companions = Vec::new();
     let (uri, file_size, row_group_rows) = match super::pipeline_or_table(&args.table, &args.from)?
     {
         Some(_) => {
             let p = load_pipeline(&args.table, &args.from)?;
+            companions = crate::pipeline::companions(&p);
             match p.spec {
                 Spec::CdcMerge(m) => {
                     merge = Some(m.clone());
@@ -261,14 +276,11 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                         m.target_row_group_rows,
                     )
                 }
-                Spec::Ingest(i) => {
-                    record_index = Some(i.record_uri.clone());
-                    (
-                        i.target_uri,
-                        None,
-                        crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
-                    )
-                }
+                Spec::Ingest(i) => (
+                    i.target_uri,
+                    None,
+                    crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
+                ),
                 Spec::Aggregate(a) => (
                     a.target_uri,
                     None,
@@ -301,7 +313,7 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
     // Expired tombstones first (`deletes.retain`): the compaction then packs what they leave.
     let tombstones = match &merge {
         Some(m) => {
-            let ctx = datafusion::prelude::SessionContext::new();
+            let ctx = lake::session::context();
             let expired =
                 crate::merge::tombstones::expire(&ctx, table.clone(), m, clock.now(), args.dry_run)
                     .await?;
@@ -334,24 +346,22 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
         report.version_after = report.version_after.map(|v| v + 1);
         report.checkpoint_version = report.checkpoint_version.map(|v| v + 1);
     }
-    // An ingest's record index gets one file per run: compacted and checkpointed with bronze.
-    let index = match &record_index {
-        Some(uri) => match crate::ingest::record::open_index(uri).await? {
-            Some(t) => {
-                let options = lake::MaintainOptions {
-                    compact: !args.no_compact,
-                    target_file_size: None,
-                    cluster_keys: None,
-                    row_group_rows: crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
-                    retention: args.retention,
-                    dry_run: args.dry_run,
-                };
-                Some((uri.clone(), lake::maintain(t, &options).await?))
-            }
-            None => None,
-        },
-        None => None,
-    };
+    // The pipeline's other tables (an ingest's record index, an aggregate's status and
+    // adjustments) get a file per run: compacted and checkpointed with the target.
+    let mut maintained = Vec::new();
+    for (role, uri) in &companions {
+        if let Some(t) = lake::open_if_exists(uri).await? {
+            let options = lake::MaintainOptions {
+                compact: !args.no_compact,
+                target_file_size: None,
+                cluster_keys: None,
+                row_group_rows: crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
+                retention: args.retention,
+                dry_run: args.dry_run,
+            };
+            maintained.push((*role, uri.clone(), lake::maintain(t, &options).await?));
+        }
+    }
     let spill_base = args
         .spill_dir
         .clone()
@@ -364,10 +374,21 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                 .as_ref()
                 .map(|(e, _)| serde_json::to_value(e).unwrap_or_default())
                 .unwrap_or_default();
-            v["ingest_record"] = index
-                .as_ref()
-                .map(|(_, r)| serde_json::to_value(r).unwrap_or_default())
+            v["ingest_record"] = maintained
+                .iter()
+                .find(|(role, _, _)| *role == crate::run::Table::Record)
+                .map(|(_, _, r)| serde_json::to_value(r).unwrap_or_default())
                 .unwrap_or_default();
+            v["companions"] = maintained
+                .iter()
+                .map(|(role, uri, r)| {
+                    let mut c = serde_json::to_value(r).unwrap_or_default();
+                    c["role"] = role.as_str().into();
+                    c["table"] = uri.clone().into();
+                    c
+                })
+                .collect::<Vec<_>>()
+                .into();
             v["stale_spill_dirs"] = spill_dirs
                 .iter()
                 .map(|p| p.display().to_string())
@@ -418,9 +439,13 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
                 report.files_vacuumed,
                 report.files_unreferenced_within_retention
             ));
-            if let Some((uri, r)) = &index {
+            for (role, uri, r) in &maintained {
+                let role = match role {
+                    crate::run::Table::Record => "ingest record",
+                    other => other.as_str(),
+                };
                 out.push_str(&format!(
-                    "  ingest record {uri}: version {} -> {}; {} small files {would}compacted into {}; {} files {would}deleted\n",
+                    "  {role} {uri}: version {} -> {}; {} small files {would}compacted into {}; {} files {would}deleted\n",
                     r.version_before.map_or("-".into(), |v| v.to_string()),
                     r.version_after.map_or("-".into(), |v| v.to_string()),
                     r.files_compacted,

@@ -165,13 +165,14 @@ pub fn check(
     };
     let failing = older(infer.fail_after);
     if let Some((key, t)) = failing.first() {
-        return Err(RunError::InferredOverdue {
+        return Err(super::error::DimensionError::InferredOverdue {
             pipeline: p.name.clone(),
             count: failing.len() as u64,
             oldest: key.clone(),
             since: since(*t),
             after: humantime::format_duration(infer.fail_after.unwrap_or_default()).to_string(),
-        });
+        }
+        .into());
     }
     let alerting = older(infer.alert_after);
     let warning = alerting.first().map(|(key, t)| {

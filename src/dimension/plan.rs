@@ -7,7 +7,7 @@ use deltalake::DeltaTable;
 
 use super::compare::written_layout;
 use super::fold::Layout;
-use super::run::Run;
+use super::Run;
 use crate::lake;
 use crate::report::RunMode;
 use crate::run::{Phase, RunError};
@@ -25,7 +25,7 @@ pub(super) enum Scope {
     Nothing,
 }
 
-impl Run<'_> {
+impl Run<'_, '_> {
     /// The keys to rebuild: all (no table yet, a full reload, or a table tidemark never
     /// recorded a source version in), those of the rows landed since the recorded version, or
     /// none.
@@ -38,7 +38,7 @@ impl Run<'_> {
     ) -> Result<Scope, RunError> {
         let d = self.d;
         let Some(target) = target else {
-            self.summary.mode = RunMode::Bootstrap;
+            self.a.summary.mode = RunMode::Bootstrap;
             return Ok(Scope::All);
         };
         let record = lake::record::read(target, &self.p.app_id())
@@ -46,14 +46,14 @@ impl Run<'_> {
             .map_err(RunError::delta(Phase::Plan, &d.target_uri))?;
         self.c.previous_source_version = record.version.map(|v| v as u64);
         if self.opts.full_reload {
-            self.summary.mode = RunMode::FullReload;
+            self.a.summary.mode = RunMode::FullReload;
             return Ok(Scope::All);
         }
         let held = target
             .snapshot()
             .map(|s| Arc::new(lake::storage::storage_schema(&s.snapshot().arrow_schema())))
             .map_err(RunError::delta(Phase::Plan, &d.target_uri))?;
-        self.summary.mode = RunMode::Incremental;
+        self.a.summary.mode = RunMode::Incremental;
         let Some(recorded) = record.version else {
             self.warn(format!(
                 "{} holds no source version recorded by `{}`: every key is rebuilt from the source",
@@ -84,11 +84,12 @@ impl Run<'_> {
             return Err(RunError::SourceReplaced {
                 uri: d.source_uri.clone(),
                 table_id: lake::record::table_id(source).unwrap_or_default(),
+                on_recreate: false,
                 pipeline: self.p.name.clone(),
                 path: self.p.path.display().to_string(),
             });
         }
-        let version = self.summary.source_version.unwrap_or(0);
+        let version = self.a.summary.source_version.unwrap_or(0);
         if (version as i64) < recorded {
             return Err(RunError::SourceWentBack {
                 uri: d.source_uri.clone(),
@@ -133,6 +134,7 @@ impl Run<'_> {
             .map_err(RunError::query(Phase::Plan))?;
         let keys: Vec<Expr> = layout.keys.iter().map(ident).collect();
         let landed = self
+            .a
             .ctx
             .read_table(provider)
             .map_err(RunError::query(Phase::Plan))?;

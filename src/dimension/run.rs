@@ -1,111 +1,76 @@
-//! One `dimension` run: plan → read → fold → compare → write.
-//!
-//! The plan finds the keys to rebuild: every key of the rows that landed in the source since the
-//! version the previous run recorded (read from the log: the files those commits added), or every
-//! key (bootstrap, `--full-reload`). The read takes **all** source rows of those keys — a key's
-//! history is the fold of everything the source holds for it, so a late or re-delivered record
-//! lands where its sequence puts it — rejecting rows without a key or a sequence to the
-//! quarantine. The compare checks the fold against the table's rows of those keys; when they
-//! differ, the table is written again in one overwrite commit (the other keys' rows copied), with
-//! the source version recorded in the same commit. A dimension is rewritten whole when a key
-//! changes: sized for dimensions (merchants, customers), not fact tables.
+//! The phases of a `dimension` run: plan → read → fold → compare → write.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 
 use arrow::array::RecordBatch;
-use chrono::{DateTime, Utc};
+
 use datafusion::logical_expr::Expr;
-use datafusion::prelude::{ident, SessionContext};
-use tracing::{info, info_span, Instrument};
+use datafusion::prelude::{ident, DataFrame};
 
 use super::compare::{self, changed_keys};
 use super::fold::{self, Layout};
 use super::infer;
 use super::plan::Scope;
+use super::Run;
 use crate::config::pipeline::dimension::{INFERRED_AT, IS_INFERRED};
-use crate::config::pipeline::{Dimension, Kind};
-use crate::config::Pipeline;
 use crate::lake;
 use crate::lake::datafile::FastPath;
-use crate::report::{Counters, DimensionCounters, RunMode, RunSummary};
-use crate::run::phase::{self, Phase, Timer};
-use crate::run::validate::REASON_COLUMN;
-use crate::run::{Engine, RunError, RunOptions};
+use crate::run::quarantine::REASON_COLUMN;
+use crate::run::{Phase, RunError};
 use deltalake::DeltaTable;
 
-/// One attempt of a `dimension` run: at most one new commit to the table.
-pub(crate) async fn run_once(
-    p: &Pipeline,
-    d: &Dimension,
-    opts: &RunOptions,
-    now: DateTime<Utc>,
-    engine: &Engine,
-    run_id: String,
-) -> Result<RunSummary, RunError> {
-    let summary = RunSummary::new(
-        run_id,
-        &p.name,
-        Kind::Dimension,
-        opts.dry_run,
-        (&d.source_uri, &d.target_uri),
-        Counters::Dimension(DimensionCounters::default()),
-    );
-    let mut run = Run {
-        p,
-        d,
-        opts,
-        now,
-        ctx: engine.context(),
-        timer: Timer::default(),
-        summary,
-        c: DimensionCounters::default(),
-        source_table: None,
-        relayout: false,
-        layout: String::new(),
-    };
-    run.execute().instrument(info_span!("dimension")).await?;
-    Ok(run.finish())
+/// What the plan found: the tables, the source's rows and schema, the fold's layout, and the
+/// keys to rebuild.
+struct Planned {
+    target: Option<DeltaTable>,
+    df: DataFrame,
+    schema: arrow::datatypes::Schema,
+    layout: Layout,
+    out_schema: arrow::datatypes::SchemaRef,
+    storage_schema: arrow::datatypes::SchemaRef,
+    scope: Scope,
 }
 
-pub(super) struct Run<'a> {
-    pub(super) p: &'a Pipeline,
-    pub(super) d: &'a Dimension,
-    pub(super) opts: &'a RunOptions,
-    pub(super) now: DateTime<Utc>,
-    pub(super) ctx: SessionContext,
-    pub(super) timer: Timer,
-    pub(super) summary: RunSummary,
-    pub(super) c: DimensionCounters,
-    pub(super) source_table: Option<i64>,
-    /// The table's columns or its rules (history, tracked columns) changed since it was
-    /// written: every key is rebuilt and the table written again.
-    pub(super) relayout: bool,
-    /// [`Layout::describe`] of this run, recorded in its commit.
-    pub(super) layout: String,
+/// What the compare decided: the rows to write, the keys they replace, and how.
+struct Compared {
+    fresh: RecordBatch,
+    replaced: HashSet<String>,
+    partial: bool,
+    changed: u64,
 }
 
-impl Run<'_> {
+impl Run<'_, '_> {
     fn end_phase(&mut self, phase: Phase) -> Result<(), RunError> {
-        let path = match self.summary.mode {
-            RunMode::Incremental => phase::Path::Incremental,
-            RunMode::Bootstrap | RunMode::FullReload => phase::Path::FullReload,
-        };
-        self.timer.end(phase, path)
+        self.a.end_phase(phase)
     }
 
-    async fn execute(&mut self) -> Result<(), RunError> {
+    /// plan → read → fold → compare → write.
+    pub(super) async fn execute(&mut self) -> Result<(), RunError> {
+        let Some(plan) = self.plan().await? else {
+            return Ok(());
+        };
+        let valid = self.read_keys(&plan).await?;
+        let compared = self.compare(&plan, &valid).await?;
+        if self.opts.dry_run || (compared.changed == 0 && plan.target.is_some() && !self.relayout) {
+            return Ok(());
+        }
+        self.write(plan, compared).await
+    }
+
+    /// Opens the tables, checks the pipeline's columns against the source, and finds the keys
+    /// to rebuild; `None` when there are none.
+    async fn plan(&mut self) -> Result<Option<Planned>, RunError> {
         let d = self.d;
         let q = RunError::query;
-        // plan
         let source = lake::open_required(&d.source_uri, "source").await?;
         let source_version = source.version().unwrap_or(0);
-        self.summary.source_version = Some(source_version);
+        self.a.summary.source_version = Some(source_version);
         let source_id =
             lake::record::table_id(&source).map_err(RunError::delta(Phase::Plan, &d.source_uri))?;
         self.source_table = Some(lake::record::table_fingerprint(&source_id));
         let target = lake::open_if_exists(&d.target_uri).await?;
-        let df = crate::run::frame(&self.ctx, &source, &d.source_uri, Phase::Plan).await?;
+        let df = crate::run::frame(&self.a.ctx, &source, &d.source_uri, Phase::Plan).await?;
         let schema = df.schema().as_arrow().clone();
         let layout = Layout::new(d, &schema).map_err(|(col, setting)| {
             self.p.error_at(
@@ -160,20 +125,39 @@ impl Run<'_> {
             .scope(&source, target.as_ref(), &storage_schema, &layout)
             .await?;
         self.end_phase(Phase::Plan)?;
+        if matches!(scope, Scope::Nothing) && d.infer.is_none() {
+            self.c.num_rows_total = target
+                .as_ref()
+                .and_then(|t| lake::row_count_from_stats(t).ok().flatten())
+                .unwrap_or_default();
+            return Ok(None);
+        }
+        Ok(Some(Planned {
+            target,
+            df,
+            schema,
+            layout,
+            out_schema,
+            storage_schema,
+            scope,
+        }))
+    }
 
-        // read: every valid row of the keys, the rest to the quarantine
-        let (keys_filter, landed) = match &scope {
+    /// Every valid source row of the keys; rows without a key or a sequence to the quarantine.
+    async fn read_keys(&mut self, plan: &Planned) -> Result<RecordBatch, RunError> {
+        let (d, q) = (self.d, RunError::query);
+        let (df, schema) = (&plan.df, &plan.schema);
+        let (keys_filter, landed) = match &plan.scope {
             // Facts may name new keys even when no record landed.
             Scope::Nothing if d.infer.is_some() => {
                 let none = df.clone().limit(0, Some(0)).map_err(q(Phase::Read))?;
                 (Some(Vec::new()), none)
             }
             Scope::Nothing => {
-                self.c.num_rows_total = target
-                    .as_ref()
-                    .and_then(|t| lake::row_count_from_stats(t).ok().flatten())
-                    .unwrap_or_default();
-                return Ok(());
+                return Err(RunError::Internal {
+                    phase: Phase::Read,
+                    message: "a dimension without inference read with nothing to rebuild".into(),
+                })
             }
             Scope::All => (None, df.clone()),
             Scope::Keys(batches, landed) => (Some(batches.clone()), (**landed).clone()),
@@ -182,7 +166,7 @@ impl Run<'_> {
         if keys_filter.as_ref().is_some_and(Vec::is_empty) {
             input = input.limit(0, Some(0)).map_err(q(Phase::Read))?;
         } else if let Some(keys) = keys_filter {
-            let wanted = self.ctx.read_batches(keys).map_err(q(Phase::Read))?;
+            let wanted = self.a.ctx.read_batches(keys).map_err(q(Phase::Read))?;
             let cols: Vec<&str> = d.keys.iter().map(String::as_str).collect();
             input = input
                 .join(
@@ -194,8 +178,9 @@ impl Run<'_> {
                 )
                 .map_err(q(Phase::Read))?;
         }
-        let rules = crate::run::expect::built_in_for(&d.keys, &d.sequence_by, &schema);
-        let (any_null, reason) = crate::run::validate::rejection(&rules).map_err(q(Phase::Read))?;
+        let rules = crate::keyed::expect::built_in_for(&d.keys, &d.sequence_by, schema);
+        let (any_null, reason) =
+            crate::run::quarantine::rejection(&rules).map_err(q(Phase::Read))?;
         let rejected = landed
             .filter(any_null.clone())
             .and_then(|df| df.with_column(REASON_COLUMN, reason))
@@ -209,24 +194,19 @@ impl Run<'_> {
         let valid = arrow::compute::concat_batches(&Arc::new(schema.clone()), &valid)
             .map_err(RunError::arrow(Phase::Read))?;
         let n_rejected: usize = rejected.iter().map(RecordBatch::num_rows).sum();
-        self.summary.num_source_rows_read = (valid.num_rows() + n_rejected) as u64;
-        let (outcome, warning) = crate::run::quarantine::stage(
-            &self.ctx,
-            &d.quarantine,
-            rejected,
-            &self.summary.run_id,
-            self.now,
-            self.opts.dry_run,
-            self.summary.num_source_rows_read,
-        )
-        .await?;
-        self.summary.num_quarantined = outcome.rejected;
-        self.summary.num_quarantined_new = outcome.new;
-        if let Some(w) = warning {
-            self.warn(w);
-        }
+        self.a.summary.num_source_rows_read = (valid.num_rows() + n_rejected) as u64;
+        self.a.quarantine(&d.quarantine, rejected).await?;
         self.end_phase(Phase::Read)?;
+        Ok(valid)
+    }
 
+    /// Folds the keys' records into rows, adds placeholders for keys the facts name first, and
+    /// compares them with the table's rows of those keys.
+    async fn compare(&mut self, plan: &Planned, valid: &RecordBatch) -> Result<Compared, RunError> {
+        let (d, q) = (self.d, RunError::query);
+        let (target, scope, df) = (&plan.target, &plan.scope, &plan.df);
+        let (layout, out_schema, storage_schema) =
+            (&plan.layout, &plan.out_schema, &plan.storage_schema);
         // the table's rows: placeholders among them, and those of the keys rebuilt
         let rebuilt: HashSet<String> = match &scope {
             Scope::Keys(batches, _) => {
@@ -252,13 +232,21 @@ impl Run<'_> {
             None => false,
         };
         let partial = !all && !self.relayout && target.is_some() && (direct || d.keys.len() == 1);
-        let held = match (&target, &scope) {
+        let held = match (target, scope) {
             (Some(t), Scope::Keys(batches, _)) if partial => {
-                compare::held_rows(&self.ctx, t, &d.target_uri, &d.keys, Some(batches.clone()))
-                    .await?
+                compare::held_rows(
+                    &self.a.ctx,
+                    t,
+                    &d.target_uri,
+                    &d.keys,
+                    Some(batches.clone()),
+                )
+                .await?
             }
             (Some(_), Scope::Nothing) => Vec::new(),
-            (Some(t), _) => compare::held_rows(&self.ctx, t, &d.target_uri, &d.keys, None).await?,
+            (Some(t), _) => {
+                compare::held_rows(&self.a.ctx, t, &d.target_uri, &d.keys, None).await?
+            }
             (None, _) => Vec::new(),
         };
         let inferred = infer::inferred_keys(&held, &d.keys)?;
@@ -269,14 +257,14 @@ impl Run<'_> {
                 .map(|(k, _)| k)
                 .collect();
         let held = if self.relayout { Vec::new() } else { held };
-        let before = compare::as_one(&held, &storage_schema)?;
+        let before = compare::as_one(&held, storage_schema)?;
         // The other keys' rows, for inference: their keys and whether they are placeholders.
-        let others = match (&target, &d.infer) {
+        let others = match (target, &d.infer) {
             (Some(t), Some(_)) if partial => {
                 let mut cols: Vec<Expr> = d.keys.iter().map(ident).collect();
                 cols.push(ident(IS_INFERRED));
                 cols.push(ident(INFERRED_AT));
-                let rows = crate::run::frame(&self.ctx, t, &d.target_uri, Phase::Compare)
+                let rows = crate::run::frame(&self.a.ctx, t, &d.target_uri, Phase::Compare)
                     .await?
                     .select(cols)
                     .map_err(q(Phase::Compare))?
@@ -303,10 +291,10 @@ impl Run<'_> {
         };
 
         // fold, add placeholders for keys the facts name first, then compare
-        let (fresh, folded) = fold::fold(&valid, &layout, &out_schema, &inferred)
+        let (fresh, folded) = fold::fold(valid, layout, out_schema, &inferred)
             .map_err(RunError::arrow(Phase::Compare))?;
         let mut fresh = lake::storage::storage_batch(&fresh)
-            .and_then(|b| lake::storage::cast_to(&b, &storage_schema))
+            .and_then(|b| lake::storage::cast_to(&b, storage_schema))
             .map_err(RunError::arrow(Phase::Compare))?;
         self.c.num_updated_in_place = folded.updated_in_place;
         self.c.num_inferred_completed = if was_pending.is_empty() {
@@ -320,7 +308,7 @@ impl Run<'_> {
                 .len() as u64
         };
         self.c.num_keys_read = if all {
-            fold::key_text(&valid, &d.keys)
+            fold::key_text(valid, &d.keys)
                 .map_err(RunError::arrow(Phase::Compare))?
                 .into_iter()
                 .collect::<HashSet<_>>()
@@ -332,8 +320,8 @@ impl Run<'_> {
         if let Some(infer) = &d.infer {
             let mut rows: Vec<&RecordBatch> = others.iter().collect();
             rows.push(&fresh);
-            let (new, newest_arrival) = self.infer(infer, &df, &rows, &inferred).await?;
-            let rows = fold::placeholders(&new, &layout, &out_schema, &infer.placeholder)
+            let (new, newest_arrival) = self.infer(infer, df, &rows, &inferred).await?;
+            let rows = fold::placeholders(&new, layout, out_schema, &infer.placeholder)
                 .map_err(|col| {
                     self.p.error_at(
                         "placeholder",
@@ -341,12 +329,12 @@ impl Run<'_> {
                     )
                 })?;
             let rows = lake::storage::storage_batch(&rows)
-                .and_then(|b| lake::storage::cast_to(&b, &storage_schema))
+                .and_then(|b| lake::storage::cast_to(&b, storage_schema))
                 .map_err(RunError::arrow(Phase::Compare))?;
             // (a placeholder the table already held is not new: a reload writes it again)
             self.c.num_inferred_new =
                 new.iter().filter(|(k, _)| !was_pending.contains(k)).count() as u64;
-            fresh = arrow::compute::concat_batches(&storage_schema, [&fresh, &rows])
+            fresh = arrow::compute::concat_batches(storage_schema, [&fresh, &rows])
                 .map_err(RunError::arrow(Phase::Compare))?;
             let mut rows: Vec<&RecordBatch> = others.iter().collect();
             rows.push(&fresh);
@@ -373,12 +361,25 @@ impl Run<'_> {
             fresh.num_rows() as u64
         };
         self.end_phase(Phase::Compare)?;
-        let bootstrap = target.is_none();
-        if self.opts.dry_run || (changed == 0 && !bootstrap && !self.relayout) {
-            return Ok(());
-        }
+        Ok(Compared {
+            fresh,
+            replaced: rebuilt.iter().chain(new_keys.iter()).cloned().collect(),
+            partial,
+            changed,
+        })
+    }
 
-        // write: one commit — the rebuilt keys' rows replaced (an incremental run), or the table
+    /// One commit: the rebuilt keys' rows replaced (an incremental run), or the whole table.
+    async fn write(&mut self, plan: Planned, compared: Compared) -> Result<(), RunError> {
+        let d = self.d;
+        let (target, storage_schema) = (plan.target, plan.storage_schema);
+        let Compared {
+            fresh,
+            replaced,
+            partial,
+            ..
+        } = compared;
+        let bootstrap = target.is_none();
         let planned = target.as_ref().and_then(|t| t.version());
         let table = lake::or_new(target, &d.target_uri)?;
         if let Some(v) = planned {
@@ -393,7 +394,6 @@ impl Run<'_> {
                 });
             }
         }
-        let replaced: HashSet<String> = rebuilt.iter().chain(new_keys.iter()).cloned().collect();
         let marking = d.target_apply == crate::config::pipeline::Apply::DeletionVectors;
         if partial {
             if let Some(fast) =
@@ -437,11 +437,11 @@ impl Run<'_> {
         let table = builder
             .await
             .map_err(RunError::write(Phase::Write, &d.target_uri))?;
-        self.summary.target_version = table.version();
+        self.a.summary.target_version = table.version();
         if let Ok(entries) = lake::read_commits(&table, 1).await {
             if let Some(e) = entries.first() {
-                self.summary.num_files_added = e.files_added;
-                self.summary.num_files_removed = e.files_removed;
+                self.a.summary.num_files_added = e.files_added;
+                self.a.summary.num_files_removed = e.files_removed;
             }
         }
         self.end_phase(Phase::Write)
@@ -483,7 +483,7 @@ impl Run<'_> {
             fresh,
             mark,
             crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
-            self.ctx.state().config().target_partitions(),
+            self.a.ctx.state().config().target_partitions(),
             self.commit_properties(),
             deltalake::protocol::DeltaOperation::Merge {
                 predicate: None,
@@ -495,9 +495,9 @@ impl Run<'_> {
         )
         .await
         .map_err(RunError::write(Phase::Write, &d.target_uri))?;
-        self.summary.target_version = done.version;
-        self.summary.num_files_added = done.files_added;
-        self.summary.num_files_removed = done.files_removed;
+        self.a.summary.target_version = done.version;
+        self.a.summary.num_files_added = done.files_added;
+        self.a.summary.num_files_removed = done.files_removed;
         if mark {
             self.c.num_rows_marked_deleted = done.rows_marked;
             self.c.num_files_marked = done.files_marked;
@@ -516,7 +516,7 @@ impl Run<'_> {
         inferred: &std::collections::HashMap<String, i64>,
     ) -> Result<(Vec<(String, i64)>, Option<i64>), RunError> {
         let d = self.d;
-        let facts = infer::fact_keys(&self.ctx, self.p, infer).await?;
+        let facts = infer::fact_keys(&self.a.ctx, self.p, infer).await?;
         let newest_arrival = facts.newest_arrival;
         let facts = facts.keys;
         let mut known: HashSet<String> = HashSet::new();
@@ -546,59 +546,20 @@ impl Run<'_> {
     }
 
     pub(super) fn warn(&mut self, message: String) {
-        tracing::warn!("{message}");
-        self.summary.warnings.push(message);
+        self.a.warn(message);
     }
 
-    /// The run's facts in its commit, and the source version read (the pipeline's `txn`).
+    /// The run's facts in its commit (with the layout it wrote), and what it read of the
+    /// source.
     fn commit_properties(&self) -> deltalake::kernel::transaction::CommitProperties {
-        let (s, c) = (&self.summary, &self.c);
-        let facts = serde_json::json!({
-            "run_id": s.run_id,
-            "pipeline": s.pipeline,
-            "mode": s.mode,
-            "source_version": s.source_version,
-            "previous_source_version": c.previous_source_version,
-            "num_source_rows_read": s.num_source_rows_read,
-            "num_quarantined": s.num_quarantined,
-            "num_keys_read": c.num_keys_read,
-            "num_keys_changed": c.num_keys_changed,
-            "num_rows_before": c.num_rows_before,
-            "num_rows_after": c.num_rows_after,
-            "num_updated_in_place": c.num_updated_in_place,
-            "num_rows_total": c.num_rows_total,
-            // (what `history` and the ledger show as rows in/upd/del: the changed keys' rows
-            // written, the keys, and their rows replaced)
-            "num_inserted": c.num_rows_after,
-            "num_updated": c.num_keys_changed,
-            "num_deleted": c.num_rows_before,
-            "layout": self.layout.clone(),
-            "num_inferred_new": c.num_inferred_new,
-            "num_inferred_completed": c.num_inferred_completed,
-            "num_inferred_pending": c.num_inferred_pending,
-            "num_inferred_overdue": c.num_inferred_overdue,
-        });
         let record = lake::SourceRecord {
-            version: s.source_version.map(|v| v as i64),
+            version: self.a.summary.source_version.map(|v| v as i64),
             table: self.source_table,
             deferred_floor: None,
         };
-        deltalake::kernel::transaction::CommitProperties::default()
-            .with_metadata([(lake::COMMIT_INFO_KEY.to_string(), facts)])
-            .with_application_transactions(lake::record::transactions(&self.p.app_id(), &record))
-    }
-
-    fn finish(&mut self) -> RunSummary {
-        self.summary.duration_ms = self.timer.elapsed_ms();
-        self.summary.phases_ms = std::mem::take(&mut self.timer).into_ms();
-        info!(
-            mode = %self.summary.mode,
-            target_version = ?self.summary.target_version,
-            keys_changed = self.c.num_keys_changed,
-            "dimension finished"
-        );
-        let mut summary = self.summary.clone();
-        summary.counters = Counters::Dimension(std::mem::take(&mut self.c));
-        summary
+        let mut extra = serde_json::Map::new();
+        extra.insert("layout".into(), self.layout.clone().into());
+        self.a
+            .commit_properties(&self.c, extra, &record, Vec::new())
     }
 }

@@ -198,7 +198,7 @@ impl crate::error::Classify for GenerateError {
             | GenerateError::NoGeneratorMetadata { .. }
             | GenerateError::BadMetadata { .. } => ErrorClass::Unavailable,
             GenerateError::Store(e) => e.class(),
-            GenerateError::Delta { source, .. } => crate::error::classify_delta(source),
+            GenerateError::Delta { source, .. } => crate::lake::classify_delta(source),
             GenerateError::Arrow(_) => ErrorClass::Internal,
             GenerateError::Injected(e) => e.class(),
         }

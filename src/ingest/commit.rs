@@ -26,7 +26,7 @@ use super::schema::{arrow_type, Col};
 use super::{IngestError, Recorded};
 use crate::config::pipeline::ingest::{ColumnType, Ingest, INGESTED_AT, RESCUED, SOURCE_FILE};
 use crate::lake::{self, COMMIT_INFO_KEY};
-use crate::run::validate::REASON_COLUMN;
+use crate::run::quarantine::REASON_COLUMN;
 use crate::run::{Phase, RunError};
 
 /// Refuses a bronze table whose `txn` actions expire (the run number that ties bronze to its

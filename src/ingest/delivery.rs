@@ -37,7 +37,7 @@ pub(super) fn with_cut_tail(mut parsed: Parsed, tail: Option<(u64, bytes::Bytes)
     parsed
 }
 
-impl Run<'_> {
+impl Run<'_, '_> {
     /// The changed files (another fingerprint than recorded) whose contents are the recorded
     /// ones: read and hashed.
     pub(super) async fn same_contents(
@@ -84,7 +84,7 @@ impl Run<'_> {
             .map(|(c, (_, rel))| (c, rel.clone()))
             .collect();
         let contents: Vec<i64> = parsed.iter().filter_map(|(f, _)| f.content).collect();
-        for (c, rel) in book.by_content(&self.ctx, &contents).await? {
+        for (c, rel) in book.by_content(&self.a.ctx, &contents).await? {
             seen.entry(c).or_insert(rel);
         }
         let mut copies: Vec<(String, String)> = Vec::new();

@@ -105,3 +105,9 @@ impl Classify for IngestError {
         }
     }
 }
+
+impl From<IngestError> for crate::run::RunError {
+    fn from(e: IngestError) -> Self {
+        crate::run::RunError::kind(e)
+    }
+}

@@ -13,6 +13,7 @@
 //! landing location in one commit, each file keeping the `_ingested_at` it was first given.
 
 mod commit;
+mod counters;
 mod csv;
 mod delivery;
 mod error;
@@ -27,19 +28,18 @@ pub mod schema;
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, TimeZone, Utc};
-use datafusion::prelude::SessionContext;
 use futures::{StreamExt, TryStreamExt};
-use tracing::{info, info_span, warn, Instrument};
+use tracing::info;
 
+pub use counters::IngestCounters;
 pub use error::IngestError;
 
 use crate::config::pipeline::ingest::{ColumnType, CsvOptions, FileChange, Format, Ingest};
 use crate::config::pipeline::{Kind, SchemaChange};
 use crate::config::Pipeline;
 use crate::lake;
-use crate::report::{Counters, IngestCounters, RunMode, RunSummary};
-use crate::run::phase::{self, Phase, Timer};
-use crate::run::{quarantine, Engine, RunError, RunOptions};
+use crate::report::RunMode;
+use crate::run::{Attempt, Phase, Point, RunError, RunKind, RunOptions, Table};
 use delivery::{cut_tail, with_cut_tail, CUT_FILE_GRACE};
 use landing::{Landing, LandingFile};
 use rows::Parsed;
@@ -56,77 +56,95 @@ pub struct Shape<'a> {
     pub csv: CsvOptions,
 }
 
-/// One attempt of an `ingest` run (the caller plans again after a lost commit race). On success
-/// bronze has at most one new commit; on error nothing was committed to it.
-pub(crate) async fn run_once(
-    p: &Pipeline,
-    spec: &Ingest,
-    opts: &RunOptions,
-    now: DateTime<Utc>,
-    engine: &Engine,
-    run_id: String,
-) -> Result<RunSummary, RunError> {
-    // One `_ingested_at` per run, in milliseconds: the precision the ingest record keeps it in.
-    let now = Utc
-        .timestamp_millis_opt(now.timestamp_millis())
-        .single()
-        .unwrap_or(now);
-    let summary = RunSummary::new(
-        run_id,
-        &p.name,
-        Kind::Ingest,
-        opts.dry_run,
-        (&spec.landing_uri, &spec.target_uri),
-        Counters::Ingest(IngestCounters::default()),
-    );
-    let mut run = Run {
-        p,
-        spec,
-        opts,
-        now,
-        ctx: engine.context(),
-        timer: Timer::default(),
-        summary,
-        c: IngestCounters::default(),
-    };
-    let span = info_span!("ingest");
-    run.execute().instrument(span).await?;
-    Ok(run.finish())
+impl RunKind for Ingest {
+    const KIND: Kind = Kind::Ingest;
+    type Counters = IngestCounters;
+
+    fn uris(&self) -> (&str, &str) {
+        (&self.landing_uri, &self.target_uri)
+    }
+
+    fn tables(&self) -> Vec<(Table, &str)> {
+        vec![
+            (Table::Target, &self.target_uri),
+            (Table::Record, &self.record_uri),
+            (Table::Quarantine, &self.quarantine.uri),
+        ]
+    }
+
+    /// One `_ingested_at` per run, in milliseconds: the precision the ingest record keeps it in.
+    fn now(&self, now: DateTime<Utc>) -> DateTime<Utc> {
+        Utc.timestamp_millis_opt(now.timestamp_millis())
+            .single()
+            .unwrap_or(now)
+    }
+
+    async fn execute(&self, a: &mut Attempt<'_>) -> Result<IngestCounters, RunError> {
+        let (p, opts, now) = (a.p, a.opts, a.now);
+        let mut run = Run {
+            a,
+            p,
+            spec: self,
+            opts,
+            now,
+            c: IngestCounters::default(),
+        };
+        run.execute().await?;
+        info!(
+            files = run.c.num_files_ingested,
+            rows = run.c.num_rows_written,
+            "ingest finished"
+        );
+        Ok(run.c)
+    }
 }
 
-struct Run<'a> {
+struct Run<'r, 'a> {
+    a: &'r mut Attempt<'a>,
     p: &'a Pipeline,
-    spec: &'a Ingest,
+    spec: &'r Ingest,
     opts: &'a RunOptions,
     now: DateTime<Utc>,
-    ctx: SessionContext,
-    timer: Timer,
-    summary: RunSummary,
     c: IngestCounters,
+}
+
+/// What the plan chose, for the read and the commit.
+struct Planned {
+    target: Option<deltalake::DeltaTable>,
+    book: record::Record,
+    landing: Landing,
+    record: std::collections::HashMap<String, record::Recorded>,
+    files: Vec<LandingFile>,
+    whole: bool,
+    scope: Vec<String>,
+    arrived: std::collections::HashMap<String, i64>,
 }
 
 pub use record::Recorded;
 
-impl Run<'_> {
-    fn path(&self) -> phase::Path {
-        match self.summary.mode {
-            RunMode::Incremental => phase::Path::Incremental,
-            RunMode::Bootstrap | RunMode::FullReload => phase::Path::FullReload,
-        }
-    }
-
+impl Run<'_, '_> {
     fn end_phase(&mut self, phase: Phase) -> Result<(), RunError> {
-        self.timer.end(phase, self.path())
+        self.a.end_phase(phase)
     }
 
     fn warn(&mut self, message: String) {
-        warn!("{message}");
-        self.summary.warnings.push(message);
+        self.a.warn(message);
     }
 
+    /// plan → read → validate → commit.
     async fn execute(&mut self) -> Result<(), RunError> {
+        let Some(plan) = self.plan().await? else {
+            return Ok(());
+        };
+        let (cols, parsed) = self.read_planned(&plan).await?;
+        self.validate(&parsed).await?;
+        self.commit(plan, cols, parsed).await
+    }
+
+    /// Opens bronze and its record, lists the landing files and picks those to read; `None`
+    /// when there is nothing to read.
+    async fn plan(&mut self) -> Result<Option<Planned>, RunError> {
         let spec = self.spec;
-        // plan
         let started = std::time::Instant::now();
         let target = lake::open_if_exists(&spec.target_uri).await?;
         let opened_ms = started.elapsed().as_millis();
@@ -173,17 +191,12 @@ impl Run<'_> {
             ms = listing.elapsed().as_millis(),
             "landing listed"
         );
-        self.summary.mode = match (&target, self.opts.full_reload) {
-            (None, _) => RunMode::Bootstrap,
-            (Some(_), true) => RunMode::FullReload,
-            (Some(_), false) => RunMode::Incremental,
-        };
-        let whole = self.summary.mode == RunMode::FullReload;
+        let whole = self.a.mode_for(target.is_some()) == RunMode::FullReload;
         let record = if whole {
-            book.lookup(&self.ctx, None).await?
+            book.lookup(&self.a.ctx, None).await?
         } else {
             let names: Vec<&str> = listed.iter().map(|f| f.rel.as_str()).collect();
-            book.lookup(&self.ctx, Some(&names)).await?
+            book.lookup(&self.a.ctx, Some(&names)).await?
         };
         let mut plan = plan::choose(listed, &record, spec, whole);
         // A file whose modification time changed but whose contents did not (a copied folder,
@@ -223,7 +236,7 @@ impl Run<'_> {
         }
         let (scope, arrived) = match (&target, whole) {
             (Some(t), true) => {
-                commit::reload_scope(&self.ctx, t, spec, &landing, &plan.files, &record).await?
+                commit::reload_scope(&self.a.ctx, t, spec, &landing, &plan.files, &record).await?
             }
             _ => Default::default(),
         };
@@ -250,25 +263,42 @@ impl Run<'_> {
         if plan.files.is_empty() && !whole {
             if !self.opts.dry_run {
                 // Runs a crash kept out of the index: complete it (bronze already holds them).
-                book.append(&self.ctx, None).await?;
+                book.append(&self.a.ctx, None).await?;
             }
             info!(
                 listed = plan.listed,
                 skipped = plan.skipped,
                 "no new landing files"
             );
-            return Ok(());
+            return Ok(None);
         }
+        Ok(Some(Planned {
+            target,
+            book,
+            landing,
+            record,
+            files: plan.files,
+            whole,
+            scope,
+            arrived,
+        }))
+    }
 
-        // read
-        let bronze_schema = match &target {
+    /// Parses the planned files into bronze's columns (adding new ones where allowed).
+    async fn read_planned(
+        &mut self,
+        plan: &Planned,
+    ) -> Result<(Vec<Col>, Vec<(LandingFile, Parsed)>), RunError> {
+        let spec = self.spec;
+        let (landing, files) = (&plan.landing, &plan.files);
+        let bronze_schema = match &plan.target {
             Some(t) => Some(commit::table_schema(t, &spec.target_uri)?),
             None => None,
         };
         let mut cols = self
-            .columns(bronze_schema.as_deref(), &landing, &plan.files)
+            .columns(bronze_schema.as_deref(), landing, files)
             .await?;
-        let (mut parsed, deferred) = self.read(&landing, &plan.files, &cols).await?;
+        let (mut parsed, deferred) = self.read(landing, files, &cols).await?;
         if let Some(first) = deferred.first() {
             self.c.num_files_pending += deferred.len() as u64;
             self.warn(format!(
@@ -325,44 +355,67 @@ impl Run<'_> {
                 self.c.columns_added.push(name.clone());
             }
             // The first pass could not keep the new fields' values: parse again with them.
-            parsed = self.read(&landing, &plan.files, &cols).await?.0;
+            parsed = self.read(landing, files, &cols).await?.0;
         }
-        self.drop_redelivered(&book, &record, &mut parsed).await?;
-        self.summary.num_source_rows_read = parsed.iter().map(|(_, p)| p.records).sum();
+        self.drop_redelivered(&plan.book, &plan.record, &mut parsed)
+            .await?;
+        self.a.summary.num_source_rows_read = parsed.iter().map(|(_, p)| p.records).sum();
         self.c.num_bytes_read = parsed.iter().map(|(f, _)| f.size).sum();
         self.c.num_rescued = parsed.iter().map(|(_, p)| p.rescued).sum();
         self.end_phase(Phase::Read)?;
+        Ok((cols, parsed))
+    }
 
-        // validate
-        let rejected = commit::rejects_batch(&parsed).map_err(RunError::arrow(Phase::Validate))?;
-        let (outcome, warning) = quarantine::stage(
-            &self.ctx,
-            &spec.quarantine,
-            rejected.into_iter().collect(),
-            &self.summary.run_id,
-            self.now,
-            self.opts.dry_run,
-            self.summary.num_source_rows_read,
-        )
-        .await?;
-        self.summary.num_quarantined = outcome.rejected;
-        self.summary.num_quarantined_new = outcome.new;
-        if let Some(w) = warning {
-            self.warn(w);
-        }
-        self.end_phase(Phase::Validate)?;
+    /// Stores the records that did not parse in the quarantine table.
+    async fn validate(&mut self, parsed: &[(LandingFile, Parsed)]) -> Result<(), RunError> {
+        let rejected = commit::rejects_batch(parsed).map_err(RunError::arrow(Phase::Validate))?;
+        self.a
+            .quarantine(&self.spec.quarantine, rejected.into_iter().collect())
+            .await?;
+        self.end_phase(Phase::Validate)
+    }
 
-        // commit
+    /// Appends the rows and the record of their files in one commit, then the record's index.
+    async fn commit(
+        &mut self,
+        plan: Planned,
+        cols: Vec<Col>,
+        parsed: Vec<(LandingFile, Parsed)>,
+    ) -> Result<(), RunError> {
+        let spec = self.spec;
+        let Planned {
+            target,
+            mut book,
+            record,
+            whole,
+            scope,
+            arrived,
+            ..
+        } = plan;
         self.c.num_files_ingested = parsed.len() as u64;
         self.c.num_rows_written = parsed.iter().map(|(_, p)| p.batch.num_rows() as u64).sum();
         if self.opts.dry_run {
             return Ok(());
         }
         let write_phase = if whole { Phase::Write } else { Phase::Commit };
-        crate::failpoint::hit(&self.path().before(write_phase))?;
-        let facts = self.facts();
+        self.a.failpoint(Point::Before(write_phase))?;
+        if book.stale_after.is_some() {
+            self.warn(format!(
+                "the ingest record {} held runs bronze no longer has (bronze restored to an earlier version?): they are dropped, and their files ingested again",
+                spec.record_uri
+            ));
+            book.drop_stale(&self.a.ctx).await?;
+        }
+        self.c.ingested_at = Some(self.now);
+        // (the run-number `txn` is listed, so a restore of bronze brings it back as of then)
+        let mut extra = serde_json::Map::new();
+        extra.insert(
+            lake::TXN_APPS.into(),
+            vec![record::run_app(&self.p.name)].into(),
+        );
+        let facts = self.a.facts(&self.c, extra);
         let written = commit::write(commit::Write {
-            ctx: &self.ctx,
+            ctx: &self.a.ctx,
             target,
             spec,
             pipeline: &self.p.name,
@@ -377,11 +430,11 @@ impl Run<'_> {
             facts,
         })
         .await?;
-        self.summary.target_version = Some(written.version);
-        crate::failpoint::hit("ingest.after_bronze")?;
+        self.a.summary.target_version = Some(written.version);
+        self.a.failpoint(Point::Committed(Table::Target))?;
         if let Err(e) = book
             .append(
-                &self.ctx,
+                &self.a.ctx,
                 Some((&written.table, written.run, written.entries)),
             )
             .await
@@ -393,15 +446,14 @@ impl Run<'_> {
                 written.version, spec.record_uri
             ));
         }
-        self.c.ingested_at = Some(self.now);
         if whole && written.files_removed > 0 {
             self.warn(format!(
                 "bronze was rewritten ({} data file(s) replaced): a cdc_merge reading {} refuses its next incremental run (its source is no longer append-only); rebuild it with `--full-reload`",
                 written.files_removed, spec.target_uri
             ));
         }
-        self.summary.num_files_added = written.files_added;
-        self.summary.num_files_removed = written.files_removed;
+        self.a.summary.num_files_added = written.files_added;
+        self.a.summary.num_files_removed = written.files_removed;
         self.end_phase(write_phase)?;
         Ok(())
     }
@@ -564,45 +616,5 @@ impl Run<'_> {
             }
         }
         Ok((parsed, deferred))
-    }
-
-    fn facts(&self) -> serde_json::Value {
-        let (s, c) = (&self.summary, &self.c);
-        serde_json::json!({
-            "run_id": s.run_id,
-            "pipeline": s.pipeline,
-            "kind": "ingest",
-            "mode": s.mode,
-            "landing": self.spec.landing_uri,
-            "ingested_at": crate::report::rfc3339(&self.now),
-            "num_files_ingested": c.num_files_ingested,
-            "num_files_skipped": c.num_files_skipped,
-            "num_files_pending": c.num_files_pending,
-            "num_bytes_read": c.num_bytes_read,
-            "num_source_rows_read": s.num_source_rows_read,
-            "num_quarantined": s.num_quarantined,
-            "num_rows_written": c.num_rows_written,
-            // What `history` shows as in/upd/del: an ingest only appends.
-            "num_inserted": c.num_rows_written,
-            "num_updated": 0,
-            "num_deleted": 0,
-            "num_rescued": c.num_rescued,
-            "columns_added": c.columns_added,
-        })
-    }
-
-    fn finish(&mut self) -> RunSummary {
-        self.summary.duration_ms = self.timer.elapsed_ms();
-        self.summary.phases_ms = std::mem::take(&mut self.timer).into_ms();
-        info!(
-            mode = %self.summary.mode,
-            target_version = ?self.summary.target_version,
-            files = self.c.num_files_ingested,
-            rows = self.c.num_rows_written,
-            "ingest finished"
-        );
-        let mut summary = self.summary.clone();
-        summary.counters = Counters::Ingest(std::mem::take(&mut self.c));
-        summary
     }
 }

@@ -120,6 +120,10 @@ pub struct Record {
     pub rebuilt: Option<usize>,
     /// Runs bronze holds that the index does not (yet): appended before the next run's own.
     behind: Vec<(i64, Option<i64>, Vec<Entry>)>,
+    /// The index holds runs after the newest bronze committed (bronze was restored to an
+    /// earlier version): their rows are dropped before this run commits, since its run number
+    /// is one of theirs.
+    pub stale_after: Option<i64>,
 }
 
 impl Record {
@@ -142,6 +146,7 @@ impl Record {
             latest_ms: None,
             rebuilt: None,
             behind: Vec::new(),
+            stale_after: None,
         };
         let Some(bronze) = bronze else {
             return Ok(record);
@@ -165,6 +170,9 @@ impl Record {
             None => None,
         };
         record.bronze_id = Some(bronze_id);
+        if indexed.is_some_and(|i| i > record.committed.unwrap_or(0)) {
+            record.stale_after = Some(record.committed.unwrap_or(0));
+        }
         if indexed.is_none() {
             // Bronze from before the index: its per-file `txn`s are the record so far.
             let files: Vec<Entry> = txns
@@ -222,6 +230,40 @@ impl Record {
             "ingest record opened"
         );
         Ok(record)
+    }
+
+    /// Drops the index's rows of runs bronze no longer holds ([`Record::stale_after`]), and
+    /// records the index's newest run as bronze's, in one commit: done before a run commits to
+    /// bronze, so its run number never meets an undone run's files.
+    pub async fn drop_stale(&mut self, ctx: &SessionContext) -> Result<(), RunError> {
+        let (Some(after), Some(index), Some(bronze_id)) =
+            (self.stale_after, self.index.take(), self.bronze_id.as_ref())
+        else {
+            return Ok(());
+        };
+        let predicate = col("pipeline")
+            .eq(lit(self.pipeline.clone()))
+            .and(col("bronze_id").eq(lit(bronze_id.clone())))
+            .and(col("run").gt(lit(after)));
+        let props =
+            CommitProperties::default().with_application_transactions(vec![Transaction::new(
+                index_app(&self.pipeline, bronze_id),
+                after,
+            )]);
+        let (table, _) = index
+            .delete()
+            .with_predicate(predicate)
+            .with_commit_properties(props)
+            .with_session_state(Arc::new(ctx.state()))
+            .await
+            .map_err(RunError::write(Phase::Commit, &self.uri))?;
+        info!(
+            after,
+            "dropped the ingest record's rows of runs bronze no longer holds"
+        );
+        self.index = Some(table);
+        self.stale_after = None;
+        Ok(())
     }
 
     /// Whether this pipeline has ingested into bronze before (a run number, or per-file `txn`s

@@ -1,4 +1,5 @@
-use crate::error::{classify_delta, Classify, ErrorClass};
+use crate::error::{Classify, ErrorClass};
+use crate::lake::classify_delta;
 
 use super::lease::Holder;
 

@@ -4,7 +4,7 @@
 //! - [`lease`]: single flight per job across processes, kept in the lake.
 //! - [`ledger`]: the run ledger, a Delta table with one row per task attempt.
 //! - [`runner`]: one run of a job — tasks in dependency order, retries, timeouts — each task
-//!   through [`crate::run::run`], exactly what `tidemark run` calls.
+//!   through [`crate::pipeline::run`], exactly what `tidemark run` calls.
 //! - [`scheduler`]: the long-running process that fires jobs on their schedules.
 
 mod error;

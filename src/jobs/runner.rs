@@ -1,5 +1,5 @@
 //! One run of a job: take its lease, run its tasks in dependency order — each through the same
-//! [`crate::run::run`] that `tidemark run` calls — with retries and timeouts, record every
+//! [`crate::pipeline::run`] that `tidemark run` calls — with retries and timeouts, record every
 //! attempt in the ledger, give the lease back.
 //!
 //! Independent tasks run concurrently; each runs on its job cluster's [`Engine`] (threads,
@@ -24,7 +24,7 @@ use super::JobsError;
 use crate::clock::Clock;
 use crate::config::bundle::{Job, Task, TaskMode};
 use crate::error::{Classify, ErrorClass};
-use crate::run::{self, Engine, RunOptions};
+use crate::run::{Engine, RunOptions};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -514,8 +514,9 @@ impl Run<'_> {
         let clock = self.runner.clock.clone();
         let opts = opts.clone();
         let on_engine = engine.clone();
-        let mut handle = engine
-            .spawn(async move { run::run(&pipeline, &opts, clock.as_ref(), &on_engine).await });
+        let mut handle = engine.spawn(async move {
+            crate::pipeline::run(&pipeline, &opts, clock.as_ref(), &on_engine).await
+        });
         let job_left = self
             .deadline
             .map(|d| d.saturating_duration_since(Instant::now()));

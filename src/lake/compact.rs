@@ -191,7 +191,7 @@ pub async fn compact_clustered(
     if dry_run || groups.is_empty() {
         return Ok((planned, None));
     }
-    let ctx = deltalake::delta_datafusion::DeltaSessionContext::new().into_inner();
+    let ctx = super::session::context();
     table.update_datafusion_session(&ctx.state())?;
     let mut actions: Vec<Action> = Vec::new();
     let mut out = Compacted::default();

@@ -1,6 +1,69 @@
-use crate::error::{classify_delta, Classify, ErrorClass};
+use crate::error::{Classify, ErrorClass};
 
 use super::store_fault::{store_fault, StoreFault};
+
+/// Classifies a delta-rs error: a missing table or object-store failure is "unavailable",
+/// a lost commit race is "retryable", anything else is internal unless the caller knows better.
+pub fn classify_delta(err: &deltalake::DeltaTableError) -> ErrorClass {
+    use deltalake::DeltaTableError as E;
+    if crate::error::is_disk_full(err) {
+        return ErrorClass::Io;
+    }
+    if let Some(fault) = store_fault(err) {
+        return fault.class;
+    }
+    match err {
+        E::NotATable(_) | E::InvalidTableLocation(_) => ErrorClass::Unavailable,
+        E::ObjectStore { source } => match source {
+            deltalake::ObjectStoreError::NotFound { .. } => ErrorClass::Unavailable,
+            deltalake::ObjectStoreError::PermissionDenied { .. }
+            | deltalake::ObjectStoreError::Unauthenticated { .. } => ErrorClass::Unavailable,
+            _ => ErrorClass::Io,
+        },
+        E::Io { .. } => ErrorClass::Io,
+        E::Transaction { .. } | E::VersionAlreadyExists(_) => ErrorClass::Retryable,
+        E::InvalidJsonLog { .. } | E::InvalidStatsJson { .. } => ErrorClass::BadData,
+        E::KernelError(k) if crate::error::kernel_file_damage(&k.to_string()) => {
+            ErrorClass::BadData
+        }
+        // (delta-rs' MERGE flattens the kernel's error into its message)
+        E::Generic(text) if crate::error::kernel_file_damage_within(text) => ErrorClass::BadData,
+        _ => ErrorClass::Internal,
+    }
+}
+
+/// Classifies a failed delta-rs *write* (data files, a commit, the quarantine table): a full disk
+/// and an OS refusal to write (a read-only directory or `_delta_log`) are local I/O (74), not
+/// "unavailable" — the table was found; what failed is writing to it. Anything else is
+/// classified as by [`classify_delta`].
+pub fn classify_delta_write(err: &deltalake::DeltaTableError) -> ErrorClass {
+    if crate::error::is_disk_full(err)
+        || crate::error::os_error_kind(err) == Some(std::io::ErrorKind::PermissionDenied)
+    {
+        return ErrorClass::Io;
+    }
+    if let Some(fault) = store_fault(err) {
+        return fault.class;
+    }
+    let class = classify_delta(err);
+    if class != ErrorClass::Internal {
+        return class;
+    }
+    // The Parquet writer reports a failed upload of a data file as a Parquet error around the
+    // store's error: a storage failure, not a bug.
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = next {
+        if let Some(o) = e.downcast_ref::<deltalake::ObjectStoreError>() {
+            return match o {
+                deltalake::ObjectStoreError::PermissionDenied { .. }
+                | deltalake::ObjectStoreError::Unauthenticated { .. } => ErrorClass::Unavailable,
+                _ => ErrorClass::Io,
+            };
+        }
+        next = crate::error::next_in_chain(e);
+    }
+    class
+}
 
 /// A failure talking to a Delta table, with the table it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -101,5 +164,61 @@ impl Classify for LakeError {
             LakeError::Store { fault, .. } => fault.class,
             LakeError::Delta { source, .. } => classify_delta(source),
         }
+    }
+}
+
+#[cfg(test)]
+mod classify_tests {
+    use super::*;
+
+    /// A local store wraps the OS error in a generic store error; a write refused by the OS is
+    /// local I/O, a read refused stays "unavailable" (see `run::error`).
+    #[test]
+    fn a_write_refused_by_the_os_is_local_io() {
+        let denied = || deltalake::DeltaTableError::ObjectStore {
+            source: deltalake::ObjectStoreError::Generic {
+                store: "LocalFileSystem",
+                source: Box::new(std::io::Error::from_raw_os_error(13)),
+            },
+        };
+        assert_eq!(
+            crate::error::os_error_kind(&denied()),
+            Some(std::io::ErrorKind::PermissionDenied)
+        );
+        assert_eq!(classify_delta_write(&denied()), ErrorClass::Io);
+        let full = deltalake::DeltaTableError::Generic(
+            "Arrow error: Io error: No space left on device (os error 28)".into(),
+        );
+        assert_eq!(classify_delta_write(&full), ErrorClass::Io);
+        assert_eq!(classify_delta(&full), ErrorClass::Io);
+        let flattened = deltalake::DeltaTableError::Generic(
+            "Failed to write: Permission denied (os error 13)".into(),
+        );
+        assert_eq!(classify_delta_write(&flattened), ErrorClass::Io);
+        assert_eq!(
+            classify_delta_write(&deltalake::DeltaTableError::VersionAlreadyExists(3)),
+            ErrorClass::Retryable
+        );
+        // A data file's failed upload, as the Parquet writer wraps it.
+        let upload = deltalake::DeltaTableError::Parquet {
+            source: parquet::errors::ParquetError::External(Box::new(
+                deltalake::ObjectStoreError::Generic {
+                    store: "S3",
+                    source: "connection reset".into(),
+                },
+            )),
+        };
+        assert_eq!(classify_delta(&upload), ErrorClass::Internal);
+        assert_eq!(classify_delta_write(&upload), ErrorClass::Io);
+        // ... or inside an io::Error, which hides it from `source()`.
+        let wrapped = deltalake::DeltaTableError::Parquet {
+            source: parquet::errors::ParquetError::External(Box::new(std::io::Error::other(
+                deltalake::ObjectStoreError::Generic {
+                    store: "S3",
+                    source: "connection reset".into(),
+                },
+            ))),
+        };
+        assert_eq!(classify_delta_write(&wrapped), ErrorClass::Io);
     }
 }

@@ -42,7 +42,7 @@ impl crate::error::Classify for MaintainError {
     fn class(&self) -> crate::error::ErrorClass {
         match self {
             MaintainError::UnsafeRetention { .. } => crate::error::ErrorClass::Usage,
-            MaintainError::Delta(e) => crate::error::classify_delta(e),
+            MaintainError::Delta(e) => crate::lake::classify_delta(e),
         }
     }
 }

@@ -21,13 +21,14 @@ pub mod remote;
 pub mod replace_keys;
 mod restore;
 mod restore_feed;
+pub mod session;
 pub mod stats;
 pub mod storage;
 pub mod store_fault;
 pub mod txns;
 
 pub use compact::{compact_clustered, Compacted, PURGE_DELETED_SHARE};
-pub use error::LakeError;
+pub use error::{classify_delta, classify_delta_write, LakeError};
 pub use log::{
     cleanup_at_checkpoints, commit_actions, files_added_between, live_files, max_from_stats,
     no_blind_retry, read_commits, row_count, row_count_from_stats, valid_until, AddedFiles,

@@ -39,7 +39,7 @@ pub async fn changes(
     {
         return Ok(None);
     }
-    let ctx = SessionContext::new();
+    let ctx = super::session::context();
     let (now, then) = (live(&ctx, current).await?, live(&ctx, restored).await?);
     let q = |e: datafusion::error::DataFusionError| DeltaTableError::Generic(e.to_string());
     let gone = now.clone().except(then.clone()).map_err(q)?;

@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::error::{classify_delta, is_disk_full, next_in_chain, Classify, ErrorClass};
+use crate::error::{is_disk_full, next_in_chain, Classify, ErrorClass};
+use crate::lake::classify_delta;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LatenessError {

@@ -87,9 +87,11 @@ pub fn session() -> SessionContext {
         .unwrap_or(2);
     let state = ctx.state();
     let config = state.config().clone().with_target_partitions(cores);
-    let state = datafusion::execution::session_state::SessionStateBuilder::new_from_existing(state)
-        .with_config(config)
-        .build();
+    let state = crate::lake::session::guarded(
+        datafusion::execution::session_state::SessionStateBuilder::new_from_existing(state)
+            .with_config(config),
+    )
+    .build();
     SessionContext::new_with_state(state)
 }
 

@@ -18,10 +18,10 @@ use datafusion::scalar::ScalarValue;
 use deltalake::DeltaTable;
 
 use super::decide::{self, Verdict};
+use crate::keyed::dedup::RowEncoders;
+use crate::keyed::roles::ColumnRoles;
 use crate::lake::storage::cast_to;
-use crate::run::dedup::RowEncoders;
 use crate::run::render::render_key;
-use crate::run::roles::ColumnRoles;
 use crate::run::{Phase, RunError};
 
 /// The rows to merge and what they will do.

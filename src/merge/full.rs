@@ -13,30 +13,31 @@ use tracing::{info_span, Instrument};
 
 use super::*;
 
-impl Run<'_> {
+impl Run<'_, '_> {
     pub(super) async fn full(
         mut self,
         source_provider: Arc<dyn datafusion::catalog::TableProvider>,
         target: Option<DeltaTable>,
         roles: &ColumnRoles,
         seq_type: &arrow::datatypes::DataType,
-    ) -> Result<RunSummary, RunError> {
+    ) -> Result<MergeCounters, RunError> {
         let q = RunError::query;
         if let Some(t) = &target {
-            t.update_datafusion_session(&self.ctx.state())
+            t.update_datafusion_session(&self.a.ctx.state())
                 .map_err(RunError::delta(Phase::Plan, &self.m.target_uri))?;
         }
         self.end_phase(Phase::Plan)?;
         let input = self
+            .a
             .ctx
             .read_table(source_provider)
             .map_err(q(Phase::Read))?;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
         let rules = self.compile_expectations(&input)?;
         let (annotated, guard) =
-            tombstones::annotate(&self.ctx, input.clone(), self.m, roles, seq_type, true).await?;
+            tombstones::annotate(&self.a.ctx, input.clone(), self.m, roles, seq_type, true).await?;
         let mut split = validate::split(annotated, roles, seq_type, due, &rules, guard.as_ref())?;
-        self.summary.num_source_rows_read = match self.source_rows {
+        self.a.summary.num_source_rows_read = match self.source_rows {
             Some(rows) => rows,
             None => input
                 .count()
@@ -47,9 +48,9 @@ impl Run<'_> {
         self.end_phase(Phase::Read)?;
         // `warn` rules only count: over a whole source that is cheaper inside the write's scan,
         // which decodes their columns anyway, than in a pass of its own.
-        let warns: Vec<&crate::run::expect::Compiled> = rules
+        let warns: Vec<&crate::keyed::expect::Compiled> = rules
             .iter()
-            .filter(|r| r.on_fail == crate::run::expect::OnFail::Warn)
+            .filter(|r| r.on_fail == crate::keyed::expect::OnFail::Warn)
             .collect();
         self.count_validation(&mut split, roles, &rules, !warns.is_empty())
             .await?;
@@ -58,7 +59,7 @@ impl Run<'_> {
         } else {
             let (valid, tally) =
                 split.valid_tallied(warns.iter().map(|r| r.fails.clone()).collect())?;
-            let streamed = crate::run::expect::Streamed {
+            let streamed = crate::keyed::expect::Streamed {
                 base: self.c.expectations.clone(),
                 names: warns.iter().map(|r| r.name.clone()).collect(),
                 tally,
@@ -97,6 +98,7 @@ impl Run<'_> {
         let table =
             StreamingTable::try_new(schema, vec![Arc::new(partition)]).map_err(q(Phase::Dedup))?;
         let mut winners = self
+            .a
             .ctx
             .read_table(Arc::new(table))
             .map_err(q(Phase::Dedup))?;
@@ -150,7 +152,7 @@ impl Run<'_> {
             }
             let props = self.commit_properties();
             let plan = winners.into_unoptimized_plan();
-            let ctx = self.ctx.clone();
+            let ctx = self.a.ctx.clone();
             let final_facts = streamed_facts(
                 counts.clone(),
                 roles.hard_deletes(),
@@ -183,11 +185,11 @@ impl Run<'_> {
                 }
                 (written, _) => written?,
             };
-            self.summary.target_version = table.version();
+            self.a.summary.target_version = table.version();
             self.end_phase(Phase::Write)?;
             let (added, removed) = last_commit_files(&table).await;
-            self.summary.num_files_added = added;
-            self.summary.num_files_removed = removed;
+            self.a.summary.num_files_added = added;
+            self.a.summary.num_files_removed = removed;
         }
         log_executed(&sort_plan);
         let c = *counts.lock().map_err(|_| RunError::Internal {
@@ -201,7 +203,7 @@ impl Run<'_> {
         self.c.num_conflicts = c.conflicts;
         self.c.num_deleted = c.deleted_winners;
         // (the rebuilt table: every winner but a hard delete; none when nothing was committed)
-        if self.summary.target_version.is_some() && !self.opts.dry_run {
+        if self.a.summary.target_version.is_some() && !self.opts.dry_run {
             self.c.num_rows_written = if roles.hard_deletes() {
                 c.winners - c.deleted_winners
             } else {
@@ -214,7 +216,7 @@ impl Run<'_> {
     }
 
     /// The counts of the rules counted in the stream, now that it has been read.
-    fn report_streamed(&mut self, streamed: Option<crate::run::expect::Streamed>) {
+    fn report_streamed(&mut self, streamed: Option<crate::keyed::expect::Streamed>) {
         if let Some(s) = streamed {
             let outcomes = s.outcomes();
             self.warn_failed(&outcomes);
@@ -223,7 +225,7 @@ impl Run<'_> {
     }
 }
 
-impl Run<'_> {
+impl Run<'_, '_> {
     /// `canonical`'s partitions, each thinned chunk by chunk (the dropped rows counted into
     /// `counts`).
     async fn thinned(
@@ -242,7 +244,7 @@ impl Run<'_> {
         let Some(schema) = streams.first().map(|s| s.schema()) else {
             return Ok(canonical);
         };
-        let limit = match self.ctx.runtime_env().memory_pool.memory_limit() {
+        let limit = match self.a.ctx.runtime_env().memory_pool.memory_limit() {
             datafusion::execution::memory_pool::MemoryLimit::Finite(bytes) => Some(bytes),
             _ => None,
         };
@@ -255,7 +257,8 @@ impl Run<'_> {
             ));
         }
         let table = StreamingTable::try_new(schema, parts).map_err(q(Phase::Dedup))?;
-        self.ctx
+        self.a
+            .ctx
             .read_table(Arc::new(table))
             .map_err(q(Phase::Dedup))
     }
@@ -282,7 +285,7 @@ fn streamed_facts(
     counts: Arc<std::sync::Mutex<DedupCounts>>,
     hard_deletes: bool,
     by_merge: bool,
-    streamed: Option<crate::run::expect::Streamed>,
+    streamed: Option<crate::keyed::expect::Streamed>,
 ) -> lake::facts::FinalFacts {
     Arc::new(move || {
         let c = *counts.lock().ok()?;
@@ -334,7 +337,7 @@ async fn last_commit_files(table: &DeltaTable) -> (u64, u64) {
     }
 }
 
-impl Run<'_> {
+impl Run<'_, '_> {
     /// A full reload of a target that keeps a change data feed: one MERGE of every winner
     /// (`write::merge_all`), so the feed holds the difference, not every row.
     async fn reload_by_merge(
@@ -344,14 +347,14 @@ impl Run<'_> {
         roles: &ColumnRoles,
         counts: Arc<std::sync::Mutex<DedupCounts>>,
         scan_error: dedup::InputError,
-        streamed: Option<crate::run::expect::Streamed>,
-    ) -> Result<RunSummary, RunError> {
+        streamed: Option<crate::keyed::expect::Streamed>,
+    ) -> Result<MergeCounters, RunError> {
         self.ensure_unchanged(&target).await?;
         let planned = target.version();
         let props = self.commit_properties();
         let facts = streamed_facts(counts.clone(), roles.hard_deletes(), true, streamed.clone());
         let target = lake::facts::with_final_facts(target, facts);
-        let ctx = self.ctx.clone();
+        let ctx = self.a.ctx.clone();
         let written = write::merge_all(&ctx, target, &self.m.target_uri, roles, winners, props)
             .instrument(info_span!("commit"))
             .await;
@@ -360,10 +363,10 @@ impl Run<'_> {
             (written, _) => written?,
         };
         // A reload that changes no row commits nothing (delta-rs skips the empty MERGE).
-        self.summary.target_version = table.version().filter(|v| Some(*v) != planned);
+        self.a.summary.target_version = table.version().filter(|v| Some(*v) != planned);
         self.end_phase(Phase::Write)?;
-        self.summary.num_files_added = metrics.num_target_files_added as u64;
-        self.summary.num_files_removed = metrics.num_target_files_removed as u64;
+        self.a.summary.num_files_added = metrics.num_target_files_added as u64;
+        self.a.summary.num_files_removed = metrics.num_target_files_removed as u64;
         let c = *counts.lock().map_err(|_| RunError::Internal {
             phase: Phase::Dedup,
             message: "the dedup counters were poisoned by a panicked writer thread".into(),

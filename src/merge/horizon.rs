@@ -119,6 +119,7 @@ pub(super) async fn plan(i: Inputs<'_>) -> Result<ReadPlan, RunError> {
                 return Err(RunError::SourceReplaced {
                     uri: m.source_uri.clone(),
                     table_id: id,
+                    on_recreate: true,
                     pipeline: p.name.clone(),
                     path: p.path.display().to_string(),
                 })

@@ -24,7 +24,7 @@ struct Planned {
     target_max: Option<DateTime<Utc>>,
 }
 
-impl Run<'_> {
+impl Run<'_, '_> {
     /// The hourly run, phase by phase: each step's output is the next one's input.
     pub(super) async fn incremental(
         mut self,
@@ -33,7 +33,7 @@ impl Run<'_> {
         target: DeltaTable,
         roles: &ColumnRoles,
         seq_type: &arrow::datatypes::DataType,
-    ) -> Result<RunSummary, RunError> {
+    ) -> Result<MergeCounters, RunError> {
         let planned = self.plan_read(&source, &target, roles).await?;
         self.end_phase(Phase::Plan)?;
         let input = self
@@ -87,7 +87,7 @@ impl Run<'_> {
             p: self.p,
             m: self.m,
             source,
-            source_version: self.summary.source_version.unwrap_or_default(),
+            source_version: self.a.summary.source_version.unwrap_or_default(),
             source_table_id: self.source_table_id.as_deref().unwrap_or_default(),
             record,
             watermark: target_max,
@@ -101,7 +101,7 @@ impl Run<'_> {
         if read.late_is_approximate {
             self.late_bound = read.lo;
         }
-        info!(watermark = ?read.watermark, lo = ?read.lo, previous_source_version = ?previous, source_version = self.summary.source_version, "planned incremental run");
+        info!(watermark = ?read.watermark, lo = ?read.lo, previous_source_version = ?previous, source_version = self.a.summary.source_version, "planned incremental run");
         Ok(Planned {
             read,
             new_columns,
@@ -133,10 +133,11 @@ impl Run<'_> {
         };
         let slice = match lo {
             Some(lo) => self
+                .a
                 .ctx
                 .read_table(source_provider.clone())
                 .and_then(|df| df.filter(ident(seq).gt(roles::timestamp_lit(seq_type, lo)))),
-            None => self.ctx.read_table(source_provider.clone()),
+            None => self.a.ctx.read_table(source_provider.clone()),
         }
         .and_then(|df| df.with_column(LATE_COLUMN, lit(false)))
         .map_err(q(Phase::Read))?;
@@ -159,6 +160,7 @@ impl Run<'_> {
         let input = match landed_provider {
             Some(provider) => {
                 let landed = self
+                    .a
                     .ctx
                     .read_table(provider)
                     .and_then(|df| df.filter(behind(lo)))
@@ -173,7 +175,7 @@ impl Run<'_> {
             .instrument(info_span!("read"))
             .await
             .map_err(RunError::scan(Phase::Read, &self.m.source_uri))?;
-        self.summary.num_source_rows_read = row_count(&batches);
+        self.a.summary.num_source_rows_read = row_count(&batches);
         let schema = batches.first().map(|b| b.schema()).unwrap_or_else(|| {
             let mut fields: Vec<arrow::datatypes::Field> = source_provider
                 .schema()
@@ -189,7 +191,7 @@ impl Run<'_> {
             Arc::new(arrow::datatypes::Schema::new(fields))
         });
         let mem = MemTable::try_new(schema, vec![batches]).map_err(q(Phase::Read))?;
-        self.ctx.read_table(Arc::new(mem)).map_err(q(Phase::Read))
+        self.a.ctx.read_table(Arc::new(mem)).map_err(q(Phase::Read))
     }
 
     /// Validate: counts the late rows, quarantines the rejected, records the deferred; returns
@@ -204,7 +206,7 @@ impl Run<'_> {
         let due = validate::due_micros(self.now, self.m.max_future_skew);
         let rules = self.compile_expectations(&input)?;
         let (input, guard) =
-            tombstones::annotate(&self.ctx, input, self.m, roles, seq_type, false).await?;
+            tombstones::annotate(&self.a.ctx, input, self.m, roles, seq_type, false).await?;
         let mut split = validate::split(input, roles, seq_type, due, &rules, guard.as_ref())?;
         self.c.num_late_rows = split
             .valid
@@ -273,8 +275,8 @@ impl Run<'_> {
         self.c.num_deleted = counts.deleted;
         self.c.num_unchanged = counts.unchanged;
         self.c.watermark_after = before.max(max_sequence).and_then(micros_to_time);
-        self.c.already_applied =
-            !counts.changes_anything() && previous == self.summary.source_version.map(|v| v as i64);
+        self.c.already_applied = !counts.changes_anything()
+            && previous == self.a.summary.source_version.map(|v| v as i64);
     }
 
     /// The normal path: only files holding a changed key are rewritten, and in them only the
@@ -296,7 +298,7 @@ impl Run<'_> {
                 uri: &self.m.target_uri,
                 fast,
                 row_group_rows: self.m.target_row_group_rows,
-                parallelism: self.ctx.state().config().target_partitions(),
+                parallelism: self.a.ctx.state().config().target_partitions(),
                 apply: self.m.target_apply,
             },
             roles,
@@ -329,15 +331,15 @@ impl Run<'_> {
         if rewrite.is_empty() || self.opts.dry_run {
             return Ok(());
         }
-        crate::failpoint::hit(&phase::Path::Incremental.before(Phase::Commit))?;
+        self.a.failpoint(crate::run::Point::Before(Phase::Commit))?;
         self.ensure_unchanged(&target).await?;
-        self.summary.num_files_added = rewrite.files_added;
-        self.summary.num_files_removed = rewrite.files_removed;
+        self.a.summary.num_files_added = rewrite.files_added;
+        self.a.summary.num_files_removed = rewrite.files_removed;
         let props = self.commit_properties();
         let version = cow::commit(&target, &self.m.target_uri, rewrite, props)
             .instrument(info_span!("commit"))
             .await?;
-        self.summary.target_version = Some(version);
+        self.a.summary.target_version = Some(version);
         self.end_phase(Phase::Commit)
     }
 
@@ -353,7 +355,7 @@ impl Run<'_> {
         before: Option<i64>,
     ) -> Result<(), RunError> {
         let cs = changes::detect(
-            &self.ctx,
+            &self.a.ctx,
             &target,
             &self.m.target_uri,
             roles,
@@ -378,11 +380,11 @@ impl Run<'_> {
         if cs.is_empty() || self.opts.dry_run {
             return Ok(());
         }
-        crate::failpoint::hit(&phase::Path::Incremental.before(Phase::Commit))?;
+        self.a.failpoint(crate::run::Point::Before(Phase::Commit))?;
         self.ensure_unchanged(&target).await?;
         let props = self.commit_properties();
         let (table, metrics) = write::merge(
-            &self.ctx,
+            &self.a.ctx,
             target,
             &self.m.target_uri,
             roles,
@@ -392,9 +394,9 @@ impl Run<'_> {
         )
         .instrument(info_span!("commit"))
         .await?;
-        self.summary.target_version = table.version();
-        self.summary.num_files_added = metrics.num_target_files_added as u64;
-        self.summary.num_files_removed = metrics.num_target_files_removed as u64;
+        self.a.summary.target_version = table.version();
+        self.a.summary.num_files_added = metrics.num_target_files_added as u64;
+        self.a.summary.num_files_removed = metrics.num_target_files_removed as u64;
         self.end_phase(Phase::Commit)
     }
 }

@@ -8,6 +8,7 @@
 //! target in one commit.
 
 mod changes;
+mod counters;
 mod cow;
 mod decide;
 pub(crate) mod feed;
@@ -21,21 +22,24 @@ mod write;
 
 use arrow::array::RecordBatch;
 use chrono::{DateTime, TimeZone, Utc};
-use datafusion::prelude::{DataFrame, SessionContext};
+use datafusion::prelude::DataFrame;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::DeltaTable;
-use tracing::{info, info_span, warn, Instrument};
+use tracing::{info, info_span, Instrument};
 
 use crate::config::pipeline::CdcMerge;
 use crate::config::pipeline::Kind;
 use crate::config::Pipeline;
+use crate::keyed::roles::{self, ColumnRoles};
+use crate::keyed::{dedup, validate, DedupCounts, Deduper};
 use crate::lake::datafile::FastPath;
-use crate::lake::{self, storage, StatsMax, COMMIT_INFO_KEY};
-use crate::report::{Counters, MergeCounters, RunMode, RunSummary};
-use crate::run::phase::{self, Phase, Timer};
+use crate::lake::{self, storage, StatsMax};
+use crate::report::RunMode;
+use crate::run::definition::Definition;
 use crate::run::render::row_count;
-use crate::run::roles::{self, ColumnRoles};
-use crate::run::{dedup, quarantine, validate, DedupCounts, Deduper, Engine, RunError, RunOptions};
+use crate::run::{Attempt, Phase, RunKind, Table};
+use crate::run::{RunError, RunOptions};
+pub use counters::MergeCounters;
 
 /// What comparing the winners with the target decided, per row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,28 +61,49 @@ impl Counts {
 
 const LATE_COLUMN: &str = "__tidemark_late";
 
-/// One attempt of a `cdc_merge` run (the caller plans again after a lost commit race). On
-/// success the target has at most one new commit; on error nothing was committed to it.
-pub(crate) async fn run_once(
-    p: &Pipeline,
-    m: &CdcMerge,
-    opts: &RunOptions,
-    now: DateTime<Utc>,
-    engine: &Engine,
-    run_id: String,
-) -> Result<RunSummary, RunError> {
-    Run::new(p, m, opts, now, engine, run_id).execute().await
+impl RunKind for CdcMerge {
+    const KIND: Kind = Kind::CdcMerge;
+    type Counters = MergeCounters;
+
+    fn uris(&self) -> (&str, &str) {
+        (&self.source_uri, &self.target_uri)
+    }
+
+    fn tables(&self) -> Vec<(Table, &str)> {
+        vec![
+            (Table::Target, &self.target_uri),
+            (Table::Quarantine, &self.quarantine.uri),
+        ]
+    }
+
+    /// The keys, what orders a key's versions, and what a delete is: change one and the rows
+    /// silver holds mean something else.
+    fn definition(&self) -> Definition {
+        let deletes = self.deletes.as_ref().map_or(String::new(), |d| {
+            let mode = match d.mode {
+                crate::config::DeleteMode::Soft => "soft",
+                crate::config::DeleteMode::Hard => "hard",
+            };
+            format!("{}\u{1f}{}\u{1f}{mode}", d.column, d.values.join("\u{1f}"))
+        });
+        Definition::default()
+            .with("keys", self.keys.join("\u{1f}"))
+            .with("sequence_by", self.order_columns().join("\u{1f}"))
+            .with("deletes", deletes)
+    }
+
+    async fn execute(&self, a: &mut Attempt<'_>) -> Result<MergeCounters, RunError> {
+        Run::new(a, self).execute().await
+    }
 }
 
-struct Run<'a> {
+struct Run<'r, 'a> {
+    /// The attempt: the pipeline's header, session, timer and warnings.
+    a: &'r mut Attempt<'a>,
     p: &'a Pipeline,
-    m: &'a CdcMerge,
+    m: &'r CdcMerge,
     opts: &'a RunOptions,
     now: DateTime<Utc>,
-    ctx: SessionContext,
-    timer: Timer,
-    /// The header of the summary (every kind's).
-    summary: RunSummary,
     /// What this merge counts; moved into the summary when the run finishes.
     c: MergeCounters,
     /// Source rows per the log's statistics (a full reload reads them all).
@@ -102,31 +127,15 @@ fn micros_to_time(us: i64) -> Option<DateTime<Utc>> {
     Utc.timestamp_micros(us).single()
 }
 
-impl<'a> Run<'a> {
-    fn new(
-        p: &'a Pipeline,
-        m: &'a CdcMerge,
-        opts: &'a RunOptions,
-        now: DateTime<Utc>,
-        engine: &Engine,
-        run_id: String,
-    ) -> Self {
-        let summary = RunSummary::new(
-            run_id,
-            &p.name,
-            Kind::CdcMerge,
-            opts.dry_run,
-            (&m.source_uri, &m.target_uri),
-            Counters::Merge(MergeCounters::default()),
-        );
+impl<'r, 'a> Run<'r, 'a> {
+    fn new(a: &'r mut Attempt<'a>, m: &'r CdcMerge) -> Self {
+        let (p, opts, now) = (a.p, a.opts, a.now);
         Run {
+            a,
             p,
             m,
             opts,
             now,
-            ctx: engine.context(),
-            timer: Timer::default(),
-            summary,
             c: MergeCounters::default(),
             source_rows: None,
             source_valid_until: None,
@@ -139,15 +148,7 @@ impl<'a> Run<'a> {
 
     /// Records a phase's time; its end is where fault-injection tests stop a run.
     pub(super) fn end_phase(&mut self, phase: Phase) -> Result<(), RunError> {
-        self.timer.end(phase, self.path())
-    }
-
-    /// Which failpoints this run hits: the whole-source path or the incremental one.
-    pub(super) fn path(&self) -> phase::Path {
-        match self.summary.mode {
-            RunMode::Incremental => phase::Path::Incremental,
-            RunMode::Bootstrap | RunMode::FullReload => phase::Path::FullReload,
-        }
+        self.a.end_phase(phase)
     }
 
     pub(super) fn source_fingerprint(&self) -> Option<i64> {
@@ -157,11 +158,10 @@ impl<'a> Run<'a> {
     }
 
     pub(super) fn warn(&mut self, message: String) {
-        warn!("{message}");
-        self.summary.warnings.push(message);
+        self.a.warn(message);
     }
 
-    async fn execute(mut self) -> Result<RunSummary, RunError> {
+    async fn execute(mut self) -> Result<MergeCounters, RunError> {
         // plan
         // (both logs read at once: on an object store each is a few requests one after another)
         let (source, target) = async {
@@ -173,12 +173,12 @@ impl<'a> Run<'a> {
         .instrument(info_span!("plan"))
         .await?;
         let source_version = source.version().unwrap_or(0);
-        self.summary.source_version = Some(source_version);
+        self.a.summary.source_version = Some(source_version);
         let table_id = lake::record::table_id(&source)
             .map_err(RunError::delta(Phase::Plan, &self.m.source_uri))?;
         self.source_table_id = Some(table_id);
         source
-            .update_datafusion_session(&self.ctx.state())
+            .update_datafusion_session(&self.a.ctx.state())
             .map_err(RunError::delta(Phase::Plan, &self.m.source_uri))?;
         let source_provider = source
             .table_provider()
@@ -220,7 +220,7 @@ impl<'a> Run<'a> {
             Some(t) => {
                 // An empty table tidemark never wrote is bootstrapped like a missing one; keep
                 // the handle so the overwrite becomes its next version.
-                self.summary.mode = RunMode::Bootstrap;
+                self.a.summary.mode = RunMode::Bootstrap;
                 return self.full(source_provider, Some(t), &roles, &seq_type).await;
             }
             None => None,
@@ -233,21 +233,22 @@ impl<'a> Run<'a> {
             None => None,
         };
         if let Some(t) = &target {
-            t.update_datafusion_session(&self.ctx.state())
+            t.update_datafusion_session(&self.a.ctx.state())
                 .map_err(RunError::delta(Phase::Plan, &self.m.target_uri))?;
         }
         let Some(target) = target else {
-            self.summary.mode = RunMode::Bootstrap;
+            self.a.summary.mode = RunMode::Bootstrap;
             return self.full(source_provider, None, &roles, &seq_type).await;
         };
         if self.opts.full_reload {
-            self.summary.mode = RunMode::FullReload;
+            self.a.summary.mode = RunMode::FullReload;
             self.c.watermark_before = self.watermark(&target, &roles).await?;
             return self
                 .full(source_provider, Some(target), &roles, &seq_type)
                 .await;
         }
-        self.summary.mode = RunMode::Incremental;
+        self.a.summary.mode = RunMode::Incremental;
+        self.a.check_definition(&target, &self.m.target_uri).await?;
         self.incremental(source, source_provider, target, &roles, &seq_type)
             .await
     }
@@ -304,8 +305,8 @@ impl<'a> Run<'a> {
     pub(super) fn compile_expectations(
         &self,
         input: &DataFrame,
-    ) -> Result<Vec<crate::run::expect::Compiled>, RunError> {
-        crate::run::expect::compile(self.p, &self.m.expectations, input)
+    ) -> Result<Vec<crate::keyed::expect::Compiled>, RunError> {
+        crate::keyed::expect::compile(self.p, &self.m.expectations, input)
     }
 
     /// The deferred rows and the expectations' failures, counted in one pass over the rows
@@ -315,10 +316,10 @@ impl<'a> Run<'a> {
         &mut self,
         split: &mut validate::Split,
         roles: &ColumnRoles,
-        rules: &[crate::run::expect::Compiled],
+        rules: &[crate::keyed::expect::Compiled],
         stream_warns: bool,
     ) -> Result<(), RunError> {
-        use crate::run::expect;
+        use crate::keyed::expect;
         let report = !self.m.expectations.is_empty() || split.resurrected.is_some();
         // When the log's statistics prove the built-in rules hold and none is due later, and
         // any expectation is a `warn` counted in the write's stream, there is nothing to count
@@ -397,7 +398,7 @@ impl<'a> Run<'a> {
     }
 
     /// A warning per `warn` rule that rows failed.
-    pub(super) fn warn_failed(&mut self, outcomes: &[crate::run::expect::Outcome]) {
+    pub(super) fn warn_failed(&mut self, outcomes: &[crate::keyed::expect::Outcome]) {
         for o in outcomes
             .iter()
             .filter(|o| o.failed > 0 && o.on_fail == "warn")
@@ -416,73 +417,39 @@ impl<'a> Run<'a> {
             .collect()
             .await
             .map_err(RunError::scan(Phase::Validate, &self.m.source_uri))?;
-        let (outcome, warning) = quarantine::stage(
-            &self.ctx,
-            &self.m.quarantine,
-            batches,
-            &self.summary.run_id,
-            self.now,
-            self.opts.dry_run,
-            self.summary.num_source_rows_read,
-        )
-        .await?;
-        self.summary.num_quarantined = outcome.rejected;
-        self.summary.num_quarantined_new = outcome.new;
-        if let Some(w) = warning {
-            self.warn(w);
-        }
-        Ok(())
+        self.a.quarantine(&self.m.quarantine, batches).await
     }
 
     pub(super) fn commit_properties(&self) -> CommitProperties {
-        let (s, c) = (&self.summary, &self.c);
-        let facts = serde_json::json!({
-            "run_id": s.run_id,
-            "pipeline": s.pipeline,
-            "mode": s.mode,
-            "watermark_before": c.watermark_before.map(|t| crate::report::rfc3339(&t)),
-            "watermark_after": c.watermark_after.map(|t| crate::report::rfc3339(&t)),
-            "source_version": s.source_version,
-            "previous_source_version": c.previous_source_version,
-            "num_source_rows_read": s.num_source_rows_read,
-            "num_quarantined": s.num_quarantined,
-            "num_deferred": c.num_deferred,
-            "num_late_rows": c.num_late_rows,
-            "num_inserted": c.num_inserted,
-            "num_updated": c.num_updated,
-            "num_deleted": c.num_deleted,
-            "num_conflicts": c.num_conflicts,
-            "num_superseded": c.num_superseded,
-            "num_duplicates": c.num_duplicates,
-            "num_rows_marked_deleted": c.num_rows_marked_deleted,
-            "num_files_marked": c.num_files_marked,
-            "expectations": c.expectations,
-            "source_table_id": self.source_table_id,
-            "deferred_floor": self.deferred_floor.and_then(micros_to_time).map(|t| crate::report::rfc3339(&t)),
-        });
+        let mut extra = serde_json::Map::new();
+        extra.insert(
+            "source_table_id".into(),
+            self.source_table_id.clone().into(),
+        );
+        extra.insert(
+            "deferred_floor".into(),
+            self.deferred_floor
+                .and_then(micros_to_time)
+                .map(|t| crate::report::rfc3339(&t))
+                .into(),
+        );
         let record = lake::SourceRecord {
-            version: s.source_version.map(|v| v as i64),
+            version: self.a.summary.source_version.map(|v| v as i64),
             table: self.source_fingerprint(),
             deferred_floor: self.deferred_floor,
         };
-        CommitProperties::default()
-            .with_metadata([(COMMIT_INFO_KEY.to_string(), facts)])
-            .with_application_transactions(lake::record::transactions(&self.p.app_id(), &record))
+        self.a
+            .commit_properties(&self.c, extra, &record, Vec::new())
     }
 
-    pub(super) fn finish(mut self) -> RunSummary {
-        self.summary.duration_ms = self.timer.elapsed_ms();
-        self.summary.phases_ms = std::mem::take(&mut self.timer).into_ms();
+    pub(super) fn finish(self) -> MergeCounters {
         info!(
-            mode = %self.summary.mode,
-            target_version = ?self.summary.target_version,
             inserted = self.c.num_inserted,
             updated = self.c.num_updated,
             deleted = self.c.num_deleted,
             late = self.c.num_late_rows,
-            "run finished"
+            "merge finished"
         );
-        self.summary.counters = Counters::Merge(self.c);
-        self.summary
+        self.c
     }
 }

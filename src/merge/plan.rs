@@ -7,7 +7,7 @@ use deltalake::DeltaTable;
 
 use super::*;
 
-impl Run<'_> {
+impl Run<'_, '_> {
     /// Whether a run of this pipeline already committed to `target` (it then records the
     /// source version it read). Such a target stays incremental even while it is empty.
     pub(super) async fn has_run_before(&mut self, target: &DeltaTable) -> Result<bool, RunError> {
@@ -73,6 +73,7 @@ impl Run<'_> {
                     .await
                     .map_err(RunError::query(Phase::Watermark))?;
                 let batches = self
+                    .a
                     .ctx
                     .read_table(provider)
                     .and_then(|df| {

@@ -23,10 +23,10 @@ use datafusion::physical_plan::streaming::PartitionStream;
 use futures::stream::BoxStream;
 use futures::StreamExt;
 
-use crate::run::dedup::RowEncoders;
+use crate::keyed::dedup::RowEncoders;
+use crate::keyed::roles::ColumnRoles;
+use crate::keyed::DedupCounts;
 use crate::run::once::Once;
-use crate::run::roles::ColumnRoles;
-use crate::run::DedupCounts;
 
 /// Rows gathered before thinning (a day's bronze file is ~75k rows at 10M payments a year).
 pub const CHUNK_ROWS: usize = 65_536;

@@ -26,8 +26,9 @@ use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
 use crate::config::pipeline::{CdcMerge, DELETED_COLUMN};
+use crate::keyed::roles::{timestamp_lit, ColumnRoles};
+pub use crate::keyed::validate::{Guard, RESURRECTION};
 use crate::lake;
-use crate::run::roles::{timestamp_lit, ColumnRoles};
 use crate::run::{Phase, RunError};
 
 /// The removed-keys table's column holding the removed tombstone's sequence.
@@ -36,18 +37,6 @@ pub const DELETE_SEQUENCE: &str = "_delete_sequence";
 pub const REMOVED_AT: &str = "_removed_at";
 /// The column a run's source rows carry after [`annotate`]: their key's removed delete sequence.
 const REMOVED_SEQ: &str = "__tidemark_removed_seq";
-/// The quarantine reason of a rejected resurrection.
-pub const RESURRECTION: &str = "deleted_key_resurrection";
-
-/// The conditions [`annotate`] makes possible over the annotated rows.
-pub struct Guard {
-    /// A live version at or before its key's removed delete: rejected.
-    pub resurrected: Expr,
-    /// A delete record at or before its key's removed delete: already applied, skipped.
-    pub superseded: Expr,
-    /// The helper column to drop from the rows that go on.
-    pub column: &'static str,
-}
 
 /// Adds to each source row the delete sequence of its key's removed tombstone (null when none),
 /// when the pipeline bounds tombstones and some were removed. `history`: the input is the

@@ -15,9 +15,9 @@ use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 
 use crate::config::pipeline::DELETED_COLUMN;
+use crate::keyed::roles::ColumnRoles;
 use crate::lake;
 use crate::lake::storage::storage_batch;
-use crate::run::roles::ColumnRoles;
 use crate::run::{Phase, RunError};
 
 fn qualified(table: &str, column: &str) -> Expr {

@@ -34,11 +34,12 @@ use crate::config::pipeline::CdcMerge;
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::config::Pipeline;
 use crate::error::{Classify, ErrorClass};
+use crate::keyed::{dedup_winners, validate, ColumnRoles, Deduper};
 use crate::lake;
 use crate::lake::storage::cast_to;
 use crate::run::render::{render_key, render_value};
 use crate::run::Phase;
-use crate::run::{dedup_winners, validate, ColumnRoles, Deduper, Engine, RunError};
+use crate::run::{Engine, RunError};
 
 /// What the caller asked for.
 #[derive(Debug, Clone)]
@@ -234,7 +235,7 @@ pub async fn reconcile(
         .read_table(source_provider)
         .map_err(q(Phase::Reconcile))?;
     // The rows a full reload would quarantine for an expectation are left out alike.
-    let rules = crate::run::expect::compile(p, &m.expectations, &input)?;
+    let rules = crate::keyed::expect::compile(p, &m.expectations, &input)?;
     // ... and so are the keys whose tombstones `maintain` removed.
     let (input, guard) =
         crate::merge::tombstones::annotate(&ctx, input, m, &roles, &seq_type, true).await?;

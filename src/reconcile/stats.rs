@@ -13,7 +13,7 @@ use arrow::util::display::{ArrayFormatter, FormatOptions};
 
 use crate::config::pipeline::DELETED_COLUMN;
 use crate::config::ReconcileSpec;
-use crate::run::ColumnRoles;
+use crate::keyed::ColumnRoles;
 
 /// One side of the comparison.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

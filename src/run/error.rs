@@ -1,7 +1,37 @@
 use super::Phase;
 use crate::config::ConfigError;
-use crate::error::{classify_delta, classify_delta_write, Classify, ErrorClass};
+use crate::error::{Classify, ErrorClass};
 use crate::lake::LakeError;
+use crate::lake::{classify_delta, classify_delta_write};
+
+/// What a kind's own error enum implements to be carried by [`RunError::Kind`]: a message a
+/// user can act on and a class (exit code); the shared error never names a kind.
+pub trait KindError: std::error::Error + Classify + Send + Sync + 'static {}
+
+impl<T: std::error::Error + Classify + Send + Sync + 'static> KindError for T {}
+
+/// A kind's error inside [`RunError`] (each kind converts its enum with `From`).
+#[derive(Debug)]
+pub struct KindFailure(pub Box<dyn KindError>);
+
+impl std::fmt::Display for KindFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl std::error::Error for KindFailure {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
+}
+
+impl RunError {
+    /// Wraps a kind's own error.
+    pub fn kind(e: impl KindError) -> Self {
+        RunError::Kind(KindFailure(Box::new(e)))
+    }
+}
 
 /// Why a run stopped. Nothing is committed to the target when a run returns one of these,
 /// except rows written to the quarantine table for inspection.
@@ -11,8 +41,9 @@ pub enum RunError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Lake(#[from] LakeError),
+    /// A kind's own error, kept in its folder and converted into this one.
     #[error(transparent)]
-    Ingest(#[from] crate::ingest::IngestError),
+    Kind(KindFailure),
     /// A query over the source or the target failed.
     #[error("{phase}: query failed: {source}{}", memory_hint(source))]
     Query {
@@ -65,15 +96,6 @@ pub enum RunError {
     /// The source's columns changed in a way the pipeline's `on_schema_change` does not allow.
     #[error("schema change in {uri}: {message}")]
     SchemaDrift { uri: String, message: String },
-    /// A dimension's placeholders stayed pending past `fail_after`.
-    #[error("{count} inferred member(s) of `{pipeline}` are older than fail_after ({after}; oldest: {oldest}, since {since}): the facts name keys the dimension's feed never delivered, so its feed is broken, not slow. Nothing was written. Fix the feed (or raise `fail_after`), then rerun")]
-    InferredOverdue {
-        pipeline: String,
-        count: u64,
-        oldest: String,
-        since: String,
-        after: String,
-    },
     /// Another writer committed to the target after this run planned.
     #[error("{}; rerun the same command (it plans again from the new version)", conflict_cause(uri, *planned, *found))]
     Conflict {
@@ -93,11 +115,13 @@ pub enum RunError {
         source: Box<datafusion::error::DataFusionError>,
     },
     /// The source is a different Delta table than the one the target was built from.
-    #[error("the source {uri} is not the table the target was built from: its table id is now {table_id} (deleted and recreated, or replaced, since the target's last run), so its version numbers cannot tell which rows the target has seen; nothing was read or written. Rebuild the target from the new source with `tidemark run {path} --full-reload` (in a bundle: `tidemark job run <job> --full-reload`), or — if the new table re-delivers the old one's history — set `source.on_recreate: read_all` in {path} to merge all of it")]
+    #[error("the source {uri} is not the table the target was built from: its table id is now {table_id} (deleted and recreated, or replaced, since the target's last run), so its version numbers cannot tell which rows the target has seen; nothing was read or written. Rebuild the target from the new source with `tidemark run {path} --full-reload` (in a bundle: `tidemark job run <job> --full-reload`){}", if *on_recreate { format!(", or — if the new table re-delivers the old one's history — set `source.on_recreate: read_all` in {path} to merge all of it") } else { String::new() })]
     SourceReplaced {
         uri: String,
         table_id: String,
         pipeline: String,
+        /// Whether the kind offers `source.on_recreate: read_all`.
+        on_recreate: bool,
         path: String,
     },
     /// The source's latest version is older than the one the target recorded.
@@ -120,7 +144,7 @@ pub enum RunError {
         pipeline: String,
     },
     /// A setting that gives the target's rows their meaning changed since the target was built.
-    #[error("{settings} of `{pipeline}` changed since {uri} was written: an incremental run would restate some days under the new definition and leave the others under the old one, so one table would hold two meanings. Nothing was written. Rebuild every day under the new definition with `tidemark run {path}{var_args} --full-reload` (in a bundle: `tidemark job run <job> --full-reload`), or put the old setting back")]
+    #[error("{settings} of `{pipeline}` changed since {uri} was written: an incremental run would write rows under the new definition beside rows written under the old one, so one table would hold two meanings. Nothing was written. Rebuild the table under the new definition with `tidemark run {path}{var_args} --full-reload` (in a bundle: `tidemark job run <job> --full-reload`), or put the old setting back")]
     DefinitionChanged {
         settings: String,
         pipeline: String,
@@ -212,7 +236,7 @@ fn write_hint(e: &deltalake::DeltaTableError) -> &'static str {
         ". The disk (or quota) is full: free space, then rerun; nothing was committed"
     } else if crate::error::os_error_kind(e) == Some(std::io::ErrorKind::PermissionDenied) {
         ". The OS refused the write: make the table's directory (and its _delta_log) writable for the user running tidemark, then rerun; nothing was committed"
-    } else if crate::error::classify_delta(e) == crate::error::ErrorClass::BadData {
+    } else if crate::lake::classify_delta(e) == crate::error::ErrorClass::BadData {
         ". A file the target's log references is missing or damaged, and this write had to read it (a target with a change data feed is read by a full reload, to write the feed): `tidemark restore` a version from before the damage (`tidemark history` lists them); nothing was committed"
     } else {
         ""
@@ -351,7 +375,7 @@ impl Classify for RunError {
         match self {
             RunError::Config(e) => e.class(),
             RunError::Lake(e) => e.class(),
-            RunError::Ingest(e) => e.class(),
+            RunError::Kind(e) => e.0.class(),
             RunError::Query { source, .. } | RunError::SourceRead { source, .. } => {
                 classify_datafusion(source)
             }
@@ -367,7 +391,6 @@ impl Classify for RunError {
             | RunError::SchemaDrift { .. }
             | RunError::DuplicateTargetKeys { .. }
             | RunError::SourceReplaced { .. }
-            | RunError::InferredOverdue { .. }
             | RunError::SourceWentBack { .. }
             | RunError::SourceRewritten { .. }
             | RunError::DefinitionChanged { .. } => ErrorClass::BadData,

@@ -7,67 +7,8 @@ use std::time::Instant;
 use tracing::info;
 
 use super::RunError;
-
-/// A step of a run. The first seven are timed (`phases_ms` in the summary, in this order); the
-/// others only name where an error happened.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Phase {
-    /// Open the tables, choose the mode, decide what to read.
-    Plan,
-    /// Read the source rows the plan selected.
-    Read,
-    /// Split rows into valid, rejected (quarantined) and deferred (sequence in the future).
-    Validate,
-    /// Keep the newest version per key.
-    Dedup,
-    /// Compare the winners with the target and prepare the files a commit would add.
-    Compare,
-    /// Commit to the target (incremental runs).
-    Commit,
-    /// Write and commit the whole target (bootstrap, full reload).
-    Write,
-    /// Read the target's watermark (part of planning).
-    Watermark,
-    /// Store rejected rows in the quarantine table (part of validation).
-    Quarantine,
-    /// Recompute the target for `tidemark reconcile`.
-    Reconcile,
-}
-
-impl Phase {
-    /// The timed phases in the order a run executes them (the text summary lists them so).
-    pub const TIMED: &'static [Phase] = &[
-        Phase::Plan,
-        Phase::Read,
-        Phase::Validate,
-        Phase::Dedup,
-        Phase::Compare,
-        Phase::Commit,
-        Phase::Write,
-    ];
-
-    /// The name in summaries, error messages and failpoint names.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Phase::Plan => "plan",
-            Phase::Read => "read",
-            Phase::Validate => "validate",
-            Phase::Dedup => "dedup",
-            Phase::Compare => "compare",
-            Phase::Commit => "commit",
-            Phase::Write => "write",
-            Phase::Watermark => "watermark",
-            Phase::Quarantine => "quarantine",
-            Phase::Reconcile => "reconcile",
-        }
-    }
-}
-
-impl std::fmt::Display for Phase {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use crate::config::pipeline::Kind;
+pub use crate::phase::Phase;
 
 /// Which family of failpoints a run hits: `incremental.*` or `full_reload.*` (bootstrap and
 /// full reload share the whole-source path).
@@ -78,7 +19,7 @@ pub enum Path {
 }
 
 impl Path {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Path::Incremental => "incremental",
             Path::FullReload => "full_reload",
@@ -116,13 +57,13 @@ impl Default for Timer {
 
 impl Timer {
     /// Records `phase`'s time; the end of a phase is where fault-injection tests stop a run
-    /// (failpoint `<path>.after_<phase>`, e.g. `incremental.after_read`).
-    pub fn end(&mut self, phase: Phase, path: Path) -> Result<(), RunError> {
+    /// (failpoint `<kind>.<path>.after_<phase>`, e.g. `cdc_merge.incremental.after_read`).
+    pub fn end(&mut self, phase: Phase, kind: Kind, path: Path) -> Result<(), RunError> {
         let ms = self.phase_started.elapsed().as_millis() as u64;
         info!(phase = phase.as_str(), ms, "phase done");
         *self.ms.entry(phase.as_str().to_string()).or_default() += ms;
         self.phase_started = Instant::now();
-        crate::failpoint::hit(&path.after(phase))?;
+        crate::failpoint::hit(&format!("{}.{}", kind.as_str(), path.after(phase)))?;
         Ok(())
     }
 
@@ -160,9 +101,9 @@ mod tests {
     #[test]
     fn the_timer_adds_up_a_phase_that_runs_twice() {
         let mut t = Timer::default();
-        t.end(Phase::Compare, Path::Incremental)
+        t.end(Phase::Compare, Kind::CdcMerge, Path::Incremental)
             .expect("no failpoint armed");
-        t.end(Phase::Compare, Path::Incremental)
+        t.end(Phase::Compare, Kind::CdcMerge, Path::Incremental)
             .expect("no failpoint armed");
         let ms = t.into_ms();
         assert_eq!(ms.len(), 1);

@@ -9,15 +9,38 @@ use arrow::array::{ArrayRef, RecordBatch, StringArray, TimestampMicrosecondArray
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
 use chrono::{DateTime, Utc};
+use datafusion::logical_expr::{lit, when, Expr};
 use datafusion::prelude::{ident, SessionContext};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use std::sync::Arc;
 
-use super::validate::REASON_COLUMN;
 use super::{Phase, RunError};
 use crate::lake;
 use crate::lake::storage::storage_batch;
+
+/// Column the quarantine table adds: why the row was rejected.
+pub const REASON_COLUMN: &str = "_quarantine_reason";
+
+/// Whether a row fails any of `rules` (condition, reason), and the reason of the first it
+/// fails (what the quarantine's `_quarantine_reason` says).
+pub fn rejection(
+    rules: &[(Expr, String)],
+) -> Result<(Expr, Expr), datafusion::error::DataFusionError> {
+    let any = rules
+        .iter()
+        .map(|(e, _)| e.clone())
+        .reduce(Expr::or)
+        .unwrap_or_else(|| lit(false));
+    let Some(((first, text), rest)) = rules.split_first() else {
+        return Ok((any, lit("invalid row")));
+    };
+    let mut reason = when(first.clone(), lit(text.clone()));
+    for (cond, text) in rest {
+        reason = reason.when(cond.clone(), lit(text.clone()));
+    }
+    Ok((any, reason.otherwise(lit("invalid row"))?))
+}
 
 /// Fingerprint column of the quarantine table.
 pub const ROW_HASH_COLUMN: &str = "_row_hash";

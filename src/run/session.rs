@@ -175,9 +175,10 @@ impl Engine {
         // 26.9 s, 12 -> 3 s of system time, 522 -> 450 MB RSS).
         config.options_mut().execution.spill_compression =
             datafusion::common::config::SpillCompression::Lz4Frame;
-        let state = SessionStateBuilder::new_from_existing(state)
-            .with_config(config)
-            .build();
+        let state = crate::lake::session::guarded(
+            SessionStateBuilder::new_from_existing(state).with_config(config),
+        )
+        .build();
         SessionContext::new_with_state(state)
     }
 

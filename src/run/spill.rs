@@ -23,7 +23,7 @@ impl SpillDir {
     pub(crate) fn create(base: &Path) -> std::io::Result<Self> {
         std::fs::create_dir_all(base)?;
         remove_stale(base);
-        let host = crate::jobs::lease::hostname().replace(['/', '\\'], "_");
+        let host = crate::host::hostname().replace(['/', '\\'], "_");
         let nonce = uuid::Uuid::new_v4().simple().to_string();
         let path = base.join(format!("{PREFIX}{host}-{}-{nonce}", std::process::id()));
         std::fs::create_dir(&path)?;
@@ -81,7 +81,7 @@ pub fn sweep(base: &Path, dry_run: bool) -> Vec<PathBuf> {
 /// Spill directories under `base` made on this host by processes that no longer exist, with
 /// their owner's pid.
 fn stale_with_pid(base: &Path) -> Vec<(PathBuf, u32)> {
-    let host = crate::jobs::lease::hostname().replace(['/', '\\'], "_");
+    let host = crate::host::hostname().replace(['/', '\\'], "_");
     let Ok(entries) = std::fs::read_dir(base) else {
         return Vec::new();
     };
@@ -90,7 +90,7 @@ fn stale_with_pid(base: &Path) -> Vec<(PathBuf, u32)> {
         .filter_map(|entry| {
             let name = entry.file_name().to_string_lossy().into_owned();
             let pid = owner_pid(&name, &host)?;
-            let gone = pid != std::process::id() && !crate::jobs::lease::process_alive(pid);
+            let gone = pid != std::process::id() && !crate::host::process_alive(pid);
             gone.then(|| (entry.path(), pid))
         })
         .collect()
@@ -142,7 +142,7 @@ mod tests {
     fn a_dead_process_s_directory_goes_and_a_live_one_stays() {
         let base = tempfile::tempdir().expect("tempdir");
         let mine = SpillDir::create(base.path()).expect("create");
-        let host = crate::jobs::lease::hostname().replace(['/', '\\'], "_");
+        let host = crate::host::hostname().replace(['/', '\\'], "_");
         // pid 0x7fff_fff0 does not exist
         let dead = base
             .path()

@@ -733,9 +733,9 @@ mod invariant {
 #[tokio::test]
 async fn a_run_killed_between_its_commits_converges_on_the_rerun() {
     for point in [
-        "incremental.after_compare",
-        "aggregate.after_adjustments",
-        "aggregate.after_gold",
+        "aggregate.incremental.after_compare",
+        "aggregate.incremental.committed_adjustments",
+        "aggregate.incremental.committed_target",
     ] {
         let dir = tempfile::tempdir().expect("tmp");
         let d = dir.path();

@@ -24,19 +24,19 @@ const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
 
 /// Storage and run failpoints, and the batch/flags each is armed on.
 const RUN_POINTS: &[&str] = &[
-    "incremental.after_plan",
-    "incremental.after_read",
-    "incremental.after_validate",
-    "incremental.after_dedup",
-    "incremental.after_compare",
-    "incremental.before_commit",
-    "incremental.after_commit",
+    "cdc_merge.incremental.after_plan",
+    "cdc_merge.incremental.after_read",
+    "cdc_merge.incremental.after_validate",
+    "cdc_merge.incremental.after_dedup",
+    "cdc_merge.incremental.after_compare",
+    "cdc_merge.incremental.before_commit",
+    "cdc_merge.incremental.after_commit",
 ];
 const RELOAD_POINTS: &[&str] = &[
-    "full_reload.after_plan",
-    "full_reload.after_read",
-    "full_reload.after_validate",
-    "full_reload.after_write",
+    "cdc_merge.full_reload.after_plan",
+    "cdc_merge.full_reload.after_read",
+    "cdc_merge.full_reload.after_validate",
+    "cdc_merge.full_reload.after_write",
 ];
 const STORE_POINTS: &[&str] = &["store.put_data", "store.put_commit"];
 const ACTIONS: &[&str] = &["error", "panic", "abort"];
@@ -770,7 +770,8 @@ fn concurrent_runs_commit_once_and_the_loser_replans() {
         .success());
     rt.block_on(append(&bronze(dir.path()), &rows[1]));
     let now = batch_time(1);
-    let (fast_summary, slow_summary, slow_log) = race(&pipeline, now, "incremental.before_commit");
+    let (fast_summary, slow_summary, slow_log) =
+        race(&pipeline, now, "cdc_merge.incremental.before_commit");
     assert!(fast_summary["target_version"].is_u64(), "{fast_summary}");
     assert_eq!(slow_summary["num_replans"], 1, "{slow_summary}");
     lost_race_said_once(&slow_log);
@@ -799,7 +800,8 @@ fn concurrent_bootstraps_create_the_target_once() {
     let rows = history(7);
     rt.block_on(append(&bronze(dir.path()), &rows[0]));
     let now = batch_time(0);
-    let (fast_summary, slow_summary, slow_log) = race(&pipeline, now, "full_reload.after_validate");
+    let (fast_summary, slow_summary, slow_log) =
+        race(&pipeline, now, "cdc_merge.full_reload.after_validate");
     lost_race_said_once(&slow_log);
     assert_eq!(fast_summary["mode"], "bootstrap", "{fast_summary}");
     assert_eq!(slow_summary["num_replans"], 1, "{slow_summary}");
@@ -836,7 +838,7 @@ fn run_against_reload_and_source_appender() {
         &pipeline,
         now,
         false,
-        Some(pause.at("incremental.after_read")),
+        Some(pause.at("cdc_merge.incremental.after_read")),
     )
     .spawn()
     .expect("spawn");

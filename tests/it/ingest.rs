@@ -567,22 +567,22 @@ async fn a_missing_landing_folder_and_a_bad_pipeline_are_clear_errors() {
 #[tokio::test]
 async fn exactly_once_through_kills_at_every_phase() {
     const INCREMENTAL: &[&str] = &[
-        "incremental.after_plan",
-        "incremental.after_read",
-        "incremental.after_validate",
-        "incremental.before_commit",
-        "incremental.after_commit",
-        "ingest.after_bronze",
+        "ingest.incremental.after_plan",
+        "ingest.incremental.after_read",
+        "ingest.incremental.after_validate",
+        "ingest.incremental.before_commit",
+        "ingest.incremental.after_commit",
+        "ingest.incremental.committed_target",
         "store.put_data",
         "store.put_commit",
     ];
     const RELOAD: &[&str] = &[
-        "full_reload.after_plan",
-        "full_reload.after_read",
-        "full_reload.after_validate",
-        "full_reload.before_write",
-        "full_reload.after_write",
-        "ingest.after_bronze",
+        "ingest.full_reload.after_plan",
+        "ingest.full_reload.after_read",
+        "ingest.full_reload.after_validate",
+        "ingest.full_reload.before_write",
+        "ingest.full_reload.after_write",
+        "ingest.full_reload.committed_target",
     ];
     let (mut injected, mut survived, mut lost, mut duplicated, mut exit70) = (0, 0, 0, 0, 0);
     for (points, reload) in [(INCREMENTAL, false), (RELOAD, true)] {
@@ -672,7 +672,7 @@ async fn two_ingests_at_once_write_each_file_once() {
             .env("RUST_LOG", "warn")
             .env(
                 "TIDEMARK_FAILPOINTS",
-                "incremental.before_commit=sleep(300)",
+                "ingest.incremental.before_commit=sleep(300)",
             )
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
@@ -823,7 +823,10 @@ async fn the_record_index_is_completed_after_a_crash_between_the_two_commits() {
         tidemark_at(T0 + HOUR)
             .arg("run")
             .arg(d.join("ingest.yml"))
-            .env("TIDEMARK_FAILPOINTS", "ingest.after_bronze=abort"),
+            .env(
+                "TIDEMARK_FAILPOINTS",
+                "ingest.incremental.committed_target=abort",
+            ),
     );
     assert_ne!(crashed.code, 0, "{}", crashed.stderr);
     let bronze_version = version(&d.join("lake/bronze")).await;

@@ -452,7 +452,10 @@ async fn an_injected_retryable_failure_is_retried_and_recorded_with_trigger_retr
     let bundle = write_bundle(d, TWO_TASKS);
     let out = exec(
         tidemark(NOW)
-            .env("TIDEMARK_FAILPOINTS", "full_reload.after_read=error*1")
+            .env(
+                "TIDEMARK_FAILPOINTS",
+                "cdc_merge.full_reload.after_read=error*1",
+            )
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
     );
@@ -542,7 +545,10 @@ async fn a_task_over_its_timeout_is_timed_out_and_not_retried_without_retry_on_t
     );
     let out = exec(
         tidemark(NOW)
-            .env("TIDEMARK_FAILPOINTS", "full_reload.after_read=sleep(2500)")
+            .env(
+                "TIDEMARK_FAILPOINTS",
+                "cdc_merge.full_reload.after_read=sleep(2500)",
+            )
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
     );

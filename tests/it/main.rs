@@ -12,6 +12,7 @@ mod bundle_vars;
 mod cdf;
 mod cli;
 mod commit_facts;
+mod contract;
 mod deletion_vectors;
 mod dimension;
 mod expectations;

@@ -11,8 +11,10 @@ use common::*;
 use proptest::prelude::*;
 use tidemark::clock::FixedClock;
 use tidemark::config::{Pipeline, Vars};
+use tidemark::merge::MergeCounters;
+use tidemark::pipeline::run;
 use tidemark::report::RunSummary;
-use tidemark::run::{run, Engine, RunOptions};
+use tidemark::run::{Engine, RunOptions};
 
 /// What to do after a batch lands.
 #[derive(Debug, Clone, Copy)]
@@ -222,7 +224,8 @@ async fn check_scenario(
         ids.dedup();
         prop_assert_eq!(ids.len(), actual.len(), "duplicate keys in the target");
         let wm = summary
-            .merge()
+            .counters
+            .get::<MergeCounters>()
             .and_then(|c| c.watermark_after)
             .map(|t| t.timestamp_micros());
         prop_assert!(
@@ -394,7 +397,7 @@ async fn restore_then_incremental_converges() {
         let s = run_once(&pipeline, T0 + (i as i64 + 1) * HOUR, false).await;
         if i > 0 {
             assert_eq!(
-                s.merge().map(|c| c.num_late_rows),
+                s.counters.get::<MergeCounters>().map(|c| c.num_late_rows),
                 Some(1),
                 "{}",
                 s.to_json()

@@ -228,7 +228,7 @@ async fn incremental_runs_on_s3_converge_commit_once_and_never_print_secrets() {
         &server,
         &p,
         now,
-        Some(&pause.at("incremental.before_commit")),
+        Some(&pause.at("cdc_merge.incremental.before_commit")),
     )
     .stderr(std::fs::File::create(&slow_log).expect("log file"))
     .spawn()

@@ -94,7 +94,10 @@ async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
 
     let pause = Pause::new();
     let child = tidemark(NOW)
-        .env("TIDEMARK_FAILPOINTS", pause.at("incremental.before_commit"))
+        .env(
+            "TIDEMARK_FAILPOINTS",
+            pause.at("cdc_merge.incremental.before_commit"),
+        )
         .args(["job", "run", "j", "--output", "json", "--bundle"])
         .arg(&bundle)
         .stdout(Stdio::piped())
@@ -165,7 +168,10 @@ async fn a_stopped_run_exits_by_its_signal_and_leaves_no_spill_files() {
     for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
         let pause = Pause::new();
         let child = tidemark(NOW)
-            .env("TIDEMARK_FAILPOINTS", pause.at("full_reload.after_read"))
+            .env(
+                "TIDEMARK_FAILPOINTS",
+                pause.at("cdc_merge.full_reload.after_read"),
+            )
             .arg("run")
             .arg(&p)
             .args(["--full-reload", "--memory-limit", "64MiB", "--spill-dir"])

@@ -69,8 +69,8 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
     let var = format!("lake={}", lake.display());
     // With two threads a failure in one partition's sort used to leave the others' files.
     for (failpoint, threads) in [
-        ("full_reload.after_write=error", "1"),
-        ("full_reload.after_write=panic", "1"),
+        ("cdc_merge.full_reload.after_write=error", "1"),
+        ("cdc_merge.full_reload.after_write=panic", "1"),
         ("spill.write=enospc", "2"),
     ] {
         let out = output(
@@ -109,7 +109,10 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
     .expect("write");
     let out = output(
         tidemark()
-            .env("TIDEMARK_FAILPOINTS", "full_reload.after_write=error")
+            .env(
+                "TIDEMARK_FAILPOINTS",
+                "cdc_merge.full_reload.after_write=error",
+            )
             .args(["job", "run", "reload", "--output", "json", "--bundle"])
             .arg(&bundle),
     );
@@ -149,7 +152,10 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
 
     let out = output(
         tidemark()
-            .env("TIDEMARK_FAILPOINTS", "full_reload.after_read=error")
+            .env(
+                "TIDEMARK_FAILPOINTS",
+                "cdc_merge.full_reload.after_read=error",
+            )
             .arg("run")
             .arg(payments_pipeline())
             .args([

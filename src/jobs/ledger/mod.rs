@@ -28,7 +28,7 @@ use columns::{from_batch, strings, times, to_batch};
 
 use super::JobsError;
 use crate::lake;
-use crate::report::{Counters, RunSummary};
+use crate::report::RunSummary;
 use crate::run::Engine;
 
 /// What started an attempt.
@@ -164,38 +164,21 @@ impl LedgerRow {
         self.target_version = s.target_version.and_then(n);
         self.num_source_rows_read = n(s.num_source_rows_read);
         self.num_quarantined = n(s.num_quarantined);
-        match &s.counters {
-            Counters::Merge(c) => {
-                self.watermark_before = c.watermark_before;
-                self.watermark_after = c.watermark_after;
-                self.num_inserted = n(c.num_inserted);
-                self.num_updated = n(c.num_updated);
-                self.num_deleted = n(c.num_deleted);
-                self.num_unchanged = n(c.num_unchanged);
-                self.num_deferred = n(c.num_deferred);
-                self.num_late_rows = n(c.num_late_rows);
-                self.num_conflicts = n(c.num_conflicts);
-                self.num_superseded = n(c.num_superseded);
-                self.num_duplicates = n(c.num_duplicates);
-                if !c.expectations.is_empty() {
-                    self.expectations = serde_json::to_string(&c.expectations).ok();
-                }
-            }
-            // Rows appended are the ingest's inserts.
-            Counters::Ingest(c) => {
-                self.num_inserted = n(c.num_rows_written);
-                (self.num_updated, self.num_deleted) = (Some(0), Some(0));
-            }
-            // The rows of the days it replaced are an aggregate's writes.
-            Counters::Aggregate(c) => {
-                self.num_inserted = n(c.num_rows_written);
-            }
-            // The changed keys' rows: those written replace those before.
-            Counters::Dimension(c) => {
-                self.num_inserted = n(c.num_rows_after);
-                self.num_deleted = n(c.num_rows_before);
-                self.num_updated = n(c.num_keys_changed);
-            }
+        let c = s.counters.inner().ledger();
+        let m = |v: Option<u64>| v.and_then(n);
+        self.watermark_before = c.watermark_before;
+        self.watermark_after = c.watermark_after;
+        self.num_inserted = m(c.inserted);
+        self.num_updated = m(c.updated);
+        self.num_deleted = m(c.deleted);
+        self.num_unchanged = m(c.unchanged);
+        self.num_deferred = m(c.deferred);
+        self.num_late_rows = m(c.late_rows);
+        self.num_conflicts = m(c.conflicts);
+        self.num_superseded = m(c.superseded);
+        self.num_duplicates = m(c.duplicates);
+        if !c.expectations.is_empty() {
+            self.expectations = serde_json::to_string(&c.expectations).ok();
         }
         self
     }

@@ -48,11 +48,11 @@ use prune::{
 
 use super::decide::{self, Verdict};
 use crate::config::pipeline::{Apply, DELETED_COLUMN};
+use crate::keyed::dedup::{EncodedBatch, RowEncoders};
+use crate::keyed::roles::ColumnRoles;
 use crate::lake::datafile::{DataFile, FastPath, NewFile};
 use crate::lake::storage::cast_to;
-use crate::run::dedup::{EncodedBatch, RowEncoders};
 use crate::run::render::render_key;
-use crate::run::roles::ColumnRoles;
 use crate::run::{Phase, RunError};
 
 /// Files probed, rewritten or marked at the same time, at least (each holds one target file and

@@ -392,7 +392,7 @@ where
 /// winners can feed a Delta write as a streaming plan. Counts are readable after the stream ends.
 pub struct DedupPartition {
     schema: SchemaRef,
-    input: super::once::Once<(SendableRecordBatchStream, Deduper)>,
+    input: crate::run::once::Once<(SendableRecordBatchStream, Deduper)>,
     counts: Arc<Mutex<DedupCounts>>,
     input_error: InputError,
 }
@@ -425,7 +425,7 @@ impl DedupPartition {
     ) -> Result<Self, ArrowError> {
         Ok(DedupPartition {
             schema: Arc::new(crate::lake::storage::plain_schema(&input.schema())),
-            input: super::once::Once::new((input, Deduper::new(roles)?)),
+            input: crate::run::once::Once::new((input, Deduper::new(roles)?)),
             counts,
             input_error,
         })

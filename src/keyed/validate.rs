@@ -6,10 +6,23 @@ use datafusion::logical_expr::{lit, when, Expr};
 use datafusion::prelude::{ident, DataFrame};
 
 use super::roles::{timestamp_lit, ColumnRoles};
-use super::{Phase, RunError};
+use crate::run::quarantine::{rejection, REASON_COLUMN};
+use crate::run::{Phase, RunError};
 
-/// Column the quarantine table adds: why the row was rejected.
-pub const REASON_COLUMN: &str = "_quarantine_reason";
+/// The rule name of a row rejected because it would bring back a key whose tombstone
+/// `maintain` removed, at or before that key's delete.
+pub const RESURRECTION: &str = "deleted_key_resurrection";
+
+/// What bounded tombstones add to validation (built by the merge that knows which tombstones
+/// were removed): the conditions over a helper column the source rows were annotated with.
+pub struct Guard {
+    /// A live version at or before its key's removed delete: rejected.
+    pub resurrected: Expr,
+    /// A delete record at or before its key's removed delete: already applied, skipped.
+    pub superseded: Expr,
+    /// The helper column to drop from the rows that go on.
+    pub column: &'static str,
+}
 
 /// The three ways out of validation.
 pub struct Split {
@@ -73,26 +86,6 @@ impl Split {
     }
 }
 
-/// Whether a row fails any of `rules` (condition, reason), and the reason of the first it
-/// fails (what the quarantine's `_quarantine_reason` says).
-pub fn rejection(
-    rules: &[(Expr, String)],
-) -> Result<(Expr, Expr), datafusion::error::DataFusionError> {
-    let any = rules
-        .iter()
-        .map(|(e, _)| e.clone())
-        .reduce(Expr::or)
-        .unwrap_or_else(|| lit(false));
-    let Some(((first, text), rest)) = rules.split_first() else {
-        return Ok((any, lit("invalid row")));
-    };
-    let mut reason = when(first.clone(), lit(text.clone()));
-    for (cond, text) in rest {
-        reason = reason.when(cond.clone(), lit(text.clone()));
-    }
-    Ok((any, reason.otherwise(lit("invalid row"))?))
-}
-
 /// The latest sequence value (µs) a run starting at `now` merges: later rows are deferred.
 pub fn due_micros(now: DateTime<Utc>, max_future_skew: std::time::Duration) -> i64 {
     let skew = i64::try_from(max_future_skew.as_micros()).unwrap_or(i64::MAX);
@@ -108,16 +101,13 @@ pub fn split(
     seq_type: &DataType,
     due_micros: i64,
     rules: &[super::expect::Compiled],
-    guard: Option<&crate::merge::tombstones::Guard>,
+    guard: Option<&Guard>,
 ) -> Result<Split, RunError> {
     let q = RunError::query;
     let mut nulls = super::expect::built_in(roles);
     let seq = roles.sequence();
     if let Some(g) = guard {
-        nulls.push((
-            g.resurrected.clone(),
-            crate::merge::tombstones::RESURRECTION.to_string(),
-        ));
+        nulls.push((g.resurrected.clone(), RESURRECTION.to_string()));
     }
     nulls.extend(
         rules

@@ -4,13 +4,12 @@
 use arrow::datatypes::DataType;
 use datafusion::logical_expr::{lit, not, Expr, ExprSchemable};
 use datafusion::prelude::{coalesce, DataFrame};
-use serde::Serialize;
 
 use super::roles::ColumnRoles;
-use super::{Phase, RunError};
 use crate::config::pipeline::expect::Expectation;
 pub use crate::config::pipeline::expect::{OnFail, BUILT_IN};
 use crate::config::Pipeline;
+use crate::run::{Phase, RunError};
 
 /// A rule ready to evaluate: `fails` is true for a failing row (a NULL result fails).
 #[derive(Debug, Clone)]
@@ -21,14 +20,7 @@ pub struct Compiled {
     pub fails: Expr,
 }
 
-/// What a rule found in a run's rows.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Outcome {
-    pub name: String,
-    pub on_fail: &'static str,
-    /// Rows read by the run that failed the rule.
-    pub failed: u64,
-}
+pub use crate::report::ExpectationOutcome as Outcome;
 
 /// The report of rules some of which (`streamed`, by name) are counted inside the write's
 /// stream ([`super::tally`]): `base` with their counts filled in from the tally.
@@ -201,7 +193,7 @@ pub async fn enforce(
         let examples: Vec<String> = rows
             .iter()
             .flat_map(|b| {
-                (0..b.num_rows()).map(move |i| super::render::render_key(b, &roles.keys, i))
+                (0..b.num_rows()).map(move |i| crate::run::render::render_key(b, &roles.keys, i))
             })
             .collect();
         return Err(RunError::ExpectationFailed {

@@ -1,0 +1,92 @@
+//! What an `ingest` counts, and how its counters read in the summary, the facts and the ledger.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::report::{fmt_time, rfc3339_opt, CounterText, LedgerCounts, RunSummary};
+
+/// What an `ingest` run counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct IngestCounters {
+    /// The run's `_ingested_at` (one per run, milliseconds).
+    #[serde(serialize_with = "rfc3339_opt")]
+    pub ingested_at: Option<DateTime<Utc>>,
+    /// Landing files matching the glob.
+    pub num_files_listed: u64,
+    /// Files this run read and recorded.
+    pub num_files_ingested: u64,
+    /// Files already ingested, unchanged: not read again.
+    pub num_files_skipped: u64,
+    /// Files ingested before that changed since (re-ingested with `on_file_change: reingest`).
+    pub num_files_changed: u64,
+    /// New files left for the next run by `max_files_per_run` / `max_bytes_per_run`, or still
+    /// being written.
+    pub num_files_pending: u64,
+    /// New files byte-identical to files already ingested: recorded, their rows not appended.
+    pub num_files_duplicate: u64,
+    pub num_bytes_read: u64,
+    /// Rows appended to bronze (records read minus those quarantined).
+    pub num_rows_written: u64,
+    /// Rows with fields kept in `_rescued_data`.
+    pub num_rescued: u64,
+    /// Columns this run added to bronze (`on_schema_change: add_new_columns`).
+    pub columns_added: Vec<String>,
+}
+
+impl CounterText for IngestCounters {
+    fn lines(&self, s: &RunSummary) -> Vec<(&'static str, String)> {
+        let c = self;
+        let mut rows = vec![
+            ("landing", s.source_uri.clone()),
+            (
+                "landing files",
+                format!(
+                    "{} listed: {} ingested, {} already ingested, {} left for the next run",
+                    c.num_files_listed,
+                    c.num_files_ingested,
+                    c.num_files_skipped,
+                    c.num_files_pending
+                ),
+            ),
+        ];
+        if c.num_files_ingested > 0 || s.target_version.is_some() {
+            rows.extend([
+                ("ingested at", fmt_time(&c.ingested_at)),
+                ("bytes read", c.num_bytes_read.to_string()),
+                ("records read", s.num_source_rows_read.to_string()),
+                ("quarantined", s.quarantined_text()),
+                ("rows written", c.num_rows_written.to_string()),
+            ]);
+        }
+        if c.num_files_duplicate > 0 {
+            rows.push(("re-delivered copies", c.num_files_duplicate.to_string()));
+        }
+        if c.num_files_changed > 0 {
+            rows.push(("changed files", c.num_files_changed.to_string()));
+        }
+        if c.num_rescued > 0 {
+            rows.push(("rescued", c.num_rescued.to_string()));
+        }
+        if !c.columns_added.is_empty() {
+            rows.push(("columns added", c.columns_added.join(", ")));
+        }
+        if s.target_version.is_some() {
+            rows.push(("files added/removed", s.files_text()));
+        }
+        rows
+    }
+
+    fn no_commit(&self, _s: &RunSummary) -> String {
+        "no new landing files: no commit".to_string()
+    }
+
+    /// Rows appended are the ingest's inserts.
+    fn ledger(&self) -> LedgerCounts {
+        LedgerCounts {
+            inserted: Some(self.num_rows_written),
+            updated: Some(0),
+            deleted: Some(0),
+            ..LedgerCounts::default()
+        }
+    }
+}
