@@ -3,6 +3,8 @@
 //! serde_yaml reports positions only for syntax and shape errors; semantic errors found after
 //! parsing (a column missing from the source, a bad duration) are located by searching the text.
 
+use std::path::{Component, Path, PathBuf};
+
 /// 1-based line of the first non-comment line that defines `key:` (at any indentation, also
 /// inside a flow mapping like `source: { uri: ... }`). Falls back to line 1.
 pub fn line_of_key(text: &str, key: &str) -> usize {
@@ -124,6 +126,32 @@ pub fn explain_serde_message(message: &str) -> String {
             out.push_str(&format!("; valid keys here: {}", expected.join(", ")))
         }
         (None, None) => {}
+    }
+    out
+}
+
+/// Removes `.` and `..` components lexically, so messages show `pipelines/x.yml`, not
+/// `bundle/resources/../../pipelines/x.yml`.
+pub fn normalize(path: &Path) -> PathBuf {
+    let mut out = PathBuf::new();
+    for c in path.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                let last = out.components().next_back();
+                match last {
+                    Some(Component::Normal(_)) => {
+                        out.pop();
+                    }
+                    Some(Component::RootDir) => {}
+                    _ => out.push(".."),
+                }
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    if out.as_os_str().is_empty() {
+        out.push(".");
     }
     out
 }

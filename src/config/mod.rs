@@ -6,9 +6,10 @@
 
 pub mod bundle;
 mod error;
-mod location;
+pub mod location;
 pub mod pipeline;
 pub mod schedule;
+pub mod size;
 pub mod vars;
 
 pub use bundle::{Bundle, BundleError, Diagnostic};

@@ -40,7 +40,7 @@ fn warn_if_elsewhere(location: &str, root: &Path, resolved: &Path) {
     let Ok(cwd) = std::env::current_dir() else {
         return;
     };
-    let here = crate::config::bundle::normalize(&cwd.join(location));
+    let here = crate::config::location::normalize(&cwd.join(location));
     if here != resolved && here.exists() && !resolved.exists() {
         tracing::warn!(
             "`{location}` is a relative location: in the bundle it is {} (relative to the bundle root {}), which does not exist, while {} (relative to the working directory, where `tidemark run` without the bundle reads it) does. Write it as an absolute path or as `${{var.lake}}/…`, so the job and the run read the same table",
@@ -100,7 +100,7 @@ impl Vars {
     pub fn locate(&self, location: &str) -> String {
         match self.bundle_root() {
             Some(root) if is_relative_path(location) => {
-                let resolved = crate::config::bundle::normalize(&root.join(location));
+                let resolved = crate::config::location::normalize(&root.join(location));
                 warn_if_elsewhere(location, root, &resolved);
                 resolved.display().to_string()
             }
@@ -204,7 +204,7 @@ pub fn relative_to(value: &str, base: &Path) -> String {
     let v = value.trim();
     let dotted = v == "." || v == ".." || v.starts_with("./") || v.starts_with("../");
     if dotted {
-        crate::config::bundle::normalize(&base.join(v))
+        crate::config::location::normalize(&base.join(v))
             .display()
             .to_string()
     } else {

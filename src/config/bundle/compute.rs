@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use serde::Serialize;
 
 use super::raw::{RawCompute, Scalar};
-use crate::config::pipeline::parse_size;
+use crate::config::size::parse_size;
 
 /// Most worker threads a job cluster may ask for.
 pub const MAX_WORKER_THREADS: usize = 1024;

@@ -1,7 +1,7 @@
 //! What the bundle loader and the job checks share: a file with its text (for locating keys),
 //! the problems collected so far, and lexical path normalization.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use super::{BundleError, Diagnostic};
 use crate::config::location::explain_serde_message;
@@ -58,28 +58,4 @@ impl Diags {
     }
 }
 
-/// Removes `.` and `..` components lexically, so messages show `pipelines/x.yml`, not
-/// `bundle/resources/../../pipelines/x.yml`.
-pub fn normalize(path: &Path) -> PathBuf {
-    let mut out = PathBuf::new();
-    for c in path.components() {
-        match c {
-            Component::CurDir => {}
-            Component::ParentDir => {
-                let last = out.components().next_back();
-                match last {
-                    Some(Component::Normal(_)) => {
-                        out.pop();
-                    }
-                    Some(Component::RootDir) => {}
-                    _ => out.push(".."),
-                }
-            }
-            other => out.push(other.as_os_str()),
-        }
-    }
-    if out.as_os_str().is_empty() {
-        out.push(".");
-    }
-    out
-}
+pub use crate::config::location::normalize;
