@@ -7,7 +7,7 @@ use std::str::FromStr;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use super::build::{overlapping, Ctx};
+use super::common::{overlapping, Ctx};
 use super::expect::parse_expression;
 use crate::config::{ConfigError, Vars};
 

@@ -1,108 +1,17 @@
 //! Validation: a raw pipeline file becomes a [`Pipeline`], or an error naming the file, the line
 //! and the key.
 
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
+use super::common::{overlapping, Ctx};
 use super::raw::{Kind, RawCdcMerge, RawPipeline, RawReconcile, RawTag};
 use super::{
     CdcMerge, DeleteMode, Deletes, Pipeline, Quarantine, ReconcileSpec, Spec,
     DEFAULT_MAX_FUTURE_SKEW, DEFAULT_TARGET_FILE_SIZE,
 };
-use crate::config::location::{
-    explain_serde_message, line_of_key, line_of_text, lines_of_key, nearest,
-};
+use crate::config::location::{explain_serde_message, lines_of_key, nearest};
+use crate::config::size::parse_bytes;
 use crate::config::{ConfigError, Vars};
 
-thread_local! {
-    /// The pipeline files being loaded because another one names them (`infer_from`,
-    /// `lookups`): a file met again refers back to itself.
-    static REFERRING: std::cell::RefCell<Vec<PathBuf>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-pub(super) struct Ctx<'a> {
-    pub(super) path: &'a Path,
-    pub(super) text: &'a str,
-}
-
 impl Ctx<'_> {
-    pub(super) fn invalid(&self, key: &str, message: impl Into<String>) -> ConfigError {
-        ConfigError::Invalid {
-            path: self.path.to_path_buf(),
-            line: line_of_key(self.text, key),
-            message: message.into(),
-        }
-    }
-
-    /// Loads the pipeline `file` that this one names at `key`; refuses one that leads back to
-    /// this file (directly or through the pipelines it names in turn).
-    pub(super) fn load_referenced(
-        &self,
-        file: &Path,
-        vars: &Vars,
-        key: &str,
-    ) -> Result<Pipeline, ConfigError> {
-        let canon = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
-        let (me, other) = (canon(self.path), canon(file));
-        let back = other == me || REFERRING.with(|r| r.borrow().contains(&other));
-        if back {
-            return Err(self.invalid(
-                key,
-                format!(
-                    "`{key}` names {}, which leads back to this pipeline ({}): a pipeline cannot read a table that depends on its own; name the facts table (e.g. the payments pipeline) or the dimension itself",
-                    file.display(),
-                    self.path.display()
-                ),
-            ));
-        }
-        REFERRING.with(|r| r.borrow_mut().push(me));
-        let loaded = Pipeline::load(file, vars);
-        REFERRING.with(|r| {
-            r.borrow_mut().pop();
-        });
-        loaded
-    }
-
-    pub(super) fn substitute(
-        &self,
-        key: &str,
-        value: &str,
-        vars: &Vars,
-    ) -> Result<String, ConfigError> {
-        let out = vars
-            .substitute(value)
-            .map_err(|u| ConfigError::Unresolved {
-                path: self.path.to_path_buf(),
-                line: line_of_text(self.text, &u.reference),
-                key: key.to_string(),
-                reference: u.reference,
-                how: u.how,
-            })?;
-        if out.trim().is_empty() {
-            return Err(self.invalid(
-                key.rsplit('.').next().unwrap_or(key),
-                format!("`{key}` is empty; give a table path or URI"),
-            ));
-        }
-        Ok(vars.locate(&out))
-    }
-
-    pub(super) fn duration(&self, key: &str, value: &str) -> Result<Duration, ConfigError> {
-        let v = value.trim();
-        if v.starts_with('-') {
-            return Err(self.invalid(
-                key,
-                format!("`{key}: {value}` is negative; use a duration of zero or more, like 15m"),
-            ));
-        }
-        humantime::parse_duration(v).map_err(|e| {
-            self.invalid(
-                key,
-                format!("`{key}: {value}` is not a duration ({e}); write it like 15m, 2h or 1h30m"),
-            )
-        })
-    }
-
     /// The `reconcile:` block with its default (day = the sequence column, nothing else). Its
     /// columns are checked against the source schema with the pipeline's other columns.
     fn reconcile(
@@ -393,45 +302,4 @@ impl Ctx<'_> {
             expectations,
         })
     }
-
-    /// An error at the line where `fragment` is written (an expectation's name or SQL).
-    pub(super) fn invalid_at_text(
-        &self,
-        fragment: &str,
-        message: impl Into<String>,
-    ) -> ConfigError {
-        ConfigError::Invalid {
-            path: self.path.to_path_buf(),
-            line: line_of_text(self.text, fragment),
-            message: message.into(),
-        }
-    }
 }
-
-/// Whether two table URIs name the same location or one lies inside the other (compared by path
-/// components, after `file://` is dropped and local paths are made absolute).
-pub(super) fn overlapping(a: &str, b: &str) -> bool {
-    fn normal(uri: &str) -> PathBuf {
-        let s = uri.strip_prefix("file://").unwrap_or(uri);
-        let p = if s.contains("://") {
-            PathBuf::from(s)
-        } else {
-            std::path::absolute(s).unwrap_or_else(|_| PathBuf::from(s))
-        };
-        let mut out = PathBuf::new();
-        for c in p.components() {
-            match c {
-                std::path::Component::CurDir => {}
-                std::path::Component::ParentDir => {
-                    out.pop();
-                }
-                other => out.push(other),
-            }
-        }
-        out
-    }
-    let (a, b) = (normal(a), normal(b));
-    a.starts_with(&b) || b.starts_with(&a)
-}
-
-pub use crate::config::size::{parse_bytes, parse_size};

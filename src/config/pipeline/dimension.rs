@@ -4,8 +4,7 @@
 
 use serde::Deserialize;
 
-use super::build::{overlapping, Ctx};
-use super::raw::{RawColumns, RawQuarantine, RawSource};
+use super::common::{overlapping, Ctx, RawColumns, RawQuarantine, RawSource};
 use super::Quarantine;
 use crate::config::{ConfigError, Vars};
 

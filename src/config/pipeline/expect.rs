@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use super::build::Ctx;
+use super::common::Ctx;
 use crate::config::ConfigError;
 
 /// What a row failing an expectation does. A NULL result is a failure.

@@ -4,9 +4,9 @@
 
 use serde::Deserialize;
 
-use super::build::{overlapping, parse_size, Ctx};
-use super::raw::RawQuarantine;
+use super::common::{overlapping, Ctx, RawQuarantine};
 use super::{Quarantine, SchemaChange};
+use crate::config::size::parse_size;
 use crate::config::{ConfigError, Vars};
 
 /// Column tidemark adds to every ingested row: when the run that committed it ran (one value

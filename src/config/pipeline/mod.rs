@@ -6,6 +6,7 @@
 
 pub mod aggregate;
 mod build;
+mod common;
 pub mod dimension;
 pub mod expect;
 pub mod ingest;
@@ -16,8 +17,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub use crate::config::size::{parse_bytes, parse_size};
 pub use aggregate::Aggregate;
-pub use build::{parse_bytes, parse_size};
 pub use dimension::Dimension;
 pub use ingest::Ingest;
 pub use raw::Kind;
@@ -230,7 +231,7 @@ impl Pipeline {
 
     /// Parses pipeline text; `path` is only used in messages.
     pub fn parse(path: &Path, text: &str, vars: &Vars) -> Result<Self, ConfigError> {
-        build::Ctx { path, text }.pipeline(vars)
+        common::Ctx { path, text }.pipeline(vars)
     }
 
     /// An error located at `key` in this pipeline's file.
@@ -402,7 +403,7 @@ pub fn resolve_pipeline_path(
 
 #[cfg(test)]
 mod tests {
-    use super::build::overlapping;
+    use super::common::overlapping;
     use super::*;
 
     /// The merge settings of a `cdc_merge` pipeline.

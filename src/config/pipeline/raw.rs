@@ -7,7 +7,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{DeleteMode, SchemaChange, SourceRecreate};
+pub(super) use super::common::{RawColumns, RawQuarantine, RawSource};
+use super::{DeleteMode, SchemaChange};
 
 /// The kinds of pipeline tidemark runs: `kind:` in a pipeline file names one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -107,14 +108,6 @@ pub(super) struct RawCdcMerge {
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct RawSource {
-    pub(super) uri: String,
-    #[serde(default)]
-    pub(super) on_recreate: SourceRecreate,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 pub(super) struct RawTarget {
     pub(super) uri: String,
     pub(super) file_size: Option<String>,
@@ -138,21 +131,6 @@ pub(super) struct RawDeletes {
     /// Where the removed tombstones' keys are recorded (default: beside the target).
     #[serde(default)]
     pub(super) removed_keys: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawColumns {
-    #[serde(default)]
-    pub(super) exclude: Vec<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawQuarantine {
-    pub(super) uri: String,
-    pub(super) max_rows: Option<u64>,
-    pub(super) max_fraction: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
