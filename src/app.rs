@@ -1,5 +1,5 @@
 //! One function per command. Each returns what goes to stdout; errors carry their class.
-//! The bundle and job commands live in [`jobs_commands`].
+//! The bundle and job commands live in `app/jobs_commands.rs`.
 
 mod changes_command;
 mod demo;
@@ -329,7 +329,7 @@ fn table_or_pipeline_target(name: &str, from: &PipelineVars) -> Result<String, A
 /// The compute `tidemark run` was given on its command line (the same settings a bundle's
 /// `job_clusters` declare).
 fn run_engine(args: &RunArgs) -> Result<Engine, AppError> {
-    use crate::config::bundle::{MAX_MEMORY_LIMIT, MAX_WORKER_THREADS, MIN_MEMORY_LIMIT};
+    use crate::config::bundle::MAX_WORKER_THREADS;
     if args.threads.is_none() && args.memory_limit.is_none() && args.spill_dir.is_none() {
         return Ok(Engine::default());
     }
@@ -340,19 +340,15 @@ fn run_engine(args: &RunArgs) -> Result<Engine, AppError> {
             )));
         }
     }
+    // (the rule a bundle's `memory_limit:` follows, quoted as the flag)
     let memory_limit = match &args.memory_limit {
-        Some(text) => {
-            let bytes = crate::config::pipeline::parse_size(text)
-                .filter(|b| (MIN_MEMORY_LIMIT..=MAX_MEMORY_LIMIT).contains(b))
-                .ok_or_else(|| {
-                    AppError::Usage(format!(
-                        "--memory-limit {text:?} is not a size between {} and {}; write it like 1536MiB or 4GiB",
-                        crate::report::size(MIN_MEMORY_LIMIT),
-                        crate::report::size(MAX_MEMORY_LIMIT)
-                    ))
-                })?;
-            Some(bytes)
-        }
+        Some(text) => Some(
+            crate::config::bundle::compute::memory(
+                &format!("`--memory-limit {}`", text.trim()),
+                text,
+            )
+            .map_err(AppError::Usage)?,
+        ),
         None => None,
     };
     let compute = crate::config::bundle::Compute {

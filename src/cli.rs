@@ -152,7 +152,7 @@ pub struct BundleSelect {
     /// The target (default: the one marked `default: true`).
     #[arg(long, short = 't')]
     pub target: Option<String>,
-    /// Set a bundle variable (repeatable); wins over BUNDLE_VAR_<NAME>, the target and the default.
+    /// Set a bundle variable (repeatable); wins over `BUNDLE_VAR_<NAME>`, the target and the default.
     #[arg(long = "var", value_name = "NAME=VALUE")]
     pub vars: Vec<String>,
 }

@@ -1,12 +1,24 @@
-//! tidemark keeps Delta Lake tables of payments current from a stream of change records:
-//! an hourly incremental merge that is safe to rerun and never loses a late row, and a
-//! full reload for recovery.
+//! tidemark keeps payments tables in Delta Lake current every hour, and the numbers built on
+//! them honest when data arrives late: landing files → bronze (`ingest`, with the arrival
+//! clock) → silver (`cdc_merge`; `dimension` beside it) → gold (`aggregate`: days restated,
+//! finality, adjustments), with `lateness` measuring how late the data really runs.
 //!
-//! Data flows one way: [`config`] (YAML → validated types) → [`run`] (plan, read, validate,
-//! dedup, compare, commit) over [`lake`] (Delta access) → [`report`] (the run summary).
-//! [`jobs`] decides *when* runs happen (bundle jobs, the scheduler, leases, the run ledger) and
-//! calls the same [`run::run`] entry point.
-//! [`app`] has one function per command; `main.rs` only parses and maps errors to exit codes.
+//! The house, from the ground up (each room imports only rooms below it):
+//! - ground: [`error`] (classes and exit codes), [`clock`], [`phase`], [`host`],
+//!   [`failpoint`], [`signal`];
+//! - [`config`]: YAML files → validated settings, one file per kind;
+//! - [`lake`]: Delta access (logs, statistics, `txn` records, restore, maintenance, sessions);
+//! - [`report`]: the run summary's header, and the trait a kind's counters implement;
+//! - [`run`]: the toolkit every kind stands on — the attempt harness and the kind contract
+//!   ([`run::RunKind`], written once in [`mod@run::attempt`]), the engine session, quarantine,
+//!   definitions, errors;
+//! - [`keyed`]: the newest-per-key stages `cdc_merge` and `reconcile` share;
+//! - the kinds, side by side, none importing another: [`ingest`], [`merge`] (`cdc_merge`),
+//!   [`dimension`], [`aggregate`];
+//! - [`pipeline`]: the one entry point that picks a kind and replans a lost race;
+//! - [`jobs`] (when runs happen), [`reconcile`], [`lateness`], [`generate`];
+//! - [`app`] (one function per command), [`cli`], [`logging`]; `main.rs` only parses and maps
+//!   errors to exit codes.
 
 pub mod aggregate;
 pub mod app;

@@ -1,4 +1,4 @@
-//! The merchants' change records: the dimension feed of the generated world (issue 15).
+//! The merchants' change records: the dimension feed of the generated world.
 //!
 //! Every merchant the payments name (`mch_000000` …) has a first record, most of them long before
 //! the payments start; one in ten is **onboarded during** the payments' range and its record

@@ -1,6 +1,7 @@
 //! Jobs: *when* pipeline runs happen, never how.
 //!
-//! - [`cron`]: Quartz schedules in a time zone, with one DST rule.
+//! - schedules (Quartz cron in a time zone, one DST rule) are parsed in
+//!   [`crate::config::schedule`].
 //! - [`lease`]: single flight per job across processes, kept in the lake.
 //! - [`ledger`]: the run ledger, a Delta table with one row per task attempt.
 //! - [`runner`]: one run of a job — tasks in dependency order, retries, timeouts — each task

@@ -1,7 +1,7 @@
 //! The scheduler: decides *when* each unpaused job runs; the [`Executor`] decides how.
 //!
 //! - Each job fires at its Quartz schedule's instants in its `timezone_id` (DST rule in
-//!   [`super::cron`]).
+//!   [`crate::config::schedule`]).
 //! - At start it reads, per job, the last fire time the ledger recorded. If a fire was missed
 //!   while the scheduler was down, `catch_up: latest` (the default) runs the latest missed fire
 //!   once, as soon as it starts; `catch_up: none` only logs it. The same applies when the process

@@ -213,7 +213,7 @@ impl DataFile {
     }
 
     /// The named columns of the given row groups, in the order given. Their column chunks are
-    /// fetched in few concurrent requests and kept ([`super::ranges`]): on an object store
+    /// fetched in few concurrent requests and kept (`lake/ranges.rs`): on an object store
     /// each request mostly waits, and a later read of the same row groups finds them here.
     pub async fn read(
         &self,

@@ -1,8 +1,10 @@
-//! Delta access: opening tables, reading the log's statistics and commit entries, and the
-//! metadata tidemark writes into its own commits.
+//! Delta access, knowing no kind and no config: opening tables, reading the log's statistics,
+//! commit entries and `txn` records, the metadata tidemark writes into its own commits, restore
+//! and maintenance, and the sessions tables are scanned with ([`session`]).
 //!
-//! Everything here reads the Delta log; data files are only read through DataFusion scans that
-//! the `run` module plans.
+//! Most data is read through DataFusion scans the kinds plan; a few operations read or write
+//! data files directly where the log tells exactly which ones: copy-on-write's footers
+//! ([`datafile`]), deletion vectors ([`dv`]) and key replacement ([`replace_keys`]).
 
 pub mod change_file;
 mod compact;

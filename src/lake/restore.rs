@@ -36,7 +36,7 @@ pub struct RestoreOutcome {
 
 /// Restores `table` to `version` in one new commit. When the table keeps a change data feed,
 /// the commit carries the feed of what it changed (keyed by `keys`, when known: see
-/// [`super::restore_feed`]).
+/// `lake/restore_feed.rs`).
 pub async fn restore(
     table: DeltaTable,
     version: u64,

@@ -20,7 +20,7 @@
 //! with a null time are counted and left out of everything.
 //!
 //! How it stays one pass: each DataFusion partition of a projected scan is consumed by its own
-//! task into exact, bounded-memory counters ([`counts::Counts`]), merged at the end. The default
+//! task into exact, bounded-memory counters (`counts.rs`), merged at the end. The default
 //! `now` (the latest arrival) comes from the Delta log's statistics before the scan; they are
 //! truncated to the millisecond, so the few rows within 1 ms of the window's edges are kept
 //! aside and classified once the scan has found the exact latest arrival.

@@ -1,4 +1,4 @@
-//! The merge's rule for one key, in one place: the copy-on-write rewrite (`cow.rs`) and the
+//! The merge's rule for one key, in one place: the copy-on-write rewrite (`cow/`) and the
 //! MERGE path for schema evolution (`changes.rs`) both ask it, so they cannot disagree.
 
 use std::cmp::Ordering;

@@ -1,5 +1,5 @@
 //! The run toolkit every kind stands on, knowing no kind: the attempt harness and the kind
-//! contract ([`attempt`]), the engine session and its spill folder, phases and their timer,
+//! contract ([`mod@attempt`]), the engine session and its spill folder, phases and their timer,
 //! quarantine, the definition record, and the errors a run stops with.
 //!
 //! The dispatcher above the kinds (`crate::pipeline`) chooses the kind; each kind's folder

@@ -188,7 +188,7 @@ impl Engine {
     }
 
     /// DataFusion's partitions: the engine's threads, but no more than the memory pool gives
-    /// [`MEMORY_PER_PARTITION`] each. Under a small pool, several partitions each sorting (and
+    /// `MEMORY_PER_PARTITION` each. Under a small pool, several partitions each sorting (and
     /// spilling) their share, plus the merge of their outputs, ran out of memory where one
     /// partition streams through (measured: 272k–544k generated rows failed with 2 partitions in
     /// 16 and 64 MiB; one partition in 16 MiB, and 2 in 128 MiB, succeeded).

@@ -1,4 +1,4 @@
-//! Single-pipeline commands take their `${var.NAME}` values from the bundle (issue 10, item 11):
+//! Single-pipeline commands take their `${var.NAME}` values from the bundle:
 //! after `tidemark demo`, `tidemark run payments`, `reconcile payments`, `history payments` and
 //! `maintain payments` work as the README shows, without `--var`; `--target` picks the bundle
 //! target; `--var` still wins; a `--var` the pipeline never uses is refused.
@@ -7,20 +7,10 @@ use crate::common;
 
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
 use common::*;
 
 fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn tidemark(dir: &Path) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.current_dir(dir)
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
-    c
 }
 
 fn copy_dir(from: &Path, to: &Path) {
@@ -42,10 +32,10 @@ fn pipeline_commands_take_variables_from_the_bundle() {
     let d = dir.path();
     copy_dir(&root().join("bundle"), &d.join("bundle"));
     copy_dir(&root().join("pipelines"), &d.join("pipelines"));
-    let demo = exec(tidemark(d).arg("demo"));
+    let demo = exec(tidemark_from(d).arg("demo"));
     assert_eq!(demo.code, 0, "{}\n{}", demo.stdout, demo.stderr);
 
-    let run = exec(tidemark(d).args(["run", "payments", "--output", "json"]));
+    let run = exec(tidemark_from(d).args(["run", "payments", "--output", "json"]));
     assert_eq!(run.code, 0, "{}\n{}", run.stdout, run.stderr);
     let summary: serde_json::Value = serde_json::from_str(run.stdout.trim()).expect("json");
     assert!(
@@ -54,29 +44,29 @@ fn pipeline_commands_take_variables_from_the_bundle() {
             .is_some_and(|u| u.contains("lake/silver/payments")),
         "{summary}"
     );
-    let reconcile = exec(tidemark(d).args(["reconcile", "payments"]));
+    let reconcile = exec(tidemark_from(d).args(["reconcile", "payments"]));
     assert_eq!(
         reconcile.code, 0,
         "{}\n{}",
         reconcile.stdout, reconcile.stderr
     );
-    let history = exec(tidemark(d).args(["history", "payments", "--limit", "1"]));
+    let history = exec(tidemark_from(d).args(["history", "payments", "--limit", "1"]));
     assert_eq!(history.code, 0, "{}", history.stderr);
     assert!(history.stdout.contains("bootstrap"), "{}", history.stdout);
-    let maintain = exec(tidemark(d).args(["maintain", "payments", "--dry-run"]));
+    let maintain = exec(tidemark_from(d).args(["maintain", "payments", "--dry-run"]));
     assert_eq!(maintain.code, 0, "{}", maintain.stderr);
 
     // The local target explicitly; an unknown target is the bundle's error (78).
-    let local = exec(tidemark(d).args(["history", "payments", "--target", "local"]));
+    let local = exec(tidemark_from(d).args(["history", "payments", "--target", "local"]));
     assert_eq!(local.code, 0, "{}", local.stderr);
-    let unknown = exec(tidemark(d).args(["run", "payments", "--target", "nope"]));
+    let unknown = exec(tidemark_from(d).args(["run", "payments", "--target", "nope"]));
     assert_eq!(unknown.code, 78, "{}", unknown.stderr);
     assert!(unknown.stderr.contains("nope"), "{}", unknown.stderr);
 
     // --var wins over the bundle: a lake with no source is "not found" there.
     let elsewhere = d.join("elsewhere");
     let other = exec(
-        tidemark(d)
+        tidemark_from(d)
             .args(["run", "payments", "--var"])
             .arg(format!("lake={}", elsewhere.display())),
     );
@@ -84,7 +74,7 @@ fn pipeline_commands_take_variables_from_the_bundle() {
     assert!(other.stderr.contains("elsewhere"), "{}", other.stderr);
 
     // A --var the pipeline never references is a typo, refused with the nearest name.
-    let typo = exec(tidemark(d).args(["run", "payments", "--var", "lkae=./lake"]));
+    let typo = exec(tidemark_from(d).args(["run", "payments", "--var", "lkae=./lake"]));
     assert_eq!(typo.code, 64, "{}", typo.stderr);
     assert!(
         typo.stderr.contains("did you mean `lake`"),
@@ -93,7 +83,7 @@ fn pipeline_commands_take_variables_from_the_bundle() {
     );
 
     // Without a bundle, --target says how to point at one.
-    let no_bundle = exec(tidemark(d).args([
+    let no_bundle = exec(tidemark_from(d).args([
         "run", "payments", "--target", "local", "--bundle", "missing",
     ]));
     assert_eq!(no_bundle.code, 64, "{}", no_bundle.stderr);
@@ -117,13 +107,13 @@ fn relative_locations_resolve_against_the_bundle_root() {
     let elsewhere = d.join("elsewhere");
     std::fs::create_dir_all(&elsewhere).expect("mkdir");
 
-    let demo = exec(tidemark(&elsewhere).args(["demo", "--bundle", "../checkout/bundle"]));
+    let demo = exec(tidemark_from(&elsewhere).args(["demo", "--bundle", "../checkout/bundle"]));
     assert_eq!(demo.code, 0, "{}\n{}", demo.stdout, demo.stderr);
     assert!(
         checkout.join("lake/silver/payments/_delta_log").is_dir(),
         "the bundle's `lake: ../lake` is beside the bundle"
     );
-    let job = exec(tidemark(&elsewhere).args([
+    let job = exec(tidemark_from(&elsewhere).args([
         "job",
         "run",
         "payments_hourly",
@@ -131,7 +121,7 @@ fn relative_locations_resolve_against_the_bundle_root() {
         "../checkout/bundle",
     ]));
     assert_eq!(job.code, 0, "{}\n{}", job.stdout, job.stderr);
-    let runs = exec(tidemark(&elsewhere).args([
+    let runs = exec(tidemark_from(&elsewhere).args([
         "runs",
         "--bundle",
         "../checkout/bundle",
@@ -144,7 +134,7 @@ fn relative_locations_resolve_against_the_bundle_root() {
     // daily_payments, merchants, daily_segments.
     assert_eq!(rows.as_array().map(Vec::len), Some(12), "{rows}");
     // A single-pipeline command takes the same lake from the bundle.
-    let run = exec(tidemark(&elsewhere).args([
+    let run = exec(tidemark_from(&elsewhere).args([
         "run",
         "../checkout/pipelines/payments.yml",
         "--bundle",
@@ -172,7 +162,7 @@ fn relative_locations_resolve_against_the_bundle_root() {
 
     // On the command line, `./here` is the working directory's (the source is not there: 66).
     for how in ["--var", "env"] {
-        let mut cmd = tidemark(&elsewhere);
+        let mut cmd = tidemark_from(&elsewhere);
         cmd.args([
             "job",
             "run",
@@ -208,26 +198,26 @@ fn pipeline_names_resolve_through_the_bundle_from_anywhere() {
     let d = dir.path();
     copy_dir(&root().join("bundle"), &d.join("checkout/bundle"));
     copy_dir(&root().join("pipelines"), &d.join("checkout/pipelines"));
-    let demo = exec(tidemark(&d.join("checkout")).arg("demo"));
+    let demo = exec(tidemark_from(&d.join("checkout")).arg("demo"));
     assert_eq!(demo.code, 0, "{}\n{}", demo.stdout, demo.stderr);
     let elsewhere = d.join("elsewhere");
     std::fs::create_dir_all(&elsewhere).expect("mkdir");
     let bundle = d.join("checkout/bundle");
     let status = exec(
-        tidemark(&elsewhere)
+        tidemark_from(&elsewhere)
             .args(["status", "daily_payments", "--days", "3", "--bundle"])
             .arg(&bundle),
     );
     assert_eq!(status.code, 0, "{}\n{}", status.stdout, status.stderr);
     assert!(status.stdout.contains("day status"), "{}", status.stdout);
     let history = exec(
-        tidemark(&elsewhere)
+        tidemark_from(&elsewhere)
             .args(["history", "payments", "--bundle"])
             .arg(&bundle),
     );
     assert_eq!(history.code, 0, "{}\n{}", history.stdout, history.stderr);
     let typo = exec(
-        tidemark(&elsewhere)
+        tidemark_from(&elsewhere)
             .args(["status", "daily_paymnts", "--bundle"])
             .arg(&bundle),
     );
@@ -239,7 +229,7 @@ fn pipeline_names_resolve_through_the_bundle_from_anywhere() {
     );
     // A table-or-pipeline command: a missing table (66) that names the pipeline it was near.
     let typo = exec(
-        tidemark(&elsewhere)
+        tidemark_from(&elsewhere)
             .args(["history", "paymnts", "--bundle"])
             .arg(&bundle),
     );

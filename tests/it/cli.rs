@@ -1,5 +1,6 @@
 //! Integration tests through the real binary: every command, the JSON summary, the late-row
-//! case of issue 2, and every error path with its exit code and a message that says what to do.
+//! case (a row landing behind the watermark), and every error path with its exit code and a
+//! message that says what to do.
 //!
 //! The clock of the binary is always pinned with `TIDEMARK_FAKE_NOW`; source tables are written
 //! with the shared helpers in `tests/it/common`.
@@ -146,7 +147,7 @@ fn repo_file(rel: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
 }
 
-/// Every field the run summary must carry (issue 2, "The run summary").
+/// Every field the run summary must carry.
 const SUMMARY_FIELDS: &[&str] = &[
     "run_id",
     "pipeline",

@@ -1,4 +1,4 @@
-//! Every commit carries the run's facts (issue 10, item 3): the counts and watermarks that the
+//! Every commit carries the run's facts: the counts and watermarks that the
 //! run summary prints are the ones `tidemark history` reads from the commit — also for a
 //! bootstrap and a full reload, whose rows are streamed and counted only as the last data file
 //! is written.
@@ -7,18 +7,8 @@ use crate::common;
 
 use std::path::Path;
 
-use assert_cmd::Command;
 use common::*;
 use serde_json::Value;
-
-fn tidemark(dir: &Path, now: i64) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.current_dir(dir)
-        .env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1");
-    c
-}
 
 fn json(out: Out) -> Value {
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
@@ -36,7 +26,7 @@ fn instant(v: &Value) -> Option<i64> {
 /// The summary of a run and the facts of the commit it made must agree.
 fn assert_commit_matches(dir: &Path, summary: &Value) {
     let history = json(exec(
-        tidemark(dir, T0)
+        tidemark_in(dir, T0)
             .args(["history"])
             .arg(silver(dir))
             .args(["--limit", "1", "--output", "json"]),
@@ -84,7 +74,7 @@ async fn bootstrap_full_reload_and_incremental_commits_carry_the_summary_counts(
     .await;
     let run = |extra: &[&str], now: i64| {
         json(exec(
-            tidemark(d, now)
+            tidemark_in(d, now)
                 .arg("run")
                 .arg(&pipeline)
                 .args(extra)

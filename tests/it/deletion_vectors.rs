@@ -5,23 +5,12 @@
 
 use std::path::{Path, PathBuf};
 
-use assert_cmd::Command;
 use serde_json::Value;
 
 use crate::common::*;
 
 /// The instant the binary believes it is.
 const NOW: i64 = T0 + 12 * HOUR;
-
-fn tidemark(dir: &Path) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.current_dir(dir)
-        .env("TIDEMARK_FAKE_NOW", rfc3339(NOW))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
-    c
-}
 
 /// Whether any live file of the table has a deletion vector (read through delta-rs, which
 /// also reads checkpoints).
@@ -49,7 +38,7 @@ fn ok_json(out: &Out, what: &str) -> Value {
 
 fn run_ok(dir: &Path, pipeline: &Path) -> Value {
     let out = exec(
-        tidemark(dir)
+        tidemark_in(dir, NOW)
             .arg("run")
             .arg(pipeline)
             .args(["--output", "json"]),
@@ -154,7 +143,7 @@ async fn an_hour_marks_old_rows_and_writes_only_the_changed_ones() {
 
     // reconcile reads the table as any reader does: identical to the source.
     let out = exec(
-        tidemark(d)
+        tidemark_in(d, NOW)
             .arg("reconcile")
             .arg(&p)
             .args(["--output", "json"]),
@@ -165,7 +154,7 @@ async fn an_hour_marks_old_rows_and_writes_only_the_changed_ones() {
     // maintain purges: the files whose deletion vectors delete ≥ 5% of their rows are
     // rewritten without those rows, and the table reads the same.
     let out = exec(
-        tidemark(d)
+        tidemark_in(d, NOW)
             .arg("maintain")
             .arg(&p)
             .args(["--output", "json"]),
@@ -184,12 +173,13 @@ async fn an_hour_marks_old_rows_and_writes_only_the_changed_ones() {
     assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
 
     // A full reload writes plain files: no deletion vector is left.
-    let out = exec(
-        tidemark(d)
-            .arg("run")
-            .arg(&p)
-            .args(["--full-reload", "--output", "json"]),
-    );
+    let out =
+        exec(
+            tidemark_in(d, NOW)
+                .arg("run")
+                .arg(&p)
+                .args(["--full-reload", "--output", "json"]),
+        );
     ok_json(&out, "full reload");
     assert!(!has_dvs(&silver(d)).await);
     assert_eq!(read_target(&silver(d)).await, oracle(&all, NOW, false));
@@ -258,7 +248,7 @@ async fn the_feed_of_a_marking_run_is_the_live_change() {
     append(&bronze(d), &next_hour()).await;
     let v = run_ok(d, &p);
     let version = v["target_version"].as_u64().expect("committed");
-    let out = exec(tidemark(d).arg("changes").arg(&p).args([
+    let out = exec(tidemark_in(d, NOW).arg("changes").arg(&p).args([
         "--from-version",
         &version.to_string(),
         "--output",
@@ -318,7 +308,7 @@ async fn restore_keeps_each_version_s_deletion_vectors() {
     append(&bronze(d), &more).await;
     run_ok(d, &p);
     let out = exec(
-        tidemark(d)
+        tidemark_in(d, NOW)
             .arg("restore")
             .arg(&p)
             .args(["--version", &v1.to_string()]),
@@ -360,7 +350,7 @@ async fn restore_of_a_deletion_vector_target_with_a_feed_keeps_the_feed_readable
     ];
     append(&bronze(d), &more).await;
     run_ok(d, &p);
-    let restored = exec(tidemark(d).arg("restore").arg(&p).args([
+    let restored = exec(tidemark_in(d, NOW).arg("restore").arg(&p).args([
         "--version",
         &v1.to_string(),
         "--output",
@@ -369,7 +359,7 @@ async fn restore_of_a_deletion_vector_target_with_a_feed_keeps_the_feed_readable
     assert_eq!(restored.code, 0, "{}\n{}", restored.stdout, restored.stderr);
     let r: Value = serde_json::from_str(restored.stdout.trim()).expect("json");
     let new = r["new_version"].as_u64().expect("new version");
-    let out = exec(tidemark(d).arg("changes").arg(&p).args([
+    let out = exec(tidemark_in(d, NOW).arg("changes").arg(&p).args([
         "--from-version",
         &new.to_string(),
         "--output",
@@ -433,21 +423,21 @@ async fn a_damaged_deletion_vector_file_is_bad_data() {
         let more = vec![Change::upsert("k004", T0 + 3 * HOUR, NOW - MIN / 2, 3)];
         append(&bronze(d), &more).await;
         all.extend(more);
-        let out = exec(tidemark(d).arg("run").arg(&p));
+        let out = exec(tidemark_in(d, NOW).arg("run").arg(&p));
         assert_eq!(
             out.code, 65,
             "{damage}: run\n{}\n{}",
             out.stdout, out.stderr
         );
         assert!(!out.stderr.contains("bug"), "{}", out.stderr);
-        let out = exec(tidemark(d).arg("reconcile").arg(&p));
+        let out = exec(tidemark_in(d, NOW).arg("reconcile").arg(&p));
         assert_eq!(
             out.code, 65,
             "{damage}: reconcile\n{}\n{}",
             out.stdout, out.stderr
         );
         assert!(!out.stderr.contains("bug"), "{}", out.stderr);
-        let out = exec(tidemark(d).arg("run").arg(&p).arg("--full-reload"));
+        let out = exec(tidemark_in(d, NOW).arg("run").arg(&p).arg("--full-reload"));
         assert_eq!(
             out.code, 0,
             "{damage}: full reload\n{}\n{}",
@@ -492,7 +482,7 @@ async fn hourly_commits_leave_expired_logs_to_maintain() {
         assert!(commit(v).exists(), "version {v} kept by the hourly commits");
     }
     let out = exec(
-        tidemark(d)
+        tidemark_in(d, NOW)
             .args(["maintain", "--no-compact", "--output", "json"])
             .arg(&p),
     );
@@ -542,7 +532,7 @@ async fn maintain_dry_run_counts_the_deletion_vector_files_compaction_releases()
     };
     assert_eq!(dv_files(), 1, "the vector is in a file of its own");
     let maintain = |dry: bool| {
-        let mut c = tidemark(d);
+        let mut c = tidemark_in(d, NOW);
         c.args(["maintain", "--output", "json"]).arg(&p);
         if dry {
             c.arg("--dry-run");

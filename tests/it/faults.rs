@@ -20,8 +20,6 @@ use std::time::Duration;
 use common::*;
 use serde_json::{json, Value};
 
-const BIN: &str = env!("CARGO_BIN_EXE_tidemark");
-
 /// Storage and run failpoints, and the batch/flags each is armed on.
 const RUN_POINTS: &[&str] = &[
     "cdc_merge.incremental.after_plan",
@@ -172,15 +170,12 @@ fn history(seed: u64) -> Vec<Vec<Change>> {
 }
 
 fn command(pipeline: &Path, now: i64, full_reload: bool, failpoint: Option<String>) -> Command {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = tidemark_process(now);
     cmd.arg("run").arg(pipeline).arg("--output").arg("json");
     if full_reload {
         cmd.arg("--full-reload");
     }
-    cmd.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "error")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
+    cmd.env("RUST_LOG", "error");
     if let Some(fp) = failpoint {
         cmd.env("TIDEMARK_FAILPOINTS", fp);
     }
@@ -500,12 +495,10 @@ fn spill_scenario() -> Tally {
     let spill = dir.path().join("spill");
     let pipeline = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("pipelines/payments.yml");
     let tm = |args: &[&str], failpoint: Option<&str>| {
-        let mut cmd = Command::new(BIN);
+        let mut cmd = process();
         cmd.args(args)
             .env("TIDEMARK_FAKE_NOW", "2025-03-01T00:00:00Z")
-            .env("RUST_LOG", "error")
-            .env("NO_COLOR", "1")
-            .env_remove("TIDEMARK_FAILPOINTS");
+            .env("RUST_LOG", "error");
         if let Some(fp) = failpoint {
             cmd.env("TIDEMARK_FAILPOINTS", fp);
         }
@@ -871,11 +864,9 @@ fn run_against_reload_and_source_appender() {
 }
 
 fn tidemark_out(args: &[&str]) -> Output {
-    Command::new(BIN)
+    process()
         .args(args)
         .env("RUST_LOG", "error")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS")
         .output()
         .expect("spawn")
 }

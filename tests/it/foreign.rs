@@ -1,4 +1,4 @@
-//! Foreign changes (issue 9): the source recreated, restored, rewritten or compacted by someone
+//! Foreign changes: the source recreated, restored, rewritten or compacted by someone
 //! else, and clocks that jump between runs. Each ends in a correct target or a loud refusal
 //! (exit 65, naming what happened and the `--full-reload` that repairs it) — never exit 0 with
 //! a wrong table. Driven through the real binary; the target is compared with the oracle.

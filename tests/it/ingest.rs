@@ -666,7 +666,7 @@ async fn two_ingests_at_once_write_each_file_once() {
         land(d, &format!("f{i}.jsonl"), &[("p", i)]);
     }
     let spawn = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"))
+        process()
             .arg("run")
             .arg(d.join("ingest.yml"))
             .env("RUST_LOG", "warn")

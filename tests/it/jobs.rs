@@ -14,7 +14,6 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use assert_cmd::Command;
 use chrono::{DateTime, Utc};
 use common::*;
 use futures::future::BoxFuture;
@@ -29,25 +28,6 @@ const NOW: i64 = T0 + 12 * HOUR;
 
 // ---------------------------------------------------------------------------------------------
 // helpers
-
-fn tidemark(now: i64) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
-    c
-}
-
-/// The same, as a std command (for processes the test keeps running).
-fn tidemark_process(now: i64) -> std::process::Command {
-    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
-    c
-}
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -71,7 +51,7 @@ fn up(id: &str, seq: i64, val: i64) -> Change {
 /// `tidemark runs --output json` rows, newest first.
 fn ledger(bundle: &Path) -> Vec<Value> {
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .args(["runs", "--limit", "100", "--output", "json", "--bundle"])
             .arg(bundle),
     );
@@ -152,7 +132,7 @@ fn newest_lease(dir: &Path, job: &str) -> Option<Value> {
 fn the_repository_bundle_is_valid_for_every_target() {
     for target in ["local", "prod"] {
         let out = exec(
-            tidemark(NOW)
+            tidemark_at(NOW)
                 .current_dir(repo())
                 .args(["bundle", "validate", "--target", target]),
         );
@@ -167,7 +147,7 @@ fn the_repository_bundle_is_valid_for_every_target() {
 #[test]
 fn a_good_bundle_is_valid_and_warns_about_a_schedule_in_the_dst_hours() {
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .current_dir(fixtures())
             .args(["bundle", "validate", "--bundle", "good"]),
     );
@@ -178,7 +158,7 @@ fn a_good_bundle_is_valid_and_warns_about_a_schedule_in_the_dst_hours() {
          bundle good (target local): valid — 2 jobs (hourly, nightly_london), 1 warning\n"
     );
     // JSON says the same
-    let out = exec(tidemark(NOW).current_dir(fixtures()).args([
+    let out = exec(tidemark_at(NOW).current_dir(fixtures()).args([
         "bundle", "validate", "--bundle", "good", "--target", "prod", "--output", "json",
     ]));
     let v: Value = serde_json::from_str(&out.stdout).expect("json");
@@ -190,7 +170,7 @@ fn a_good_bundle_is_valid_and_warns_about_a_schedule_in_the_dst_hours() {
 #[test]
 fn a_bad_bundle_reports_every_problem_with_file_and_line() {
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .current_dir(fixtures())
             .args(["bundle", "validate", "--bundle", "bad"]),
     );
@@ -223,14 +203,14 @@ fn a_bad_bundle_reports_every_problem_with_file_and_line() {
     // an unresolved variable in a pipeline file names the pipeline's own line; a --var for a
     // variable the bundle does not declare is refused
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .current_dir(fixtures())
             .env_remove("BUNDLE_VAR_lake")
             .args(["bundle", "validate", "--bundle", "good", "--var", "laek=/x"]),
     );
     assert_eq!(out.code, 78);
     assert!(out.stdout.contains("--var laek: no variable `laek` is declared in good/tidemark.yml (did you mean `lake`?)"), "{}", out.stdout);
-    let out = exec(tidemark(NOW).current_dir(fixtures()).args([
+    let out = exec(tidemark_at(NOW).current_dir(fixtures()).args([
         "bundle", "validate", "--bundle", "good", "--target", "staging",
     ]));
     assert_eq!(out.code, 78);
@@ -244,7 +224,7 @@ fn a_bad_bundle_reports_every_problem_with_file_and_line() {
 #[test]
 fn variables_come_from_var_then_environment_then_target_then_default() {
     let summary = |extra: &[&str], env: Option<&str>| -> Value {
-        let mut c = tidemark(NOW);
+        let mut c = tidemark_at(NOW);
         c.current_dir(fixtures())
             .args(["bundle", "summary", "--bundle", "good", "--output", "json"])
             .args(extra);
@@ -297,7 +277,7 @@ fn variables_come_from_var_then_environment_then_target_then_default() {
 
 #[test]
 fn bundle_summary_lists_each_job_and_its_next_fires_in_its_zone_and_in_utc() {
-    let out = exec(tidemark(NOW).current_dir(fixtures()).args([
+    let out = exec(tidemark_at(NOW).current_dir(fixtures()).args([
         "bundle",
         "summary",
         "--bundle",
@@ -365,7 +345,7 @@ async fn job_run_runs_tasks_in_dependency_order_and_records_every_attempt() {
     .await;
     let bundle = write_bundle(d, TWO_TASKS);
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .arg("job")
             .arg("run")
             .arg("j")
@@ -416,7 +396,7 @@ async fn job_run_runs_tasks_in_dependency_order_and_records_every_attempt() {
 
     // the text forms
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .args(["runs", "--job", "j", "--wide", "--bundle"])
             .arg(&bundle),
     );
@@ -427,7 +407,7 @@ async fn job_run_runs_tasks_in_dependency_order_and_records_every_attempt() {
         out.stdout
     );
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .args(["job", "run", "j", "--full-reload", "--bundle"])
             .arg(&bundle),
     );
@@ -451,7 +431,7 @@ async fn an_injected_retryable_failure_is_retried_and_recorded_with_trigger_retr
     append(&bronze(d), &[up("a", T0 + HOUR, 1)]).await;
     let bundle = write_bundle(d, TWO_TASKS);
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .env(
                 "TIDEMARK_FAILPOINTS",
                 "cdc_merge.full_reload.after_read=error*1",
@@ -498,7 +478,7 @@ async fn a_config_error_is_not_retried_and_its_dependants_are_upstream_failed() 
     let text = std::fs::read_to_string(&pipeline).expect("read");
     std::fs::write(&pipeline, text.replace("keys: [id]", "keys: [payment_id]")).expect("write");
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
     );
@@ -544,7 +524,7 @@ async fn a_task_over_its_timeout_is_timed_out_and_not_retried_without_retry_on_t
 "#,
     );
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .env(
                 "TIDEMARK_FAILPOINTS",
                 "cdc_merge.full_reload.after_read=sleep(2500)",
@@ -570,7 +550,7 @@ async fn a_memory_limit_makes_a_full_reload_spill_instead_of_failing() {
     let d = dir.path();
     let lake = d.join("lake");
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .arg("generate")
             .arg("--out")
             .arg(lake.join("bronze/payments_raw"))
@@ -602,7 +582,7 @@ async fn a_memory_limit_makes_a_full_reload_spill_instead_of_failing() {
     .expect("write");
     let run = |name: &str| -> Value {
         let out = exec(
-            tidemark(NOW)
+            tidemark_at(NOW)
                 .args(["job", "run", name, "--output", "json", "--bundle"])
                 .arg(&bundle),
         );
@@ -657,7 +637,7 @@ async fn a_second_run_of_a_running_job_exits_75_naming_the_holder() {
         newest_lease(d, "j").is_some_and(|h| h["released"] == false)
     });
     let second = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
     );
@@ -716,7 +696,7 @@ async fn a_killed_run_s_lease_is_taken_over() {
     );
     // same host, dead pid: taken over at once, without waiting for the expiry
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .env("RUST_LOG", "tidemark=warn")
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
@@ -753,7 +733,7 @@ async fn foreign_leases_are_taken_over_only_once_expired() {
     // a heartbeat that is still fresh: held, whatever the host
     plant(1, NOW + MIN);
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
     );
@@ -767,7 +747,7 @@ async fn foreign_leases_are_taken_over_only_once_expired() {
     // its holder stopped renewing it: taken over
     plant(2, NOW - MIN);
     let out = exec(
-        tidemark(NOW)
+        tidemark_at(NOW)
             .env("RUST_LOG", "tidemark=warn")
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),

@@ -1,4 +1,4 @@
-//! Tables written by other engines, through the real binary (issue 9, items 4 and 5): sources
+//! Tables written by other engines, through the real binary: sources
 //! and targets with **deletion vectors** on some files but not others (the normal state after
 //! another engine's `DELETE`), a source written with **column mapping**, and a bootstrap that
 //! fails leaving nothing at the target location.
@@ -14,7 +14,6 @@ use crate::common::delta_fixture;
 
 use std::path::Path;
 
-use assert_cmd::Command;
 use common::*;
 use delta_fixture::{delete_where, enable_deletion_vectors, has_deletion_vectors, DvStorage};
 use serde_json::Value;
@@ -22,20 +21,10 @@ use serde_json::Value;
 /// The instant the binary believes it is.
 const NOW: i64 = T0 + 12 * HOUR;
 
-fn tidemark(dir: &Path) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.current_dir(dir)
-        .env("TIDEMARK_FAKE_NOW", rfc3339(NOW))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
-    c
-}
-
 /// `tidemark run` that must succeed; its JSON summary.
 fn run_ok(dir: &Path, pipeline: &Path) -> Value {
     let out = exec(
-        tidemark(dir)
+        tidemark_in(dir, NOW)
             .arg("run")
             .arg(pipeline)
             .args(["--output", "json"]),
@@ -52,7 +41,7 @@ fn run_ok(dir: &Path, pipeline: &Path) -> Value {
 /// `tidemark reconcile --output json`; its exit code and report.
 fn reconcile(dir: &Path, pipeline: &Path) -> (i32, Value, String) {
     let out = exec(
-        tidemark(dir)
+        tidemark_in(dir, NOW)
             .arg("reconcile")
             .arg(pipeline)
             .args(["--output", "json"]),
@@ -384,7 +373,7 @@ async fn failed_bootstrap_leaves_no_target_folder() {
     append(&bronze(d), &all).await;
 
     let out = exec(
-        tidemark(d)
+        tidemark_in(d, NOW)
             .env("TIDEMARK_FAILPOINTS", "store.put_data=error")
             .arg("run")
             .arg(&pipeline),

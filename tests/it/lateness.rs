@@ -366,12 +366,6 @@ fn check(p: &Value, e: &Expected, overlap: i64, what: &str) {
     );
 }
 
-fn tidemark(dir: &Path) -> assert_cmd::Command {
-    let mut c = tidemark_at(T0 + DAY);
-    c.current_dir(dir).env_remove("TIDEMARK_FAILPOINTS");
-    c
-}
-
 fn json(out: &Out) -> Value {
     serde_json::from_str(out.stdout.trim())
         .unwrap_or_else(|e| panic!("not one JSON object ({e}): {}\n{}", out.stdout, out.stderr))
@@ -389,7 +383,7 @@ async fn curve_percentiles_and_counts_equal_an_independent_computation() {
     write_rows(&bronze(dir.path()), &rows).await;
     let p = pipeline(dir.path());
     let out = exec(
-        tidemark(dir.path())
+        tidemark_in(dir.path(), T0 + DAY)
             .arg("lateness")
             .arg(&p)
             .args(["--by", "src", "--output", "json"]),
@@ -450,7 +444,7 @@ async fn curve_percentiles_and_counts_equal_an_independent_computation() {
     assert!(beyond.windows(2).all(|w| w[0] >= w[1]), "{beyond:?}");
 
     // The text says the same, out loud.
-    let text = exec(tidemark(dir.path()).arg("lateness").arg(&p));
+    let text = exec(tidemark_in(dir.path(), T0 + DAY).arg("lateness").arg(&p));
     assert_eq!(text.code, 0, "{}", text.stderr);
     let rec = &v["overall"]["recommendation"];
     let sentence = format!(
@@ -480,22 +474,27 @@ async fn now_settled_budget_and_unit_flags_move_the_numbers_as_the_oracle_says()
     let table = dir.path().join("t");
     write_rows(&table, &rows).await;
     let now = T0 - 50 * DAY;
-    let out = exec(tidemark(dir.path()).arg("lateness").arg(&table).args([
-        "--event-time",
-        "updated_at",
-        "--now",
-        &rfc3339_us(now),
-        "--settled",
-        "60d..10d",
-        "--budget",
-        "36h",
-        "--unit",
-        "hours",
-        "--target-completeness",
-        "99.9",
-        "--output",
-        "json",
-    ]));
+    let out = exec(
+        tidemark_in(dir.path(), T0 + DAY)
+            .arg("lateness")
+            .arg(&table)
+            .args([
+                "--event-time",
+                "updated_at",
+                "--now",
+                &rfc3339_us(now),
+                "--settled",
+                "60d..10d",
+                "--budget",
+                "36h",
+                "--unit",
+                "hours",
+                "--target-completeness",
+                "99.9",
+                "--output",
+                "json",
+            ]),
+    );
     assert_eq!(out.code, 0, "{}", out.stderr);
     let v = json(&out);
     assert_eq!(v["now_from"], "flag");
@@ -518,7 +517,11 @@ async fn now_settled_budget_and_unit_flags_move_the_numbers_as_the_oracle_says()
     assert_eq!(int(&p["profiled_rows"]), e.profiled);
 
     // A bare table needs its event-time column named.
-    let out = exec(tidemark(dir.path()).arg("lateness").arg(&table));
+    let out = exec(
+        tidemark_in(dir.path(), T0 + DAY)
+            .arg("lateness")
+            .arg(&table),
+    );
     assert_eq!(out.code, 64, "{}", out.stderr);
     assert!(out.stderr.contains("--event-time"), "{}", out.stderr);
 }
@@ -528,11 +531,11 @@ async fn an_empty_table_is_a_profile_of_no_rows() {
     let dir = tempfile::tempdir().expect("tempdir");
     write(&bronze(dir.path()), to_batch(&[])).await;
     let p = pipeline(dir.path());
-    let out = exec(tidemark(dir.path()).arg("lateness").arg(&p));
+    let out = exec(tidemark_in(dir.path(), T0 + DAY).arg("lateness").arg(&p));
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(out.stdout.contains("no rows"), "{}", out.stdout);
     let out = exec(
-        tidemark(dir.path())
+        tidemark_in(dir.path(), T0 + DAY)
             .arg("lateness")
             .arg(&p)
             .args(["--output", "json", "--by", "src"]),
@@ -554,7 +557,7 @@ async fn a_table_without_an_arrival_column_or_with_odd_columns_is_a_usage_error(
     let p = pipeline(dir.path());
     // ... with a typo in --arrival: named, with the columns and a suggestion.
     let out = exec(
-        tidemark(dir.path())
+        tidemark_in(dir.path(), T0 + DAY)
             .arg("lateness")
             .arg(&p)
             .args(["--arrival", "_ingest_at"]),
@@ -588,42 +591,47 @@ async fn a_table_without_an_arrival_column_or_with_odd_columns_is_a_usage_error(
     )
     .expect("batch");
     write(&plain, batch).await;
-    let out = exec(tidemark(dir.path()).arg("lateness").arg(&plain).args([
-        "--event-time",
-        "updated_at",
-        "--output",
-        "json",
-    ]));
+    let out = exec(
+        tidemark_in(dir.path(), T0 + DAY)
+            .arg("lateness")
+            .arg(&plain)
+            .args(["--event-time", "updated_at", "--output", "json"]),
+    );
     assert_eq!(out.code, 64, "{}", out.stderr);
     assert!(out.stderr.contains("--arrival"), "{}", out.stderr);
     assert_eq!(json(&out)["error"]["class"], "usage");
     assert_eq!(json(&out)["error"]["exit_code"], 64);
     // A date and a timestamp without time zone are both clocks: 5 hours, same day.
-    let out = exec(tidemark(dir.path()).arg("lateness").arg(&plain).args([
-        "--event-time",
-        "day",
-        "--arrival",
-        "updated_at",
-        "--output",
-        "json",
-    ]));
+    let out = exec(
+        tidemark_in(dir.path(), T0 + DAY)
+            .arg("lateness")
+            .arg(&plain)
+            .args([
+                "--event-time",
+                "day",
+                "--arrival",
+                "updated_at",
+                "--output",
+                "json",
+            ]),
+    );
     assert_eq!(out.code, 0, "{}", out.stderr);
     let v = json(&out);
     assert_eq!(v["overall"]["percentiles_s"]["max"], 18_000.0);
     assert_eq!(v["overall"]["histogram"][0]["late"], 0);
     // Text is not a clock.
-    let out = exec(tidemark(dir.path()).arg("lateness").arg(&plain).args([
-        "--event-time",
-        "id",
-        "--arrival",
-        "updated_at",
-    ]));
+    let out = exec(
+        tidemark_in(dir.path(), T0 + DAY)
+            .arg("lateness")
+            .arg(&plain)
+            .args(["--event-time", "id", "--arrival", "updated_at"]),
+    );
     assert_eq!(out.code, 64, "{}", out.stderr);
     assert!(out.stderr.contains("--event-time"), "{}", out.stderr);
     assert!(out.stderr.contains("timestamp"), "{}", out.stderr);
     // An unknown --by column lists the columns.
     let out = exec(
-        tidemark(dir.path())
+        tidemark_in(dir.path(), T0 + DAY)
             .arg("lateness")
             .arg(&p)
             .args(["--by", "vall"]),
@@ -637,7 +645,7 @@ async fn a_table_without_an_arrival_column_or_with_odd_columns_is_a_usage_error(
         out.stderr
     );
     let out = exec(
-        tidemark(dir.path())
+        tidemark_in(dir.path(), T0 + DAY)
             .arg("lateness")
             .arg(&p)
             .args(["--by", "updated_at"]),
@@ -650,7 +658,7 @@ async fn a_table_without_an_arrival_column_or_with_odd_columns_is_a_usage_error(
     );
     // A missing table is "unavailable".
     let out = exec(
-        tidemark(dir.path())
+        tidemark_in(dir.path(), T0 + DAY)
             .arg("lateness")
             .arg(dir.path().join("nowhere"))
             .args(["--event-time", "x"]),
@@ -666,7 +674,7 @@ async fn plot_writes_an_svg_with_every_group_and_refuses_a_bad_path() {
     let p = pipeline(dir.path());
     let svg = dir.path().join("curve.svg");
     let out = exec(
-        tidemark(dir.path())
+        tidemark_in(dir.path(), T0 + DAY)
             .arg("lateness")
             .arg(&p)
             .args(["--by", "src", "--plot"])
@@ -699,7 +707,7 @@ async fn plot_writes_an_svg_with_every_group_and_refuses_a_bad_path() {
 
     let bad = dir.path().join("no/such/dir/curve.svg");
     let out = exec(
-        tidemark(dir.path())
+        tidemark_in(dir.path(), T0 + DAY)
             .arg("lateness")
             .arg(&p)
             .arg("--plot")

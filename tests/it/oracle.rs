@@ -436,8 +436,8 @@ async fn restore_then_incremental_converges() {
     );
 }
 
-/// Runs with clocks that are wrong by hours in either direction, then a right one (issue 9:
-/// an NTP step, a VM restore, a replay with `TIDEMARK_FAKE_NOW`). A row is in the target once
+/// Runs with clocks that are wrong by hours in either direction, then a right one (an NTP
+/// step, a VM restore, a replay with `TIDEMARK_FAKE_NOW`). A row is in the target once
 /// some run since it landed (and since the last full reload) found it due by that run's clock —
 /// a run cannot take back what an earlier run merged — and no deferred row is ever lost.
 async fn check_clocks(events: Vec<Event>, runs: Vec<(i64, bool)>) -> Result<(), TestCaseError> {

@@ -1,4 +1,4 @@
-//! Reliability tests through the real binary: `tidemark reconcile` (issue 4, item 5) and the
+//! Reliability tests through the real binary: `tidemark reconcile` and the
 //! bad-input corpus in `tests/fixtures/bad_inputs/` (item 6).
 //!
 //! Each corpus case is a directory with a `case.yml` describing the input (source rows, the
@@ -22,8 +22,7 @@ use arrow::array::{
 };
 use arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
 use arrow::util::display::{ArrayFormatter, FormatOptions};
-use assert_cmd::Command;
-use common::{exec, rfc3339, Out, HOUR, T0};
+use common::{exec, tidemark_in, Out, HOUR, T0};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
@@ -36,18 +35,6 @@ const NOW: i64 = T0 + 12 * HOUR;
 
 // ---------------------------------------------------------------------------------------------
 // the binary
-
-/// The binary with a pinned clock and short, uncoloured logs.
-fn tidemark(dir: &Path) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.current_dir(dir)
-        .env("TIDEMARK_FAKE_NOW", rfc3339(NOW))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .env_remove("RUST_BACKTRACE")
-        .env_remove("TIDEMARK_FAILPOINTS");
-    c
-}
 
 // ---------------------------------------------------------------------------------------------
 // tables from YAML rows
@@ -734,7 +721,7 @@ async fn apply_step(ctx: &Ctx, step: &Step) -> Result<(), String> {
         }
         Step::Run(args) => {
             let out = exec(
-                tidemark(&ctx.dir)
+                tidemark_in(&ctx.dir, NOW)
                     .arg("run")
                     .arg(&ctx.pipeline)
                     .args(args.iter().map(|a| ctx.subst(a))),
@@ -956,7 +943,7 @@ async fn try_case(case_dir: &Path, name: &str, outcome: &mut Outcome) -> Result<
         .command
         .clone()
         .unwrap_or_else(|| vec!["run".into(), "PIPELINE".into()]);
-    let mut cmd = tidemark(&ctx.dir);
+    let mut cmd = tidemark_in(&ctx.dir, NOW);
     if let Some(fp) = &case.failpoints {
         cmd.env("TIDEMARK_FAILPOINTS", fp);
     }
@@ -1046,7 +1033,7 @@ fn summary_path() -> PathBuf {
     target.join("reliability/bad_inputs.json")
 }
 
-/// Least number of cases the corpus must hold (issue 4: at least 40 bad inputs).
+/// Least number of cases the corpus must hold (at least 40 bad inputs).
 const MIN_CASES: usize = 40;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1180,7 +1167,7 @@ async fn reconciled_history(dir: &Path, delete_mode: &str) -> PathBuf {
     )
     .await;
     let run = |extra: &[&str]| {
-        let out = exec(tidemark(dir).arg("run").arg(&pipeline).args(extra));
+        let out = exec(tidemark_in(dir, NOW).arg("run").arg(&pipeline).args(extra));
         assert_eq!(out.code, 0, "run failed: {}", out.stderr);
     };
     run(&[]);
@@ -1204,7 +1191,7 @@ async fn reconciled_history(dir: &Path, delete_mode: &str) -> PathBuf {
 
 fn reconcile_json(dir: &Path, pipeline: &Path, expected_exit: i32) -> (Json, Out) {
     let out = exec(
-        tidemark(dir)
+        tidemark_in(dir, NOW)
             .arg("reconcile")
             .arg(pipeline)
             .args(["--output", "json"]),
@@ -1278,7 +1265,7 @@ async fn reconcile_after_runs_finds_the_target_identical() {
     assert_eq!(v["totals"]["actual"]["sum"]["amount_cents"], 3500);
 
     // The text report says the same, and exits 0.
-    let out = exec(tidemark(d).arg("reconcile").arg(&pipeline));
+    let out = exec(tidemark_in(d, NOW).arg("reconcile").arg(&pipeline));
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(
         out.stdout
@@ -1405,7 +1392,7 @@ async fn reconcile_lists_exactly_the_tampered_keys_and_buckets() {
 
     // Text: the report on stdout (limited keys), the verdict and the remedy on stderr.
     let out = exec(
-        tidemark(d)
+        tidemark_in(d, NOW)
             .arg("reconcile")
             .arg(&pipeline)
             .args(["--limit", "1"]),
@@ -1441,7 +1428,12 @@ async fn reconcile_lists_exactly_the_tampered_keys_and_buckets() {
     );
 
     // The remedy it names works: after a full reload, reconcile agrees again.
-    let out = exec(tidemark(d).arg("run").arg(&pipeline).arg("--full-reload"));
+    let out = exec(
+        tidemark_in(d, NOW)
+            .arg("run")
+            .arg(&pipeline)
+            .arg("--full-reload"),
+    );
     assert_eq!(out.code, 0, "{}", out.stderr);
     let (v, _) = reconcile_json(d, &pipeline, 0);
     assert_eq!(v["identical"], true, "{v}");
@@ -1500,7 +1492,7 @@ async fn reconcile_compares_nan_as_nan_and_negative_zero_as_zero() {
         .await
         .expect("source");
     for extra in [&[][..], &["--full-reload"][..]] {
-        let out = exec(tidemark(d).arg("run").arg(&pipeline).args(extra));
+        let out = exec(tidemark_in(d, NOW).arg("run").arg(&pipeline).args(extra));
         assert_eq!(out.code, 0, "run {extra:?}: {}", out.stderr);
         let (v, out) = reconcile_json(d, &pipeline, 0);
         assert_eq!(
@@ -1560,7 +1552,7 @@ async fn a_source_data_file_with_mode_000_is_unavailable() {
     }
     let readable = files.iter().any(|f| std::fs::read(f).is_ok());
     if !readable {
-        let out = exec(tidemark(d).arg("run").arg(&pipeline));
+        let out = exec(tidemark_in(d, NOW).arg("run").arg(&pipeline));
         assert_eq!(out.code, 66, "{}", out.stderr);
         assert!(out.stderr.contains("Permission denied"), "{}", out.stderr);
     }
@@ -1601,7 +1593,7 @@ async fn a_read_only_target_log_is_a_failed_write() {
             .await
             .expect("source");
         if i == 0 {
-            let out = exec(tidemark(d).arg("run").arg(&pipeline));
+            let out = exec(tidemark_in(d, NOW).arg("run").arg(&pipeline));
             assert_eq!(out.code, 0, "{}", out.stderr);
         }
     }
@@ -1611,7 +1603,7 @@ async fn a_read_only_target_log_is_a_failed_write() {
     let writable = std::fs::write(&probe, "x").is_ok();
     let _ = std::fs::remove_file(&probe);
     let before = table_version(&lake.join("silver")).await;
-    let out = (!writable).then(|| exec(tidemark(d).arg("run").arg(&pipeline)));
+    let out = (!writable).then(|| exec(tidemark_in(d, NOW).arg("run").arg(&pipeline)));
     std::fs::set_permissions(&log, std::fs::Permissions::from_mode(0o755)).expect("chmod back");
     match out {
         Some(out) => {

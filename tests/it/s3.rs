@@ -142,15 +142,12 @@ fn pipeline(dir: &Path) -> PathBuf {
 }
 
 fn run(server: &Server, pipeline: &Path, now: i64, failpoint: Option<&str>) -> Command {
-    let mut cmd = Command::new(BIN);
+    let mut cmd = tidemark_process(now);
     cmd.arg("run").arg(pipeline).args(["--output", "json"]);
     for (k, v) in storage_options(server) {
         cmd.env(k, v);
     }
-    cmd.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "debug")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
+    cmd.env("RUST_LOG", "debug");
     if let Some(fp) = failpoint {
         cmd.env("TIDEMARK_FAILPOINTS", fp);
     }

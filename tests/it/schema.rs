@@ -1,4 +1,4 @@
-//! Schema evolution through the binary (issue 10, item 1): with `on_schema_change:
+//! Schema evolution through the binary: with `on_schema_change:
 //! add_new_columns`, a source column added after the target was built reaches the target in the
 //! run's own commit — old rows read it as null, new rows carry it — and the result equals a full
 //! reload of the same source.

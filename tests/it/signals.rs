@@ -13,15 +13,6 @@ use serde_json::Value;
 
 const NOW: i64 = T0 + 12 * HOUR;
 
-fn tidemark(now: i64) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "warn")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
-    c
-}
-
 fn newest_lease(dir: &Path, job: &str) -> Option<Value> {
     let leases = dir.join("lake/_tidemark/leases").join(job);
     let mut files: Vec<PathBuf> = std::fs::read_dir(&leases)
@@ -35,7 +26,7 @@ fn newest_lease(dir: &Path, job: &str) -> Option<Value> {
 
 fn ledger(bundle: &Path) -> Vec<Value> {
     let out = output(
-        tidemark(NOW)
+        tidemark_process(NOW)
             .args(["runs", "--limit", "100", "--output", "json", "--bundle"])
             .arg(bundle),
     );
@@ -80,7 +71,7 @@ async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
         ),
     );
     let first = output(
-        tidemark(NOW)
+        tidemark_process(NOW)
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
     );
@@ -93,7 +84,7 @@ async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
     .await;
 
     let pause = Pause::new();
-    let child = tidemark(NOW)
+    let child = tidemark_process(NOW)
         .env(
             "TIDEMARK_FAILPOINTS",
             pause.at("cdc_merge.incremental.before_commit"),
@@ -133,7 +124,7 @@ async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
 
     // The next run starts at once (no stale lease to take over) and merges the row.
     let next = output(
-        tidemark(NOW)
+        tidemark_process(NOW)
             .env("RUST_LOG", "tidemark=info")
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
@@ -167,7 +158,7 @@ async fn a_stopped_run_exits_by_its_signal_and_leaves_no_spill_files() {
     let spill = d.join("spill");
     for (signal, code) in [(libc::SIGINT, 130), (libc::SIGTERM, 143)] {
         let pause = Pause::new();
-        let child = tidemark(NOW)
+        let child = tidemark_process(NOW)
             .env(
                 "TIDEMARK_FAILPOINTS",
                 pause.at("cdc_merge.full_reload.after_read"),
@@ -203,7 +194,7 @@ fn a_demo_stopped_during_its_backfill_leaves_nothing_half_written() {
     let dir = tempfile::tempdir().expect("tmp");
     let lake = dir.path().join("lake");
     let building = lake.join("bronze/.payments_raw.backfill/_delta_log");
-    let child = tidemark(NOW)
+    let child = tidemark_process(NOW)
         .args(["demo", "--output", "json", "--lake"])
         .arg(&lake)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
@@ -230,7 +221,7 @@ fn a_demo_stopped_during_its_backfill_leaves_nothing_half_written() {
         "no half-written bronze"
     );
     let again = output(
-        tidemark(NOW)
+        tidemark_process(NOW)
             .args(["demo", "--lake"])
             .arg(&lake)
             .current_dir(env!("CARGO_MANIFEST_DIR")),
@@ -252,7 +243,7 @@ async fn commands_stopped_by_a_signal_print_their_json_and_generate_starts_over(
     )
     .await;
     let p = write_pipeline(d, "15m", "soft", "");
-    let ran = output(tidemark(NOW).arg("run").arg(&p));
+    let ran = output(tidemark_process(NOW).arg("run").arg(&p));
     assert_eq!(ran.code, 0, "{}", ran.stderr);
     let generated = d.join("generated");
     let generate = |c: &mut Command| {
@@ -288,7 +279,7 @@ async fn commands_stopped_by_a_signal_print_their_json_and_generate_starts_over(
             (libc::SIGTERM, 143)
         };
         let pause = Pause::new();
-        let mut cmd = tidemark(NOW);
+        let mut cmd = tidemark_process(NOW);
         cmd.env("TIDEMARK_FAILPOINTS", pause.at(point));
         args(&mut cmd);
         let child = cmd
@@ -308,7 +299,7 @@ async fn commands_stopped_by_a_signal_print_their_json_and_generate_starts_over(
     }
     // The interrupted generation left a table; the same command replaces it and finishes.
     assert!(version(&generated).await.is_some(), "a partial table");
-    let mut again = tidemark(NOW);
+    let mut again = tidemark_process(NOW);
     generate(&mut again);
     let out = output(&mut again);
     assert_eq!(out.code, 0, "{}", out.stderr);

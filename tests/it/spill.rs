@@ -11,14 +11,13 @@ use std::process::Command;
 use common::*;
 use serde_json::Value;
 
-const NOW: &str = "2026-03-01T00:00:00Z";
+/// 2026-03-01T00:00:00Z
+const NOW: i64 = 1_772_323_200_000_000;
 
-fn tidemark() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_tidemark"));
-    c.env("TIDEMARK_FAKE_NOW", NOW)
-        .env("RUST_LOG", "error")
-        .env("NO_COLOR", "1")
-        .env_remove("TIDEMARK_FAILPOINTS");
+/// The binary as the suite runs it: errors-only logs (the tests read stderr for one line).
+fn quiet() -> Command {
+    let mut c = tidemark_process(NOW);
+    c.env("RUST_LOG", "error");
     c
 }
 
@@ -29,7 +28,7 @@ fn payments_pipeline() -> PathBuf {
 /// Generates `payments` payments over 30 days into `lake/bronze/payments_raw`.
 fn generate(lake: &Path, payments: u32) {
     let out = output(
-        tidemark()
+        quiet()
             .arg("generate")
             .arg("--out")
             .arg(lake.join("bronze/payments_raw"))
@@ -74,7 +73,7 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
         ("spill.write=enospc", "2"),
     ] {
         let out = output(
-            tidemark()
+            quiet()
                 .env("TIDEMARK_FAILPOINTS", failpoint)
                 .arg("run")
                 .arg(payments_pipeline())
@@ -108,7 +107,7 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
     )
     .expect("write");
     let out = output(
-        tidemark()
+        quiet()
             .env(
                 "TIDEMARK_FAILPOINTS",
                 "cdc_merge.full_reload.after_write=error",
@@ -151,7 +150,7 @@ fn failed_runs_that_spilled_leave_no_spill_files() {
     std::fs::write(stale.join("leftover.arrow"), vec![0u8; 4096]).expect("write");
 
     let out = output(
-        tidemark()
+        quiet()
             .env(
                 "TIDEMARK_FAILPOINTS",
                 "cdc_merge.full_reload.after_read=error",
@@ -211,7 +210,7 @@ fn the_smallest_memory_limit_carries_a_full_reload_on_two_threads() {
     .expect("write");
     for name in ["floor", "small"] {
         let out = output(
-            tidemark()
+            quiet()
                 .args(["job", "run", name, "--output", "json", "--bundle"])
                 .arg(&bundle),
         );
@@ -257,7 +256,7 @@ fn maintain_sweeps_spill_directories_of_dead_processes() {
     }
     let maintain = |extra: &[&str]| {
         output(
-            tidemark()
+            quiet()
                 .arg("maintain")
                 .arg(lake.join("bronze/payments_raw"))
                 .arg("--spill-dir")
@@ -300,7 +299,7 @@ fn a_verbose_full_reload_shows_what_its_sort_did_and_spilled() {
     let lake = dir.path().join("lake");
     generate(&lake, 100_000);
     let out = output(
-        tidemark()
+        quiet()
             .env_remove("RUST_LOG")
             .arg("run")
             .arg(payments_pipeline())

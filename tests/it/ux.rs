@@ -1,24 +1,14 @@
-//! Issue 10 ("Hardening"), the user-facing part, through the real binary: limits, logs, JSON
+//! Hardening, the user-facing part, through the real binary: limits, logs, JSON
 //! output on failure, maintain's numbers, counter names, messages, getting started.
 
 use crate::common;
 
 use std::path::Path;
 
-use assert_cmd::Command;
 use common::*;
 use serde_json::Value;
 
 const NOW: i64 = T0 + 12 * HOUR;
-
-/// The binary with a pinned clock and no colour; RUST_LOG is not set, so the defaults apply.
-fn tidemark(now: i64) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1");
-    c
-}
 
 /// Stdout must be exactly one JSON value.
 fn one_json(stdout: &str) -> Value {
@@ -39,7 +29,12 @@ fn up(id: &str, seq: i64, val: i64) -> Change {
 }
 
 fn run_ok(dir: &Path, pipeline: &Path, now: i64) {
-    let out = exec(tidemark(now).current_dir(dir).arg("run").arg(pipeline));
+    let out = exec(
+        tidemark_default_logs(now)
+            .current_dir(dir)
+            .arg("run")
+            .arg(pipeline),
+    );
     assert_eq!(out.code, 0, "run failed: {}\n{}", out.stdout, out.stderr);
 }
 
@@ -57,7 +52,7 @@ async fn limit_zero_is_a_usage_error_naming_the_minimum() {
         vec!["runs".to_string()],
     ] {
         let out = exec(
-            tidemark(NOW)
+            tidemark_default_logs(NOW)
                 .current_dir(d)
                 .args(&args)
                 .args(["--limit", "0"]),
@@ -72,7 +67,7 @@ async fn limit_zero_is_a_usage_error_naming_the_minimum() {
     }
     // 1 still works and shows exactly one commit
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .arg("history")
             .arg(bronze(d))
@@ -99,7 +94,7 @@ async fn logs_default_to_warnings_without_colour_and_print_plain_values() {
 
     // default: no INFO lines, and no colour on a pipe even without NO_COLOR
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .env_remove("NO_COLOR")
             .current_dir(d)
             .arg("run")
@@ -120,7 +115,7 @@ async fn logs_default_to_warnings_without_colour_and_print_plain_values() {
     // -v: INFO lines, still no colour, plain values
     append(&bronze(d), &[up("b", T0 + 2 * HOUR, 2)]).await;
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .env_remove("NO_COLOR")
             .current_dir(d)
             .args(["-v", "run"])
@@ -151,7 +146,7 @@ async fn logs_default_to_warnings_without_colour_and_print_plain_values() {
     // JSON logs at info: every line is JSON, no debug text in any value
     append(&bronze(d), &[up("c", T0 + 3 * HOUR, 3)]).await;
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .args(["--log-format", "json", "--log-level", "info", "run"])
             .arg(&p),
@@ -177,7 +172,7 @@ async fn logs_default_to_warnings_without_colour_and_print_plain_values() {
 
 #[test]
 fn an_invalid_log_level_is_a_usage_error_naming_the_levels() {
-    let out = exec(tidemark(NOW).args(["--log-level", "loud", "runs"]));
+    let out = exec(tidemark_default_logs(NOW).args(["--log-level", "loud", "runs"]));
     assert_eq!(out.code, 64, "{}\n{}", out.stdout, out.stderr);
     for level in ["error", "warn", "info", "debug", "trace"] {
         assert!(
@@ -217,7 +212,13 @@ async fn every_json_command_prints_one_object_on_failure() {
     let p = write_pipeline(d, "15m", "soft", "");
     let json = ["--output", "json"];
     // run: the source does not exist
-    let out = exec(tidemark(NOW).current_dir(d).arg("run").arg(&p).args(json));
+    let out = exec(
+        tidemark_default_logs(NOW)
+            .current_dir(d)
+            .arg("run")
+            .arg(&p)
+            .args(json),
+    );
     let v = json_error(&out, 66, "unavailable");
     assert!(
         v["error"]["message"]
@@ -234,13 +235,18 @@ async fn every_json_command_prints_one_object_on_failure() {
         vec!["reconcile", "pipeline.yml"],
         vec!["job", "run", "no_such_job"],
     ] {
-        let out = exec(tidemark(NOW).current_dir(d).args(&args).args(json));
+        let out = exec(
+            tidemark_default_logs(NOW)
+                .current_dir(d)
+                .args(&args)
+                .args(json),
+        );
         assert_ne!(out.code, 0, "{args:?}");
         json_error(&out, out.code, class_of(out.code));
     }
     // a usage error found by the parser
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .arg("run")
             .arg(&p)
@@ -251,7 +257,7 @@ async fn every_json_command_prints_one_object_on_failure() {
     // a report that failed keeps its fields and gains `error`
     let bad = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bundles/bad");
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .args(["bundle", "validate", "--bundle"])
             .arg(&bad)
@@ -292,7 +298,7 @@ async fn unreferenced_on_disk(table: &Path) -> usize {
 }
 
 fn maintain_json(d: &Path, target: &Path, dry: bool) -> Value {
-    let mut c = tidemark(NOW);
+    let mut c = tidemark_default_logs(NOW);
     c.current_dir(d)
         .arg("maintain")
         .arg(target)
@@ -338,7 +344,7 @@ async fn maintain_dry_run_predicts_the_real_run_and_counts_files_on_disk() {
         run_ok(d, &p, NOW);
     }
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .arg("restore")
             .arg(silver(d))
@@ -379,7 +385,7 @@ async fn maintain_dry_run_predicts_the_real_run_and_counts_files_on_disk() {
     );
     // text says "would" in a dry run
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .arg("maintain")
             .arg(&p)
@@ -412,7 +418,7 @@ async fn superseded_versions_and_redelivered_duplicates_are_counted_apart() {
     // a: an old version, the newest, and the newest delivered again
     append(&bronze(d), &[up("a", T0 + HOUR, 1), again.clone(), again]).await;
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .arg("run")
             .arg(&p)
@@ -426,7 +432,7 @@ async fn superseded_versions_and_redelivered_duplicates_are_counted_apart() {
     // the commit facts of an incremental run carry both (a bootstrap's facts are written
     // before its counts are known: left to the owner of src/run/mod.rs)
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .arg("history")
             .arg(silver(d))
@@ -439,7 +445,7 @@ async fn superseded_versions_and_redelivered_duplicates_are_counted_apart() {
     assert_eq!(run["num_duplicates"], 1, "{h}");
     // the text summary names them
     append(&bronze(d), &[up("c", T0 + 3 * HOUR, 4)]).await;
-    let out = exec(tidemark(NOW).current_dir(d).arg("run").arg(&p));
+    let out = exec(tidemark_default_logs(NOW).current_dir(d).arg("run").arg(&p));
     assert!(out.stdout.contains("superseded versions"), "{}", out.stdout);
     assert!(
         out.stdout.contains("duplicates (re-delivered)"),
@@ -464,7 +470,7 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
     );
     // a failed attempt (no source yet: a long error message), then a successful one
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
     );
@@ -475,7 +481,7 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
     )
     .await;
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .args(["job", "run", "j", "--bundle"])
             .arg(&bundle),
     );
@@ -498,7 +504,11 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
         "phases out of order: {line}"
     );
 
-    let out = exec(tidemark(NOW).args(["runs", "--bundle"]).arg(&bundle));
+    let out = exec(
+        tidemark_default_logs(NOW)
+            .args(["runs", "--bundle"])
+            .arg(&bundle),
+    );
     assert_eq!(out.code, 0, "{}", out.stderr);
     for line in out.stdout.lines() {
         assert!(
@@ -513,7 +523,7 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
         out.stdout
     );
     let wide = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .args(["runs", "--wide", "--bundle"])
             .arg(&bundle),
     );
@@ -525,7 +535,7 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
 
     // one time format: ledger JSON, job report JSON, run summary, history
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .args(["runs", "--output", "json", "--bundle"])
             .arg(&bundle),
     );
@@ -539,7 +549,7 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
     }
     append(&bronze(d), &[up("b", T0 + 3 * HOUR, 1)]).await;
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .args(["job", "run", "j", "--output", "json", "--bundle"])
             .arg(&bundle),
     );
@@ -554,7 +564,7 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
         assert!(is_micros_z(s), "{s:?}");
     }
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .arg("history")
             .arg(silver(d))
             .args(["--output", "json"]),

@@ -1,22 +1,12 @@
-//! Issue 10 ("Hardening"), through the real binary: messages that name the next step, and
+//! Hardening, through the real binary: messages that name the next step, and
 //! `tidemark demo` from any directory. (Limits, logs, JSON failures, maintain and counters are
 //! in `tests/it/ux.rs`.)
 
 use crate::common;
 
-use assert_cmd::Command;
 use common::*;
 
 const NOW: i64 = T0 + 12 * HOUR;
-
-/// The binary with a pinned clock and no colour; RUST_LOG is not set, so the defaults apply.
-fn tidemark(now: i64) -> Command {
-    let mut c = Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env_remove("RUST_LOG")
-        .env("NO_COLOR", "1");
-    c
-}
 
 fn up(id: &str, seq: i64, val: i64) -> Change {
     Change::upsert(id, seq, seq + MIN, val)
@@ -39,7 +29,12 @@ async fn messages_name_the_thing_to_do_next() {
         (vec!["maintain"], "nowhere"),
         (vec!["history"], "empty"),
     ] {
-        let out = exec(tidemark(NOW).current_dir(d).args(&args).arg(path));
+        let out = exec(
+            tidemark_default_logs(NOW)
+                .current_dir(d)
+                .args(&args)
+                .arg(path),
+        );
         assert_eq!(out.code, 66, "{args:?}: {}", out.stderr);
         assert!(
             !out.stderr.contains(".uri`"),
@@ -60,7 +55,7 @@ async fn messages_name_the_thing_to_do_next() {
     }
     // gs:// is a scheme tidemark does not support, not a missing table
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .args(["history", "gs://bucket/t"]),
     );
@@ -84,7 +79,7 @@ async fn messages_name_the_thing_to_do_next() {
     .expect("write");
     let var = format!("lake={}", lake.display());
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .arg("reconcile")
             .arg(&with_var)
@@ -119,7 +114,7 @@ async fn messages_name_the_thing_to_do_next() {
     )
     .expect("write");
     let out = exec(
-        tidemark(NOW)
+        tidemark_default_logs(NOW)
             .current_dir(d)
             .args(["bundle", "validate", "--bundle", "b"]),
     );
@@ -154,7 +149,7 @@ fn demo_works_from_any_directory() {
     // No ./bundle here: the demo finds the checkout's bundle (whose own lake, beside it, is left
     // alone: --lake puts this one here, relative to the working directory).
     let out = exec(
-        tidemark(now)
+        tidemark_default_logs(now)
             .current_dir(dir.path())
             .args(["demo", "--lake", "./mine"]),
     );
@@ -169,7 +164,11 @@ fn demo_works_from_any_directory() {
         .unwrap_or_else(|| panic!("no runs hint: {}", out.stdout))
         .to_string();
     let args: Vec<&str> = runs.split_whitespace().skip(1).collect();
-    let out = exec(tidemark(now).current_dir(dir.path()).args(&args));
+    let out = exec(
+        tidemark_default_logs(now)
+            .current_dir(dir.path())
+            .args(&args),
+    );
     assert_eq!(out.code, 0, "`{runs}`: {}", out.stderr);
     assert!(out.stdout.contains("payments_hourly"), "{}", out.stdout);
     // and so does the lateness profile it suggests, on the lake it wrote
@@ -179,7 +178,11 @@ fn demo_works_from_any_directory() {
         .unwrap_or_else(|| panic!("no lateness hint: {demo_out}"))
         .to_string();
     let args: Vec<&str> = lateness.split_whitespace().skip(1).collect();
-    let out = exec(tidemark(now).current_dir(dir.path()).args(&args));
+    let out = exec(
+        tidemark_default_logs(now)
+            .current_dir(dir.path())
+            .args(&args),
+    );
     assert_eq!(out.code, 0, "`{lateness}`: {}", out.stderr);
     assert!(
         out.stdout.contains("mine/bronze/payments_raw"),
@@ -188,7 +191,7 @@ fn demo_works_from_any_directory() {
     );
     // an explicit bundle that is not there says how to point at one
     let out = exec(
-        tidemark(now)
+        tidemark_default_logs(now)
             .current_dir(dir.path())
             .args(["demo", "--bundle", "nowhere"]),
     );
@@ -206,7 +209,7 @@ async fn a_target_holding_a_key_twice_stops_the_run_and_names_the_way_out() {
     let (b, s) = (bronze(dir.path()), silver(dir.path()));
     let mut all = vec![up("a", T0 + HOUR, 1), up("b", T0 + HOUR, 2)];
     append(&b, &all).await;
-    let boot = exec(tidemark(NOW).arg("run").arg(&p));
+    let boot = exec(tidemark_default_logs(NOW).arg("run").arg(&p));
     assert_eq!(boot.code, 0, "{}", boot.stderr);
     for batch in read_all(&s).await {
         append_batch(&s, batch).await;
@@ -216,7 +219,7 @@ async fn a_target_holding_a_key_twice_stops_the_run_and_names_the_way_out() {
     append(&b, std::slice::from_ref(&late)).await;
     all.push(late);
 
-    let out = exec(tidemark(NOW).arg("run").arg(&p));
+    let out = exec(tidemark_default_logs(NOW).arg("run").arg(&p));
     assert_eq!(
         out.code, 65,
         "stdout: {}\nstderr: {}",
@@ -238,7 +241,12 @@ async fn a_target_holding_a_key_twice_stops_the_run_and_names_the_way_out() {
     }
     assert_eq!(version(&s).await, before, "a failed run commits nothing");
 
-    let fixed = exec(tidemark(NOW).arg("run").arg(&p).arg("--full-reload"));
+    let fixed = exec(
+        tidemark_default_logs(NOW)
+            .arg("run")
+            .arg(&p)
+            .arg("--full-reload"),
+    );
     assert_eq!(fixed.code, 0, "{}", fixed.stderr);
     assert_eq!(read_target(&s).await, oracle(&all, NOW, false));
 }
@@ -260,7 +268,12 @@ async fn the_wrong_kind_of_pipeline_is_a_usage_error_for_every_command() {
     )
     .expect("write");
     for (command, p) in [("reconcile", &agg), ("status", &merge)] {
-        let out = exec(tidemark(NOW).arg(command).arg(p).args(["--output", "json"]));
+        let out = exec(
+            tidemark_default_logs(NOW)
+                .arg(command)
+                .arg(p)
+                .args(["--output", "json"]),
+        );
         assert_eq!(out.code, 64, "{command}: {}", out.stderr);
         assert!(
             out.stderr.contains(":2:"),

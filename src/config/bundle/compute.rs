@@ -62,7 +62,7 @@ pub fn build(
             other => Some(other.to_string()),
         };
         if let Some(text) = text {
-            match memory(&text) {
+            match memory(&format!("`memory_limit: {}`", text.trim()), &text) {
                 Ok(bytes) => out.memory_limit = Some(bytes),
                 Err(message) => problem("memory_limit", message),
             }
@@ -93,21 +93,21 @@ pub fn build(
     out
 }
 
-fn memory(text: &str) -> Result<u64, String> {
+/// A memory limit, as a bundle's `memory_limit:` and `--memory-limit` both take it (`shown`:
+/// the setting as the message quotes it); one rule for both.
+pub fn memory(shown: &str, text: &str) -> Result<u64, String> {
     let t = text.trim();
     if t.chars().all(|c| c.is_ascii_digit()) {
-        return Err(format!(
-            "`memory_limit: {t}` has no unit; write it like 512MiB or 4GiB"
-        ));
+        return Err(format!("{shown} has no unit; write it like 512MiB or 4GiB"));
     }
     let Some(bytes) = parse_size(t) else {
         return Err(format!(
-            "`memory_limit: {t}` is not a size; write it like 512MiB or 4GiB (units B, KB, KiB, MB, MiB, GB, GiB, TB, TiB)"
+            "{shown} is not a size; write it like 512MiB or 4GiB (units B, KB, KiB, MB, MiB, GB, GiB, TB, TiB)"
         ));
     };
     if !(MIN_MEMORY_LIMIT..=MAX_MEMORY_LIMIT).contains(&bytes) {
         return Err(format!(
-            "`memory_limit: {t}` is out of range; use at least {}MiB (at most 1PiB): a sort reserves 10 MB before it can spill",
+            "{shown} is out of range; use at least {}MiB (at most 1PiB): a sort reserves 10 MB before it can spill",
             MIN_MEMORY_LIMIT >> 20
         ));
     }

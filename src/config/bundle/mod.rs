@@ -8,7 +8,7 @@
 //! before giving up, so `tidemark bundle validate` can show them all at once.
 
 mod build;
-mod compute;
+pub mod compute;
 mod job;
 mod raw;
 mod source;

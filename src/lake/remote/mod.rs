@@ -1,5 +1,5 @@
 //! How tidemark reads from an object store: each immutable Delta log file once, whole, and a
-//! Parquet data file's footer in one request ([`footers`]).
+//! Parquet data file's footer in one request (`footers.rs`).
 //!
 //! Opening a table makes the kernel read its log twice (protocol and metadata first, then the
 //! file actions), each commit file and each checkpoint again, and a checkpoint's Parquet one

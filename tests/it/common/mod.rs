@@ -311,14 +311,60 @@ fn captured(out: std::process::Output) -> Out {
     }
 }
 
-/// The binary with its clock pinned at `now`, warnings-only logs and no colour.
-pub fn tidemark_at(now: i64) -> assert_cmd::Command {
+/// The binary on the machine's clock, warnings-only logs and no colour: the one command
+/// builder every suite uses (a failpoint armed in the caller's environment fires only where a
+/// test arms it).
+pub fn tidemark() -> assert_cmd::Command {
     let mut c = assert_cmd::Command::cargo_bin("tidemark").expect("tidemark binary");
-    c.env("TIDEMARK_FAKE_NOW", rfc3339(now))
-        .env("RUST_LOG", "warn")
+    c.env("RUST_LOG", "warn")
         .env("NO_COLOR", "1")
-        // (a failpoint armed in the caller's environment fires only where a test arms it)
+        .env_remove("RUST_BACKTRACE")
         .env_remove("TIDEMARK_FAILPOINTS");
+    c
+}
+
+/// [`tidemark`] run from `dir`, on the machine's clock.
+pub fn tidemark_from(dir: &Path) -> assert_cmd::Command {
+    let mut c = tidemark();
+    c.current_dir(dir);
+    c
+}
+
+/// [`tidemark_at`] with the binary's own default logging (no `RUST_LOG`): what a user sees.
+pub fn tidemark_default_logs(now: i64) -> assert_cmd::Command {
+    let mut c = tidemark_at(now);
+    c.env_remove("RUST_LOG");
+    c
+}
+
+/// [`tidemark`] with its clock pinned at `now`.
+pub fn tidemark_at(now: i64) -> assert_cmd::Command {
+    let mut c = tidemark();
+    c.env("TIDEMARK_FAKE_NOW", rfc3339(now));
+    c
+}
+
+/// [`tidemark_at`] run from `dir` (for relative paths in pipelines and bundles).
+pub fn tidemark_in(dir: &Path, now: i64) -> assert_cmd::Command {
+    let mut c = tidemark_at(now);
+    c.current_dir(dir);
+    c
+}
+
+/// [`tidemark`] as a std command, for processes a test keeps running (signals, races, kills).
+pub fn process() -> std::process::Command {
+    let mut c = std::process::Command::new(env!("CARGO_BIN_EXE_tidemark"));
+    c.env("RUST_LOG", "warn")
+        .env("NO_COLOR", "1")
+        .env_remove("RUST_BACKTRACE")
+        .env_remove("TIDEMARK_FAILPOINTS");
+    c
+}
+
+/// [`process`] with its clock pinned at `now`.
+pub fn tidemark_process(now: i64) -> std::process::Command {
+    let mut c = process();
+    c.env("TIDEMARK_FAKE_NOW", rfc3339(now));
     c
 }
 
