@@ -16,7 +16,7 @@ use proptest::prelude::*;
 
 /// One merchant change record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Rec {
+pub(crate) struct Rec {
     id: Option<String>,
     seq: i64,
     ing: i64,
@@ -25,7 +25,7 @@ struct Rec {
     delete: bool,
 }
 
-fn rec(id: &str, seq: i64, segment: &str, name: &str) -> Rec {
+pub(crate) fn rec(id: &str, seq: i64, segment: &str, name: &str) -> Rec {
     Rec {
         id: Some(id.into()),
         seq,
@@ -36,14 +36,14 @@ fn rec(id: &str, seq: i64, segment: &str, name: &str) -> Rec {
     }
 }
 
-fn del(id: &str, seq: i64) -> Rec {
+pub(crate) fn del(id: &str, seq: i64) -> Rec {
     Rec {
         delete: true,
         ..rec(id, seq, "", "")
     }
 }
 
-async fn land(dir: &Path, recs: &[Rec]) {
+pub(crate) async fn land(dir: &Path, recs: &[Rec]) {
     let ts = |f: &dyn Fn(&Rec) -> i64| {
         TimestampMicrosecondArray::from(recs.iter().map(f).collect::<Vec<_>>()).with_timezone("UTC")
     };
@@ -80,7 +80,7 @@ async fn land(dir: &Path, recs: &[Rec]) {
     append_batch(&dir.join("lake/merchants_raw"), b).await;
 }
 
-fn pipeline(dir: &Path, history: &str) -> PathBuf {
+pub(crate) fn pipeline(dir: &Path, history: &str) -> PathBuf {
     let l = dir.join("lake");
     let track = if history == "scd2" {
         "track_history: [segment]\n"
@@ -120,9 +120,9 @@ fn run(p: &Path, now: i64, extra: &[&str]) -> serde_json::Value {
 }
 
 /// A dimension row: (key, segment, name, valid_from, valid_to, is_current).
-type Row = (String, String, String, i64, Option<i64>, bool);
+pub(crate) type Row = (String, String, String, i64, Option<i64>, bool);
 
-async fn table(dir: &Path, scd2: bool) -> Vec<Row> {
+pub(crate) async fn table(dir: &Path, scd2: bool) -> Vec<Row> {
     let mut out = Vec::new();
     for b in read_all(&dir.join("lake/merchants")).await {
         let s = |c: &str| {
@@ -164,7 +164,7 @@ async fn table(dir: &Path, scd2: bool) -> Vec<Row> {
 /// arrival; a delete after an upsert of the same instant; then content), a record delivered
 /// twice counted once, then walked: a segment change opens a version, a name change updates
 /// the open one, a delete closes it.
-fn oracle(recs: &[Rec], scd2: bool) -> Vec<Row> {
+pub(crate) fn oracle(recs: &[Rec], scd2: bool) -> Vec<Row> {
     let mut by_key: BTreeMap<String, Vec<&Rec>> = BTreeMap::new();
     for r in recs {
         if let Some(id) = &r.id {

@@ -666,6 +666,17 @@ fn every_fault_converges_after_a_rerun() {
             }
         }
     }
+    // The aggregate's and the dimension's faults (tests/it/kind_faults.rs), when they ran.
+    for kind in ["aggregate", "dimension"] {
+        let path = report_dir().join(format!("{kind}_faults.json"));
+        if let Ok(text) = std::fs::read_to_string(path) {
+            if let Ok(Value::Object(figures)) = serde_json::from_str::<Value>(&text) {
+                for (k, v) in figures {
+                    board[format!("{kind}_{k}")] = v;
+                }
+            }
+        }
+    }
     // Foreign changes (tests/it/foreign.rs), when that suite already ran.
     if let Ok(text) = std::fs::read_to_string(report_dir().join("foreign.json")) {
         if let Ok(Value::Object(foreign)) = serde_json::from_str::<Value>(&text) {

@@ -21,6 +21,7 @@ mod foreign;
 mod ingest;
 mod ingest_edges;
 mod jobs;
+mod kind_faults;
 mod lake_features;
 mod lateness;
 mod merge_edges;
