@@ -108,6 +108,8 @@ impl JobRunner {
             num_spill_files: None,
             duration_ms: 0,
             expectations: None,
+            kind: None,
+            counters: None,
         }
     }
 

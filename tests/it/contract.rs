@@ -282,3 +282,53 @@ async fn an_ingest_record_ahead_of_a_restored_bronze_loses_no_file() {
     want.sort();
     assert_eq!(held, want, "every landing record once");
 }
+
+/// The ledger row of every task names its kind and keeps all its counters (as the run summary
+/// has them), beside the typed columns every kind fills.
+#[test]
+fn the_ledger_keeps_each_kinds_counters() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let lake = dir.path().join("lake");
+    let bundle = Path::new(env!("CARGO_MANIFEST_DIR")).join("bundle");
+    let now = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+        .expect("time")
+        .timestamp_micros();
+    let demo = exec(
+        tidemark_in(dir.path(), now)
+            .arg("demo")
+            .arg("--lake")
+            .arg(&lake)
+            .arg("--bundle")
+            .arg(&bundle),
+    );
+    assert_eq!(demo.code, 0, "{}", demo.stderr);
+    let runs = exec(
+        tidemark_in(dir.path(), now)
+            .args(["runs", "--limit", "20", "--output", "json", "--var"])
+            .arg(format!("lake={}", lake.display()))
+            .arg("--bundle")
+            .arg(&bundle),
+    );
+    assert_eq!(runs.code, 0, "{}", runs.stderr);
+    let rows: serde_json::Value = serde_json::from_str(runs.stdout.trim()).expect("json");
+    let by_task = |task: &str| {
+        rows.as_array()
+            .expect("rows")
+            .iter()
+            .find(|r| r["task"] == task)
+            .cloned()
+            .unwrap_or_else(|| panic!("no {task} in {rows}"))
+    };
+    for (task, kind, counter) in [
+        ("ingest_events", "ingest", "num_files_ingested"),
+        ("merge_payments", "cdc_merge", "num_superseded"),
+        ("daily_payments", "aggregate", "num_days_changed"),
+        ("merchants", "dimension", "num_keys_changed"),
+    ] {
+        let row = by_task(task);
+        assert_eq!(row["kind"], kind, "{row}");
+        let counters: serde_json::Value =
+            serde_json::from_str(row["counters"].as_str().expect("counters")).expect("json");
+        assert!(counters.get(counter).is_some(), "{task}: {counters}");
+    }
+}

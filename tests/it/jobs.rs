@@ -1093,6 +1093,8 @@ async fn the_scheduler_process_catches_up_then_stops_cleanly_on_sigterm() {
             num_spill_files: None,
             duration_ms: 0,
             expectations: None,
+            kind: None,
+            counters: None,
         }])
         .await
         .expect("seed the ledger");

@@ -12,6 +12,8 @@ pub(super) const OPT_STRINGS: &[&str] = &[
     "pipeline_run_id",
     "mode",
     "expectations",
+    "kind",
+    "counters",
 ];
 pub(super) const TIMES: &[&str] = &["started_at", "ended_at"];
 pub(super) const OPT_TIMES: &[&str] = &["scheduled_at", "watermark_before", "watermark_after"];
@@ -74,6 +76,8 @@ pub fn schema() -> Arc<Schema> {
         "num_spill_files",
         "duration_ms",
         "expectations",
+        "kind",
+        "counters",
     ];
     for name in order {
         let (dt, nullable) = if STRINGS.contains(&name) {
@@ -111,6 +115,8 @@ pub(super) fn string_of(r: &LedgerRow, name: &str) -> Option<String> {
         "pipeline_run_id" => r.pipeline_run_id.clone(),
         "mode" => r.mode.clone(),
         "expectations" => r.expectations.clone(),
+        "kind" => r.kind.clone(),
+        "counters" => r.counters.clone(),
         _ => None,
     }
 }
@@ -288,6 +294,8 @@ pub(super) fn from_batch(b: &RecordBatch) -> Result<Vec<LedgerRow>, arrow::error
                 num_spill_files: it("num_spill_files"),
                 duration_ms: it("duration_ms").unwrap_or(0),
                 expectations: st("expectations"),
+                kind: st("kind"),
+                counters: st("counters"),
             }
         })
         .collect())

@@ -152,6 +152,12 @@ pub struct LedgerRow {
     /// Per expectation, the rows that failed it, as JSON (`[{name, on_fail, failed}]`); null
     /// without expectations (and in rows written before the column existed).
     pub expectations: Option<String>,
+    /// The pipeline's kind (null in rows written before the column existed, and for tasks
+    /// never attempted).
+    pub kind: Option<String>,
+    /// Everything the kind counted, as the run summary's JSON has it: the columns above keep
+    /// the counts every kind shares, this one the kind's own (null as for `kind`).
+    pub counters: Option<String>,
 }
 
 impl LedgerRow {
@@ -164,6 +170,8 @@ impl LedgerRow {
         self.target_version = s.target_version.and_then(n);
         self.num_source_rows_read = n(s.num_source_rows_read);
         self.num_quarantined = n(s.num_quarantined);
+        self.kind = Some(s.kind.as_str().to_string());
+        self.counters = serde_json::to_string(&s.counters).ok();
         let c = s.counters.inner().ledger();
         let m = |v: Option<u64>| v.and_then(n);
         self.watermark_before = c.watermark_before;
@@ -363,6 +371,8 @@ mod tests {
             num_spill_files: Some(0),
             duration_ms: 1000,
             expectations: None,
+            kind: None,
+            counters: None,
         }
     }
 
