@@ -13,7 +13,16 @@ use tracing::{info_span, Instrument};
 
 use super::*;
 
+/// The reload's winners, as a plan not yet run, with what its stream counts.
+struct Deduped {
+    winners: DataFrame,
+    sort_plan: Arc<dyn datafusion::physical_plan::ExecutionPlan>,
+    counts: Arc<std::sync::Mutex<DedupCounts>>,
+    scan_error: dedup::InputError,
+}
+
 impl Run<'_, '_> {
+    /// plan → read → validate → dedup → write, over the whole source.
     pub(super) async fn full(
         mut self,
         source_provider: Arc<dyn datafusion::catalog::TableProvider>,
@@ -21,17 +30,56 @@ impl Run<'_, '_> {
         roles: &ColumnRoles,
         seq_type: &arrow::datatypes::DataType,
     ) -> Result<MergeCounters, RunError> {
-        let q = RunError::query;
         if let Some(t) = &target {
             t.update_datafusion_session(&self.a.ctx.state())
                 .map_err(RunError::delta(Phase::Plan, &self.m.target_uri))?;
         }
         self.end_phase(Phase::Plan)?;
+        let (valid, streamed) = self
+            .validate_whole(source_provider, roles, seq_type)
+            .await?;
+        let deduped = self.winners(valid, roles).await?;
+        if self.opts.dry_run {
+            self.drain(&deduped).await?;
+        } else if let Some(t) = target
+            .as_ref()
+            .filter(|t| crate::lake::datafile::change_data_feed(t))
+            .cloned()
+        {
+            let Deduped {
+                winners,
+                sort_plan,
+                counts,
+                scan_error,
+            } = deduped;
+            let reloaded = self
+                .reload_by_merge(t, winners, roles, counts, scan_error, streamed)
+                .await;
+            log_executed(&sort_plan);
+            return reloaded;
+        } else {
+            self.overwrite(target, &deduped, roles, &streamed).await?;
+        }
+        log_executed(&deduped.sort_plan);
+        self.count_reload(&deduped.counts, roles)?;
+        self.report_streamed(streamed);
+        Ok(self.finish())
+    }
+
+    /// The whole source read and split by validation (rejected rows to the quarantine); `warn`
+    /// rules only count: over a whole source that is cheaper inside the write's scan, which
+    /// decodes their columns anyway, than in a pass of its own.
+    async fn validate_whole(
+        &mut self,
+        source_provider: Arc<dyn datafusion::catalog::TableProvider>,
+        roles: &ColumnRoles,
+        seq_type: &arrow::datatypes::DataType,
+    ) -> Result<(DataFrame, Option<crate::keyed::expect::Streamed>), RunError> {
         let input = self
             .a
             .ctx
             .read_table(source_provider)
-            .map_err(q(Phase::Read))?;
+            .map_err(RunError::query(Phase::Read))?;
         let due = validate::due_micros(self.now, self.m.max_future_skew);
         let rules = self.compile_expectations(&input)?;
         let (annotated, guard) =
@@ -46,8 +94,6 @@ impl Run<'_, '_> {
                 as u64,
         };
         self.end_phase(Phase::Read)?;
-        // `warn` rules only count: over a whole source that is cheaper inside the write's scan,
-        // which decodes their columns anyway, than in a pass of its own.
         let warns: Vec<&crate::keyed::expect::Compiled> = rules
             .iter()
             .filter(|r| r.on_fail == crate::keyed::expect::OnFail::Warn)
@@ -68,7 +114,18 @@ impl Run<'_, '_> {
         };
         self.quarantine(split.rejected).await?;
         self.end_phase(Phase::Validate)?;
+        Ok((valid, streamed))
+    }
 
+    /// The newest version per key of `valid`: canonical rows, thinned chunk by chunk, sorted
+    /// (spilling under a memory limit) and deduplicated as they stream; hard deletes dropped,
+    /// columns as the target stores them.
+    async fn winners(
+        &mut self,
+        valid: DataFrame,
+        roles: &ColumnRoles,
+    ) -> Result<Deduped, RunError> {
+        let q = RunError::query;
         let canonical = valid
             .select(roles.canonical_exprs())
             .map_err(q(Phase::Dedup))?;
@@ -121,83 +178,99 @@ impl Run<'_, '_> {
                 datafusion::logical_expr::cast(ident(c), dt).alias(c)
             })
             .collect();
-        let winners = winners.select(out_cols).map_err(q(Phase::Dedup))?;
+        Ok(Deduped {
+            winners: winners.select(out_cols).map_err(q(Phase::Dedup))?,
+            sort_plan,
+            counts,
+            scan_error,
+        })
+    }
 
-        if self.opts.dry_run {
-            let mut stream = winners.execute_stream().await.map_err(q(Phase::Dedup))?;
-            while let Some(b) = stream.next().await {
-                if let Err(e) = b {
-                    return Err(match dedup::take_error(&scan_error) {
-                        Some(source) => RunError::scan(Phase::Read, &self.m.source_uri)(source),
-                        None => q(Phase::Dedup)(e),
-                    });
-                }
+    /// A dry run: the winners streamed to their end, so every count is complete.
+    async fn drain(&mut self, d: &Deduped) -> Result<(), RunError> {
+        let q = RunError::query;
+        let mut stream = d
+            .winners
+            .clone()
+            .execute_stream()
+            .await
+            .map_err(q(Phase::Dedup))?;
+        while let Some(b) = stream.next().await {
+            if let Err(e) = b {
+                return Err(match dedup::take_error(&d.scan_error) {
+                    Some(source) => RunError::scan(Phase::Read, &self.m.source_uri)(source),
+                    None => q(Phase::Dedup)(e),
+                });
             }
-            self.end_phase(Phase::Dedup)?;
-        } else if let Some(t) = target
-            .as_ref()
-            .filter(|t| crate::lake::datafile::change_data_feed(t))
-            .cloned()
-        {
-            let reloaded = self
-                .reload_by_merge(t, winners, roles, counts, scan_error, streamed)
-                .await;
-            log_executed(&sort_plan);
-            return reloaded;
-        } else {
-            // The counts of a streamed reload are known only after the write; its commit
-            // carries what is known before it, and delta-rs adds the written row count.
-            if let Some(t) = &target {
-                self.ensure_unchanged(t).await?;
-            }
-            let props = self.commit_properties();
-            let plan = winners.into_unoptimized_plan();
-            let ctx = self.a.ctx.clone();
-            let final_facts = streamed_facts(
-                counts.clone(),
-                roles.hard_deletes(),
-                false,
-                streamed.clone(),
-            );
-            let written = write::overwrite(
-                &ctx,
-                target,
-                &self.m.target_uri,
-                &self.p.name,
-                write::FileShape {
-                    file_size: self.m.target_file_size,
-                    row_group_rows: self.m.target_row_group_rows,
-                    change_data_feed: self.m.change_data_feed,
-                    deletion_vectors: self.m.target_apply
-                        == crate::config::pipeline::Apply::DeletionVectors,
-                    keys: roles.keys.clone(),
-                },
-                plan,
-                write::OverwriteCommit { props, final_facts },
-            )
-            .instrument(info_span!("commit"))
-            .await;
-            // The write streams the source through the dedup; when it failed because the source
-            // could not be read, that is the error to report (the stream only carries its text).
-            let table = match (written, dedup::take_error(&scan_error)) {
-                (Err(_), Some(e)) => {
-                    return Err(RunError::scan(Phase::Read, &self.m.source_uri)(e))
-                }
-                (written, _) => written?,
-            };
-            self.a.summary.target_version = table.version();
-            self.end_phase(Phase::Write)?;
-            let (added, removed) = last_commit_files(&table).await;
-            self.a.summary.num_files_added = added;
-            self.a.summary.num_files_removed = removed;
         }
-        log_executed(&sort_plan);
+        self.end_phase(Phase::Dedup)
+    }
+
+    /// The winners streamed into one overwrite commit. The counts of a streamed reload are
+    /// known only after the write; its commit carries what is known before it, and delta-rs
+    /// adds the written row count.
+    async fn overwrite(
+        &mut self,
+        target: Option<DeltaTable>,
+        d: &Deduped,
+        roles: &ColumnRoles,
+        streamed: &Option<crate::keyed::expect::Streamed>,
+    ) -> Result<(), RunError> {
+        if let Some(t) = &target {
+            self.ensure_unchanged(t).await?;
+        }
+        let props = self.commit_properties();
+        let plan = d.winners.clone().into_unoptimized_plan();
+        let ctx = self.a.ctx.clone();
+        let final_facts = streamed_facts(
+            d.counts.clone(),
+            roles.hard_deletes(),
+            false,
+            streamed.clone(),
+        );
+        let written = write::overwrite(
+            &ctx,
+            target,
+            &self.m.target_uri,
+            &self.p.name,
+            write::FileShape {
+                file_size: self.m.target_file_size,
+                row_group_rows: self.m.target_row_group_rows,
+                change_data_feed: self.m.change_data_feed,
+                deletion_vectors: self.m.target_apply
+                    == crate::config::pipeline::Apply::DeletionVectors,
+                keys: roles.keys.clone(),
+            },
+            plan,
+            write::OverwriteCommit { props, final_facts },
+        )
+        .instrument(info_span!("commit"))
+        .await;
+        // The write streams the source through the dedup; when it failed because the source
+        // could not be read, that is the error to report (the stream only carries its text).
+        let table = match (written, dedup::take_error(&d.scan_error)) {
+            (Err(_), Some(e)) => return Err(RunError::scan(Phase::Read, &self.m.source_uri)(e)),
+            (written, _) => written?,
+        };
+        self.a.summary.target_version = table.version();
+        self.end_phase(Phase::Write)?;
+        let (added, removed) = last_commit_files(&table).await;
+        self.a.summary.num_files_added = added;
+        self.a.summary.num_files_removed = removed;
+        Ok(())
+    }
+
+    /// The counters of a reload, from the dedup's: every winner is new to the rebuilt table —
+    /// live rows are inserts, deletes are tombstones (soft) or simply absent (hard).
+    fn count_reload(
+        &mut self,
+        counts: &std::sync::Mutex<DedupCounts>,
+        roles: &ColumnRoles,
+    ) -> Result<(), RunError> {
         let c = *counts.lock().map_err(|_| RunError::Internal {
             phase: Phase::Dedup,
             message: "the dedup counters were poisoned by a panicked writer thread".into(),
         })?;
-        // Every winner is new to the rebuilt table: live rows are inserts, deletes are tombstones
-        // (soft) or simply absent (hard).
         self.c.num_inserted = c.winners - c.deleted_winners;
         (self.c.num_superseded, self.c.num_duplicates) = (c.superseded, c.duplicates);
         self.c.num_conflicts = c.conflicts;
@@ -211,8 +284,7 @@ impl Run<'_, '_> {
             };
         }
         self.c.watermark_after = c.watermark(roles.hard_deletes()).and_then(micros_to_time);
-        self.report_streamed(streamed);
-        Ok(self.finish())
+        Ok(())
     }
 
     /// The counts of the rules counted in the stream, now that it has been read.
