@@ -19,6 +19,7 @@ pub mod days;
 mod local_date;
 mod lookup;
 mod plan;
+mod reload;
 pub mod status;
 mod stream;
 mod touched;
@@ -110,8 +111,38 @@ fn context(engine: &Engine, spec: &Aggregate) -> SessionContext {
     ctx
 }
 
-/// Days per aggregate of a full restatement: a month of groups in one hash table at a time.
-const FULL_CHUNK_DAYS: i64 = 31;
+/// What the plan opened and chose.
+struct Opened {
+    gold: Option<deltalake::DeltaTable>,
+    status_table: Option<deltalake::DeltaTable>,
+    adjustments: Option<deltalake::DeltaTable>,
+    old_status: BTreeMap<NaiveDate, status::DayStatus>,
+    /// When each closed day closed (from the status table).
+    closed: BTreeMap<NaiveDate, i64>,
+    logical: NaiveDate,
+    /// A bootstrap or full reload: every day restated.
+    full: bool,
+    /// The source's live rows, with the lookups applied.
+    df: datafusion::prelude::DataFrame,
+    plan: plan::Plan,
+}
+
+/// What the read found: the days' rows as gold would hold them, with their facts, and gold's
+/// fingerprints of those days.
+struct ReadDays {
+    schema: arrow::datatypes::SchemaRef,
+    prints: write::Fingerprints,
+    held: Option<write::Prints>,
+    facts: BTreeMap<NaiveDate, compute::DayFacts>,
+    rows: Vec<arrow::array::RecordBatch>,
+}
+
+/// What the compare decided.
+struct Compared {
+    changed: BTreeSet<NaiveDate>,
+    booked: Vec<arrow::array::RecordBatch>,
+    new_status: BTreeMap<NaiveDate, status::DayStatus>,
+}
 
 struct Run<'r, 'a> {
     a: &'r mut Attempt<'a>,
@@ -136,9 +167,34 @@ impl Run<'_, '_> {
         self.a.end_phase(phase)
     }
 
+    /// plan → read → compare → write; a bootstrap or full reload restates every day.
     async fn execute(&mut self) -> Result<(), RunError> {
+        let o = self.plan().await?;
+        if o.full {
+            let open_from = o.plan.days.open_from;
+            return self
+                .restate_all(
+                    o.df,
+                    o.gold,
+                    o.status_table,
+                    &o.old_status,
+                    o.logical,
+                    open_from,
+                )
+                .await;
+        }
+        let read = self.read_days(&o).await?;
+        let compared = self.compare_days(&o, &read).await?;
+        if self.opts.dry_run {
+            return Ok(());
+        }
+        self.write_days(o, read, compared).await
+    }
+
+    /// Opens the source (pinned), gold, its status and adjustments, checks the pipeline's
+    /// columns, lookups and definition against them, and picks the days.
+    async fn plan(&mut self) -> Result<Opened, RunError> {
         let spec = self.spec;
-        // plan
         let source = lake::open_required(&spec.source_uri, "source").await?;
         self.a.summary.source_version = source.version();
         let gold = lake::open_if_exists(&spec.target_uri).await?;
@@ -169,35 +225,37 @@ impl Run<'_, '_> {
             .await?;
         self.c.logical_date = Some(logical);
         self.end_phase(Phase::Plan)?;
+        Ok(Opened {
+            gold,
+            status_table,
+            adjustments,
+            closed: status::closes(&old_status, spec.time_zone),
+            old_status,
+            logical,
+            full,
+            df,
+            plan,
+        })
+    }
 
-        // read: the days' groups from the source's live rows
-        if full {
-            return self
-                .restate_all(
-                    df,
-                    gold,
-                    status_table,
-                    &old_status,
-                    logical,
-                    plan.days.open_from,
-                )
-                .await;
-        }
-        let mut read = plan.days.clone();
-        read.set.extend(plan.adjust.iter().copied());
-        let closed = status::closes(&old_status, spec.time_zone);
+    /// The days' groups from the source's live rows, and gold's rows of those days read back
+    /// and fingerprinted at the same time (the compare needs both).
+    async fn read_days(&mut self, o: &Opened) -> Result<ReadDays, RunError> {
+        let spec = self.spec;
+        let mut read = o.plan.days.clone();
+        read.set.extend(o.plan.adjust.iter().copied());
         let grouped = compute::grouped(
             compute::Source {
                 p: self.p,
                 spec,
-                df,
-                closed: &closed,
+                df: o.df.clone(),
+                closed: &o.closed,
             },
             Some(&read),
-            plan.days.open_from,
+            o.plan.days.open_from,
         )?;
         let schema = compute::gold_schema(&grouped);
-        if let Some(g) = &gold {
+        if let Some(g) = &o.gold {
             let rerun = format!(
                 "tidemark run {}{}",
                 self.p.path.display(),
@@ -205,14 +263,12 @@ impl Run<'_, '_> {
             );
             write::check_schema(g, &schema, &spec.target_uri, &rerun)?;
         }
-        // Gold's rows of the days are read back and fingerprinted at the same time (the
-        // compare needs both).
         let prints = write::Fingerprints::new(schema.clone());
         let gold_days = async {
-            let Some(g) = &gold else {
+            let Some(g) = &o.gold else {
                 return Ok(None);
             };
-            let held = write::read_days(&self.a.ctx, g, &spec.target_uri, &plan.days).await?;
+            let held = write::read_days(&self.a.ctx, g, &spec.target_uri, &o.plan.days).await?;
             let prints = prints.clone();
             tokio::task::spawn_blocking(move || prints.of(&held))
                 .await
@@ -229,201 +285,75 @@ impl Run<'_, '_> {
         let rows = compute::without_helpers(&batches)?;
         self.a.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
         self.end_phase(Phase::Read)?;
+        Ok(ReadDays {
+            schema,
+            prints,
+            held,
+            facts,
+            rows,
+        })
+    }
 
-        // compare: which days gold does not hold exactly so; what final days owe
-        let span = plan.days.clone();
-        let changed: BTreeSet<NaiveDate> = match &held {
-            Some(held) => held.changed(&prints.of(&rows)?, &plan.days.set),
+    /// Which days gold does not hold exactly so, what final days owe (adjustments), and the
+    /// day status after the run.
+    async fn compare_days(&mut self, o: &Opened, r: &ReadDays) -> Result<Compared, RunError> {
+        let span = o.plan.days.clone();
+        let changed: BTreeSet<NaiveDate> = match &r.held {
+            Some(held) => held.changed(&r.prints.of(&r.rows)?, &o.plan.days.set),
             // (no gold: a bootstrap, which `restate_all` ran)
             None => span.each().collect(),
         };
         let booked = self
-            .adjustments_due(&plan, &closed, &rows, gold.as_ref(), adjustments.as_ref())
+            .adjustments_due(
+                &o.plan,
+                &o.closed,
+                &r.rows,
+                o.gold.as_ref(),
+                o.adjustments.as_ref(),
+            )
             .await?;
-        self.count(&span, &changed, &old_status, &rows, &booked);
-        let mut new_status = status::next(&old_status, &span, &facts, &changed, self.now);
-        status::adjusted(&mut new_status, &booked, &facts, logical, self.now);
-        self.count_status(&old_status, &new_status);
+        self.count(&span, &changed, &o.old_status, &r.rows, &booked);
+        let mut new_status = status::next(&o.old_status, &span, &r.facts, &changed, self.now);
+        status::adjusted(&mut new_status, &booked, &r.facts, o.logical, self.now);
+        self.count_status(&o.old_status, &new_status);
         self.end_phase(Phase::Compare)?;
-        if self.opts.dry_run {
-            return Ok(());
-        }
+        Ok(Compared {
+            changed,
+            booked,
+            new_status,
+        })
+    }
 
-        // write: adjustments, then gold's changed days in one commit, then the status table
-        // (in that order, a crash anywhere converges on the rerun: each compares first)
-        if !booked.is_empty() {
+    /// Adjustments, then gold's changed days in one commit, then the status table (in that
+    /// order, a crash anywhere converges on the rerun: each compares first).
+    async fn write_days(&mut self, o: Opened, r: ReadDays, c: Compared) -> Result<(), RunError> {
+        let spec = self.spec;
+        if !c.booked.is_empty() {
             self.c.adjustments_version = adjust::book(
-                adjustments,
+                o.adjustments,
                 &spec.adjustments_uri,
-                booked,
+                c.booked,
                 self.commit_properties(),
             )
             .await?;
         }
         self.a.failpoint(Point::Committed(Table::Adjustments))?;
-        if let (false, Some(gold)) = (changed.is_empty(), gold) {
+        if let (false, Some(gold)) = (c.changed.is_empty(), o.gold) {
             let version = write::replace_days(
                 gold,
                 &spec.target_uri,
-                write::rows_of(&rows, &changed)?,
-                &schema,
-                &changed,
+                write::rows_of(&r.rows, &c.changed)?,
+                &r.schema,
+                &c.changed,
                 self.commit_properties(),
             )
             .await?;
             self.a.summary.target_version = version;
         }
         self.a.failpoint(Point::Committed(Table::Target))?;
-        self.commit_status(status_table, &old_status, &new_status, false)
+        self.commit_status(o.status_table, &o.old_status, &c.new_status, false)
             .await?;
-        self.end_phase(Phase::Write)?;
-        Ok(())
-    }
-
-    /// A bootstrap or full reload: every day, streamed from the aggregate into gold's one
-    /// overwrite commit (the day facts for the status table noted on the way).
-    async fn restate_all(
-        &mut self,
-        df: datafusion::prelude::DataFrame,
-        gold: Option<deltalake::DeltaTable>,
-        status_table: Option<deltalake::DeltaTable>,
-        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
-        logical: NaiveDate,
-        open_from: NaiveDate,
-    ) -> Result<(), RunError> {
-        let spec = self.spec;
-        let q = |e| RunError::query(Phase::Read)(e);
-        let closed = status::closes(old_status, spec.time_zone);
-        let source = |df: datafusion::prelude::DataFrame| compute::Source {
-            p: self.p,
-            spec,
-            df,
-            closed: &closed,
-        };
-        // The days in chunks, one aggregate after the other (the source is clustered by time
-        // when it is a tidemark silver: each chunk's files are pruned by their statistics).
-        let mut chunks = Vec::new();
-        if let Some((first, last)) = compute::day_bounds(source(df.clone())).await? {
-            let mut from = first;
-            while from <= last {
-                let to = (from + chrono::Duration::days(FULL_CHUNK_DAYS - 1)).min(last);
-                let days = Days::range(spec, logical, from, to);
-                chunks.push(compute::grouped(
-                    source(df.clone()),
-                    Some(&days),
-                    open_from,
-                )?);
-                from = to + chrono::Duration::days(1);
-            }
-        }
-        let grouped = compute::grouped(
-            source(df),
-            Some(&Days::only(spec, logical, None, [])),
-            open_from,
-        )?;
-        let schema = compute::gold_schema(&grouped);
-        let with_helper: arrow::datatypes::SchemaRef =
-            Arc::new(grouped.schema().as_arrow().clone());
-        let input: datafusion::execution::SendableRecordBatchStream = Box::pin(
-            datafusion::physical_plan::stream::RecordBatchStreamAdapter::new(
-                with_helper,
-                futures::stream::iter(chunks)
-                    .then(|df| df.execute_stream())
-                    .try_flatten(),
-            ),
-        );
-        let observed = Arc::new(stream::Observed::new(schema.clone(), input));
-        let seen = observed.seen();
-        if self.opts.dry_run {
-            let mut s = datafusion::physical_plan::streaming::PartitionStream::execute(
-                observed.as_ref(),
-                self.a.ctx.task_ctx(),
-            );
-            while let Some(b) = s.next().await {
-                b.map_err(RunError::scan(Phase::Read, &spec.source_uri))?;
-            }
-        } else {
-            let table = datafusion::catalog::streaming::StreamingTable::try_new(
-                observed.schema_ref(),
-                vec![observed],
-            )
-            .map_err(q)?;
-            let plan = self
-                .a
-                .ctx
-                .read_table(Arc::new(table))
-                .map_err(q)?
-                .into_unoptimized_plan();
-            let facts_seen = seen.clone();
-            let facts: lake::facts::FinalFacts = Arc::new(move || {
-                let days = facts_seen.lock().ok()?;
-                let mut m = serde_json::Map::new();
-                m.insert("num_days_changed".into(), days.len().into());
-                m.insert(
-                    "num_rows_written".into(),
-                    days.values().map(|f| f.groups).sum::<i64>().into(),
-                );
-                Some(m)
-            });
-            self.a.summary.target_version = write::overwrite_all(
-                &self.a.ctx,
-                gold,
-                &spec.target_uri,
-                &self.p.name,
-                plan,
-                facts,
-                self.commit_properties(),
-            )
-            .await?;
-        }
-        // Under `after_close: adjust` the closed days now hold everything booked for them: the
-        // adjustments are folded in, and cleared (after gold's commit; an interrupted reload is
-        // run again).
-        if !self.opts.dry_run && self.spec.after_close == AfterClose::Adjust {
-            if let Some(t) = lake::open_if_exists(&spec.adjustments_uri).await? {
-                if lake::row_count_from_stats(&t).ok().flatten().unwrap_or(1) > 0 {
-                    let (t, _) = t
-                        .delete()
-                        .with_commit_properties(self.commit_properties())
-                        .await
-                        .map_err(RunError::write(Phase::Write, &spec.adjustments_uri))?;
-                    self.c.adjustments_version = t.version();
-                    self.warn(format!(
-                        "the closed days were rebuilt from the source, so the adjustments booked for them are now in gold: {} was cleared",
-                        spec.adjustments_uri
-                    ));
-                }
-            }
-        }
-        let facts = seen.lock().map(|d| d.clone()).unwrap_or_default();
-        self.a.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
-        let first = facts.keys().next().copied().unwrap_or(logical);
-        let last = facts
-            .keys()
-            .next_back()
-            .copied()
-            .unwrap_or(logical)
-            .max(logical);
-        let span = Days::range(spec, logical, first.min(last), last);
-        let changed: BTreeSet<NaiveDate> = facts.keys().copied().collect();
-        self.c.days_from = span.first();
-        self.c.days_to = span.last();
-        self.c.num_days_recomputed = span.count();
-        self.c.num_days_changed = changed.len() as u64;
-        self.c.num_rows_written = facts.values().map(|f| f.groups.max(0) as u64).sum();
-        // Days gold held that the source no longer has are gone from gold too.
-        let mut new_status = status::next(old_status, &span, &facts, &changed, self.now);
-        new_status.retain(|d, _| facts.contains_key(d));
-        // A reload rebuilds every day on purpose: not "restated after close" each.
-        for (d, s) in new_status.iter_mut() {
-            s.restated_after_close = old_status.get(d).map_or(0, |o| o.restated_after_close);
-        }
-        self.count_status(old_status, &new_status);
-        self.end_phase(Phase::Write)?;
-        // (always: the status table records what the reload read — a recreated source's new
-        // table id included — and the next run reads that record)
-        self.commit_status(status_table, old_status, &new_status, true)
-            .await
+        self.end_phase(Phase::Write)
     }
 
     /// The summary's counts of the new day status: days final for the first time, days open.
