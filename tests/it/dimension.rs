@@ -17,7 +17,7 @@ use proptest::prelude::*;
 /// One merchant change record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Rec {
-    id: Option<String>,
+    pub(crate) id: Option<String>,
     seq: i64,
     ing: i64,
     segment: String,

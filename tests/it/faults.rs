@@ -667,8 +667,14 @@ fn every_fault_converges_after_a_rerun() {
         }
     }
     // The aggregate's and the dimension's faults (tests/it/kind_faults.rs), when they ran.
-    for kind in ["aggregate", "dimension"] {
-        let path = report_dir().join(format!("{kind}_faults.json"));
+    for (kind, file) in [
+        ("aggregate", "aggregate_faults"),
+        ("dimension", "dimension_faults"),
+        ("aggregate", "aggregate_foreign"),
+        ("dimension", "dimension_foreign"),
+        ("ingest", "ingest_foreign"),
+    ] {
+        let path = report_dir().join(format!("{file}.json"));
         if let Ok(text) = std::fs::read_to_string(path) {
             if let Ok(Value::Object(figures)) = serde_json::from_str::<Value>(&text) {
                 for (k, v) in figures {

@@ -22,6 +22,7 @@ mod ingest;
 mod ingest_edges;
 mod jobs;
 mod kind_faults;
+mod kind_foreign;
 mod lake_features;
 mod lateness;
 mod merge_edges;
