@@ -29,6 +29,58 @@ use crate::lake::{self, COMMIT_INFO_KEY};
 use crate::run::quarantine::REASON_COLUMN;
 use crate::run::{Phase, RunError};
 
+/// How many of bronze's newest commits are searched for this pipeline's last run.
+const FOREIGN_LOOKBACK: usize = 100;
+
+/// Refuses bronze when another writer took rows out of it after this pipeline's last ingest
+/// commit — a commit without tidemark's facts that removed data files (DELETE, UPDATE, MERGE,
+/// an overwrite, a RESTORE by another engine): the ingest record still lists those files as
+/// ingested, so their rows would never come back. tidemark's own commits (another pipeline's
+/// full reload, `tidemark restore`, `maintain`) are not foreign. A last run further back than
+/// the newest [`FOREIGN_LOOKBACK`] commits is not checked.
+pub async fn check_foreign(
+    table: &DeltaTable,
+    uri: &str,
+    pipeline: &str,
+    path: &str,
+) -> Result<(), RunError> {
+    let entries = lake::read_commits(table, FOREIGN_LOOKBACK)
+        .await
+        .map_err(RunError::delta(Phase::Plan, uri))?;
+    let ours = |e: &&lake::CommitEntry| {
+        e.run.as_ref().is_some_and(|r| {
+            r.get("pipeline").and_then(|p| p.as_str()) == Some(pipeline)
+                && r.get("kind").and_then(|k| k.as_str()) == Some("ingest")
+        })
+    };
+    let (Some(last), Some(latest)) = (entries.iter().find(ours), table.version()) else {
+        return Ok(());
+    };
+    if latest <= last.version {
+        return Ok(());
+    }
+    let added = lake::files_added_between(table, last.version, latest)
+        .await
+        .map_err(RunError::delta(Phase::Plan, uri))?;
+    let foreign = added.rewrites.iter().find(|r| {
+        entries
+            .iter()
+            .find(|e| e.version == r.version)
+            .is_some_and(|e| e.run.is_none())
+    });
+    match foreign {
+        Some(r) => Err(IngestError::BronzeRewritten {
+            uri: uri.to_string(),
+            version: r.version,
+            operation: r.operation.clone().unwrap_or_else(|| "unknown".into()),
+            files_removed: r.files_removed,
+            pipeline: path.to_string(),
+        }
+        .into()),
+        None => Ok(()),
+    }
+}
+
 /// Refuses a bronze table whose `txn` actions expire (the run number that ties bronze to its
 /// record would vanish).
 pub fn check_retention(table: &DeltaTable, uri: &str) -> Result<(), RunError> {

@@ -59,6 +59,15 @@ pub enum IngestError {
         codec: &'static str,
         reason: String,
     },
+    /// Another writer took rows out of bronze after this pipeline's last run.
+    #[error("{uri} was changed by another writer after this pipeline's last run: commit {version} ({operation}) removed {files_removed} data file(s), so rows of files the ingest record lists as ingested may be gone; nothing was written. Rebuild bronze from the landing files with `tidemark run {pipeline} --full-reload` (each file keeps the `_ingested_at` it was first given), or undo that commit with `tidemark restore`")]
+    BronzeRewritten {
+        uri: String,
+        version: u64,
+        operation: String,
+        files_removed: u64,
+        pipeline: String,
+    },
     /// A full reload would drop rows whose landing files are gone.
     #[error("a full reload of {uri} would drop the rows of {count} file(s) ingested from {landing} that are no longer there (first: {first}); nothing was written. Restore those files to the landing location first, or rebuild the table another way")]
     ReloadWouldDrop {
@@ -98,6 +107,7 @@ impl Classify for IngestError {
             },
             IngestError::ChangedWhileRead { .. } => ErrorClass::Retryable,
             IngestError::FileChanged { .. }
+            | IngestError::BronzeRewritten { .. }
             | IngestError::Schema { .. }
             | IngestError::ReloadWouldDrop { .. }
             | IngestError::Decompress { .. }

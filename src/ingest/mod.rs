@@ -150,6 +150,10 @@ impl Run<'_, '_> {
         let opened_ms = started.elapsed().as_millis();
         if let Some(t) = &target {
             commit::check_retention(t, &spec.target_uri)?;
+            if !self.opts.full_reload {
+                let path = self.p.path.display().to_string();
+                commit::check_foreign(t, &spec.target_uri, &self.p.name, &path).await?;
+            }
         }
         let book = record::Record::open(
             &spec.record_uri,

@@ -92,7 +92,12 @@ pub async fn restore(
             txns.push(Transaction::new(app, v));
         }
     }
-    let props = CommitProperties::default().with_application_transactions(txns);
+    // (marked as tidemark's: an ingest tells its own restore, which re-records the run
+    // numbers above, from another writer's, which does not)
+    let mine = serde_json::json!({ "operation": "restore", "restored_version": version });
+    let props = CommitProperties::default()
+        .with_metadata([(super::COMMIT_INFO_KEY.to_string(), mine)])
+        .with_application_transactions(txns);
     let latest = table.version().unwrap_or(0);
     let (table, metrics) = table
         .restore()

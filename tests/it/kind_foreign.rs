@@ -54,6 +54,13 @@ impl Figures {
     }
 }
 
+/// Bronze's records of an ingest test, sorted, without their arrival time.
+async fn held(d: &Path) -> Vec<(String, Option<i64>, String)> {
+    let mut held = crate::ingest::without_time(&crate::ingest::bronze(d).await);
+    held.sort();
+    held
+}
+
 async fn open(path: &Path) -> deltalake::DeltaTable {
     let url = deltalake::ensure_table_uri(path.to_str().expect("utf8")).expect("url");
     deltalake::open_table(url).await.expect("open")
@@ -216,39 +223,52 @@ async fn a_dimension_ends_correct_or_refused_after_foreign_changes() {
     );
 }
 
-/// Bronze deleted and recreated empty by someone else: the next run ingests every landing
-/// record again, exactly once. (Bronze restored by `tidemark restore`, with or without its
-/// record index, is in `contract.rs`.)
+/// Bronze restored to an older version by another engine (its RESTORE leaves the run number
+/// as it was): refused, and the full reload then holds every landing record once. Bronze
+/// deleted and recreated empty: the next run ingests every landing record again, exactly once.
+/// (Bronze restored by `tidemark restore`, with or without its record index, is in
+/// `contract.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_ends_correct_after_foreign_changes() {
-    use crate::ingest::{bronze as bronze_rows, land, oracle, pipeline, without_time};
+    use crate::ingest::{land, oracle, pipeline};
     let mut f = Figures::default();
-    let run = |f: &mut Figures, d: &Path, now: i64| {
-        f.command(exec(tidemark_at(now).arg("run").arg(d.join("ingest.yml"))))
+    let run = |f: &mut Figures, d: &Path, now: i64, extra: &[&str]| {
+        f.command(exec(
+            tidemark_at(now)
+                .arg("run")
+                .arg(d.join("ingest.yml"))
+                .args(extra),
+        ))
     };
-    for scenario in ["recreated"] {
+    for scenario in ["restored", "recreated"] {
         let dir = tempfile::tempdir().expect("tmp");
         let d = dir.path();
         pipeline(d, "");
         land(d, "a.jsonl", &[("p1", 1)]);
-        assert_eq!(run(&mut f, d, T0).code, 0);
+        assert_eq!(run(&mut f, d, T0, &[]).code, 0);
         land(d, "b.jsonl", &[("p2", 2)]);
-        assert_eq!(run(&mut f, d, T0 + HOUR).code, 0);
-        std::fs::remove_dir_all(d.join("lake/bronze")).expect("rm");
+        assert_eq!(run(&mut f, d, T0 + HOUR, &[]).code, 0);
+        let bronze = d.join("lake/bronze");
+        if scenario == "restored" {
+            open(&bronze)
+                .await
+                .restore()
+                .with_version_to_restore(0)
+                .await
+                .expect("restore");
+        } else {
+            std::fs::remove_dir_all(&bronze).expect("rm");
+        }
         land(d, "c.jsonl", &[("p3", 3)]);
-        let out = run(&mut f, d, T0 + 2 * HOUR);
-        let mut held = without_time(&bronze_rows(d).await);
-        held.sort();
+        let out = run(&mut f, d, T0 + 2 * HOUR, &[]);
         let mut want = oracle(d);
         want.sort();
-        let correct = held == want;
-        assert!(
-            f.judge(&out, correct),
-            "{scenario}: {held:?}\n{}",
-            out.stderr
-        );
+        let correct = held(d).await == want;
+        assert!(f.judge(&out, correct), "{scenario}: {}", out.stderr);
         if out.code == 65 {
-            assert_eq!(run(&mut f, d, T0 + 3 * HOUR).code, 0);
+            let reload = run(&mut f, d, T0 + 3 * HOUR, &["--full-reload"]);
+            assert_eq!(reload.code, 0, "{}", reload.stderr);
+            assert_eq!(held(d).await, want, "{scenario}: the reload");
         }
     }
     f.write("ingest");
