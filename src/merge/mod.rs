@@ -88,7 +88,8 @@ impl RunKind for CdcMerge {
         });
         Definition::default()
             .with("keys", self.keys.join("\u{1f}"))
-            .with("sequence_by", self.order_columns().join("\u{1f}"))
+            .with("sequence_by", self.sequence_by.as_str())
+            .with("tie_breakers", self.tie_breakers.join("\u{1f}"))
             .with("deletes", deletes)
     }
 

@@ -55,7 +55,7 @@ async fn a_changed_merge_definition_is_refused_until_a_full_reload() {
     let before = version(&silver(d)).await;
     for (from, to, setting) in [
         ("keys: [id]", "keys: [id, val]", "keys"),
-        ("tie_breakers: [_ingested_at]\n", "", "sequence_by"),
+        ("tie_breakers: [_ingested_at]\n", "", "tie_breakers"),
         ("mode: soft", "mode: hard", "deletes"),
     ] {
         edit(&p, from, to);
