@@ -161,19 +161,6 @@ pub struct LedgerCounts {
     pub expectations: Vec<ExpectationOutcome>,
 }
 
-/// No counters yet (a run's header before its kind counted anything).
-#[derive(Debug, Default, Serialize)]
-pub struct NoCounters {}
-
-impl CounterText for NoCounters {
-    fn lines(&self, _s: &RunSummary) -> Vec<(&'static str, String)> {
-        Vec::new()
-    }
-    fn ledger(&self) -> LedgerCounts {
-        LedgerCounts::default()
-    }
-}
-
 /// What a rule found in a run's rows.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct ExpectationOutcome {
@@ -245,6 +232,15 @@ impl RunSummary {
     /// The summary as one line of JSON.
     pub fn to_json(&self) -> String {
         serde_json::to_string(self).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"))
+    }
+
+    /// The line of the source version read, and the one the previous run read.
+    pub fn source_version_text(&self, previous: Option<String>) -> String {
+        format!(
+            "{} (previous run read {})",
+            self.source_version.unwrap_or_default(),
+            previous.unwrap_or_else(|| "-".to_string())
+        )
     }
 
     /// The line of quarantined rows, as every kind prints it.

@@ -171,17 +171,7 @@ impl Run<'_, '_> {
     async fn execute(&mut self) -> Result<(), RunError> {
         let o = self.plan().await?;
         if o.full {
-            let open_from = o.plan.days.open_from;
-            return self
-                .restate_all(
-                    o.df,
-                    o.gold,
-                    o.status_table,
-                    &o.old_status,
-                    o.logical,
-                    open_from,
-                )
-                .await;
+            return self.restate_all(o).await;
         }
         let read = self.read_days(&o).await?;
         let compared = self.compare_days(&o, &read).await?;

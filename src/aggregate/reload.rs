@@ -10,16 +10,21 @@ impl Run<'_, '_> {
     /// A bootstrap or full reload: every day, streamed from the aggregate into gold's one
     /// overwrite commit (the day facts for the status table noted on the way), then the
     /// adjustments cleared and the status rebuilt.
-    pub(super) async fn restate_all(
-        &mut self,
-        df: datafusion::prelude::DataFrame,
-        gold: Option<deltalake::DeltaTable>,
-        status_table: Option<deltalake::DeltaTable>,
-        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
-        logical: NaiveDate,
-        open_from: NaiveDate,
-    ) -> Result<(), RunError> {
-        let observed = self.all_days(df, old_status, logical, open_from).await?;
+    pub(super) async fn restate_all(&mut self, o: Opened) -> Result<(), RunError> {
+        let Opened {
+            gold,
+            status_table,
+            old_status,
+            closed,
+            logical,
+            df,
+            plan,
+            ..
+        } = o;
+        let old_status = &old_status;
+        let observed = self
+            .all_days(df, &closed, logical, plan.days.open_from)
+            .await?;
         let seen = observed.seen();
         self.write_all(observed, gold).await?;
         self.clear_adjustments().await?;
@@ -38,17 +43,16 @@ impl Run<'_, '_> {
     async fn all_days(
         &mut self,
         df: datafusion::prelude::DataFrame,
-        old_status: &BTreeMap<NaiveDate, status::DayStatus>,
+        closed: &BTreeMap<NaiveDate, i64>,
         logical: NaiveDate,
         open_from: NaiveDate,
     ) -> Result<Arc<stream::Observed>, RunError> {
         let spec = self.spec;
-        let closed = status::closes(old_status, spec.time_zone);
         let source = |df: datafusion::prelude::DataFrame| compute::Source {
             p: self.p,
             spec,
             df,
-            closed: &closed,
+            closed,
         };
         let mut chunks = Vec::new();
         if let Some((first, last)) = compute::day_bounds(source(df.clone())).await? {

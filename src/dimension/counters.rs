@@ -41,12 +41,7 @@ impl CounterText for DimensionCounters {
         vec![
             (
                 "source version",
-                format!(
-                    "{} (previous run read {})",
-                    s.source_version.unwrap_or_default(),
-                    c.previous_source_version
-                        .map_or("-".to_string(), |v| v.to_string())
-                ),
+                s.source_version_text(c.previous_source_version.map(|v| v.to_string())),
             ),
             ("rows read", s.num_source_rows_read.to_string()),
             ("quarantined", s.quarantined_text()),

@@ -38,7 +38,7 @@ impl Run<'_, '_> {
     ) -> Result<Scope, RunError> {
         let d = self.d;
         let Some(target) = target else {
-            self.a.summary.mode = RunMode::Bootstrap;
+            self.a.set_mode(RunMode::Bootstrap);
             return Ok(Scope::All);
         };
         let record = lake::record::read(target, &self.p.app_id())
@@ -46,14 +46,14 @@ impl Run<'_, '_> {
             .map_err(RunError::delta(Phase::Plan, &d.target_uri))?;
         self.c.previous_source_version = record.version.map(|v| v as u64);
         if self.opts.full_reload {
-            self.a.summary.mode = RunMode::FullReload;
+            self.a.set_mode(RunMode::FullReload);
             return Ok(Scope::All);
         }
         let held = target
             .snapshot()
             .map(|s| Arc::new(lake::storage::storage_schema(&s.snapshot().arrow_schema())))
             .map_err(RunError::delta(Phase::Plan, &d.target_uri))?;
-        self.a.summary.mode = RunMode::Incremental;
+        self.a.set_mode(RunMode::Incremental);
         let Some(recorded) = record.version else {
             self.warn(format!(
                 "{} holds no source version recorded by `{}`: every key is rebuilt from the source",
@@ -80,24 +80,8 @@ impl Run<'_, '_> {
             ));
             return Ok(Scope::All);
         }
-        if record.table.is_some() && record.table != self.source_table {
-            return Err(RunError::SourceReplaced {
-                uri: d.source_uri.clone(),
-                table_id: lake::record::table_id(source).unwrap_or_default(),
-                on_recreate: false,
-                pipeline: self.p.name.clone(),
-                path: self.p.path.display().to_string(),
-            });
-        }
+        self.a.check_source(&record, source, &d.source_uri)?;
         let version = self.a.summary.source_version.unwrap_or(0);
-        if (version as i64) < recorded {
-            return Err(RunError::SourceWentBack {
-                uri: d.source_uri.clone(),
-                recorded,
-                found: version,
-                pipeline: self.p.name.clone(),
-            });
-        }
         if version as i64 == recorded {
             return Ok(Scope::Nothing);
         }

@@ -44,16 +44,17 @@ pub async fn check_foreign(
     pipeline: &str,
     path: &str,
 ) -> Result<(), RunError> {
-    let entries = lake::read_commits(table, FOREIGN_LOOKBACK)
-        .await
-        .map_err(RunError::delta(Phase::Plan, uri))?;
-    let ours = |e: &&lake::CommitEntry| {
+    let ours = |e: &lake::CommitEntry| {
         e.run.as_ref().is_some_and(|r| {
             r.get("pipeline").and_then(|p| p.as_str()) == Some(pipeline)
                 && r.get("kind").and_then(|k| k.as_str()) == Some("ingest")
         })
     };
-    let (Some(last), Some(latest)) = (entries.iter().find(ours), table.version()) else {
+    // (newest first, stopping at this pipeline's last run: usually the newest commit)
+    let entries = lake::read_commits_until(table, FOREIGN_LOOKBACK, ours)
+        .await
+        .map_err(RunError::delta(Phase::Plan, uri))?;
+    let (Some(last), Some(latest)) = (entries.iter().find(|e| ours(e)), table.version()) else {
         return Ok(());
     };
     if latest <= last.version {

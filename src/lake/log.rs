@@ -299,6 +299,16 @@ pub async fn read_commits(
     table: &DeltaTable,
     limit: usize,
 ) -> Result<Vec<CommitEntry>, DeltaTableError> {
+    read_commits_until(table, limit, |_| false).await
+}
+
+/// [`read_commits`], stopping after the first commit `found` holds for (the last entry): a walk
+/// back to a known commit reads only the commits after it.
+pub async fn read_commits_until(
+    table: &DeltaTable,
+    limit: usize,
+    found: impl Fn(&CommitEntry) -> bool,
+) -> Result<Vec<CommitEntry>, DeltaTableError> {
     let Some(latest) = table.version() else {
         return Ok(Vec::new());
     };
@@ -352,8 +362,9 @@ pub async fn read_commits(
                 _ => {}
             }
         }
+        let stop = found(&entry);
         out.push(entry);
-        next = version.checked_sub(1);
+        next = version.checked_sub(1).filter(|_| !stop);
     }
     Ok(out)
 }

@@ -33,8 +33,8 @@ pub use compact::{compact_clustered, Compacted, PURGE_DELETED_SHARE};
 pub use error::{classify_delta, classify_delta_write, LakeError};
 pub use log::{
     cleanup_at_checkpoints, commit_actions, files_added_between, live_files, max_from_stats,
-    no_blind_retry, read_commits, row_count, row_count_from_stats, valid_until, AddedFiles,
-    CommitEntry, LiveFiles, Rewrite, StatsMax,
+    no_blind_retry, read_commits, read_commits_until, row_count, row_count_from_stats, valid_until,
+    AddedFiles, CommitEntry, LiveFiles, Rewrite, StatsMax,
 };
 pub use maintain::{maintain, MaintainError, MaintainOptions, MaintainReport};
 pub use open::{

@@ -57,12 +57,7 @@ impl CounterText for MergeCounters {
         let mut rows = vec![
             (
                 "source version",
-                format!(
-                    "{} (previous run read {})",
-                    s.source_version.unwrap_or_default(),
-                    c.previous_source_version
-                        .map_or("-".to_string(), |v| v.to_string())
-                ),
+                s.source_version_text(c.previous_source_version.map(|v| v.to_string())),
             ),
             (
                 "watermark",

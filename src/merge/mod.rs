@@ -221,7 +221,7 @@ impl<'r, 'a> Run<'r, 'a> {
             Some(t) => {
                 // An empty table tidemark never wrote is bootstrapped like a missing one; keep
                 // the handle so the overwrite becomes its next version.
-                self.a.summary.mode = RunMode::Bootstrap;
+                self.a.set_mode(RunMode::Bootstrap);
                 return self.full(source_provider, Some(t), &roles, &seq_type).await;
             }
             None => None,
@@ -238,17 +238,17 @@ impl<'r, 'a> Run<'r, 'a> {
                 .map_err(RunError::delta(Phase::Plan, &self.m.target_uri))?;
         }
         let Some(target) = target else {
-            self.a.summary.mode = RunMode::Bootstrap;
+            self.a.set_mode(RunMode::Bootstrap);
             return self.full(source_provider, None, &roles, &seq_type).await;
         };
         if self.opts.full_reload {
-            self.a.summary.mode = RunMode::FullReload;
+            self.a.set_mode(RunMode::FullReload);
             self.c.watermark_before = self.watermark(&target, &roles).await?;
             return self
                 .full(source_provider, Some(target), &roles, &seq_type)
                 .await;
         }
-        self.a.summary.mode = RunMode::Incremental;
+        self.a.set_mode(RunMode::Incremental);
         self.a.check_definition(&target, &self.m.target_uri).await?;
         self.incremental(source, source_provider, target, &roles, &seq_type)
             .await
