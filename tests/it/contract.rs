@@ -210,20 +210,26 @@ async fn failpoints_carry_the_kind() {
     );
 }
 
-/// A pipeline's tables are restored together: an ingest's record index goes back with bronze,
-/// so files the undone runs ingested are ingested again — also when the next run takes only
-/// some of them (its run number is one the undone runs used).
-#[tokio::test]
-async fn restoring_an_ingest_restores_its_record_and_loses_no_file() {
-    use crate::ingest::{bronze as bronze_rows, land, oracle, pipeline, run, without_time};
-    let dir = tempfile::tempdir().expect("tmp");
-    let d = dir.path();
+/// An ingest of `a.jsonl` (run 1), then of `b.jsonl` and `c.jsonl` (run 2).
+fn two_ingest_runs(d: &Path) {
+    use crate::ingest::{land, pipeline, run};
     pipeline(d, "max_files_per_run: 2\n");
     land(d, "a.jsonl", &[("p1", 1)]);
     assert_eq!(run(d, T0, &[]).code, 0);
     land(d, "b.jsonl", &[("p2", 2)]);
     land(d, "c.jsonl", &[("p3", 3)]);
     assert_eq!(run(d, T0 + HOUR, &[]).code, 0);
+}
+
+/// A pipeline's tables are restored together: an ingest's record index goes back with bronze,
+/// so files the undone runs ingested are ingested again — also when the next run takes only
+/// some of them (its run number is one the undone runs used).
+#[tokio::test]
+async fn restoring_an_ingest_restores_its_record_and_loses_no_file() {
+    use crate::ingest::{held_sorted, oracle_sorted, pipeline, run};
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    two_ingest_runs(d);
     let restored = exec(
         tidemark_at(T0 + 2 * HOUR)
             .arg("restore")
@@ -238,26 +244,21 @@ async fn restoring_an_ingest_restores_its_record_and_loses_no_file() {
     for h in 3..6 {
         assert_eq!(run(d, T0 + h * HOUR, &[]).code, 0);
     }
-    let mut held = without_time(&bronze_rows(d).await);
-    held.sort();
-    let mut want = oracle(d);
-    want.sort();
-    assert_eq!(held, want, "every landing record once");
+    assert_eq!(
+        held_sorted(d).await,
+        oracle_sorted(d),
+        "every landing record once"
+    );
 }
 
 /// Bronze restored alone (by its URI, the record index left ahead of it): the next run drops
 /// the index's rows of the undone runs before it commits, and no file is lost.
 #[tokio::test]
 async fn an_ingest_record_ahead_of_a_restored_bronze_loses_no_file() {
-    use crate::ingest::{bronze as bronze_rows, land, oracle, pipeline, run, without_time};
+    use crate::ingest::{held_sorted, oracle_sorted, pipeline, run};
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
-    pipeline(d, "max_files_per_run: 2\n");
-    land(d, "a.jsonl", &[("p1", 1)]);
-    assert_eq!(run(d, T0, &[]).code, 0);
-    land(d, "b.jsonl", &[("p2", 2)]);
-    land(d, "c.jsonl", &[("p3", 3)]);
-    assert_eq!(run(d, T0 + HOUR, &[]).code, 0);
+    two_ingest_runs(d);
     let restored = exec(
         tidemark_at(T0 + 2 * HOUR)
             .arg("restore")
@@ -276,11 +277,11 @@ async fn an_ingest_record_ahead_of_a_restored_bronze_loses_no_file() {
     for h in 4..6 {
         assert_eq!(run(d, T0 + h * HOUR, &[]).code, 0);
     }
-    let mut held = without_time(&bronze_rows(d).await);
-    held.sort();
-    let mut want = oracle(d);
-    want.sort();
-    assert_eq!(held, want, "every landing record once");
+    assert_eq!(
+        held_sorted(d).await,
+        oracle_sorted(d),
+        "every landing record once"
+    );
 }
 
 /// The ledger row of every task names its kind and keeps all its counters (as the run summary

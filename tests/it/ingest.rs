@@ -113,6 +113,20 @@ pub(crate) fn oracle(dir: &Path) -> Vec<(String, Option<i64>, String)> {
     out
 }
 
+/// Bronze's records, sorted, without their arrival time: what [`oracle_sorted`] says.
+pub(crate) async fn held_sorted(dir: &Path) -> Vec<(String, Option<i64>, String)> {
+    let mut held = without_time(&bronze(dir).await);
+    held.sort();
+    held
+}
+
+/// [`oracle`], sorted.
+pub(crate) fn oracle_sorted(dir: &Path) -> Vec<(String, Option<i64>, String)> {
+    let mut want = oracle(dir);
+    want.sort();
+    want
+}
+
 pub(crate) fn without_time(rows: &[Row]) -> Vec<(String, Option<i64>, String)> {
     let mut v: Vec<_> = rows
         .iter()

@@ -54,13 +54,6 @@ impl Figures {
     }
 }
 
-/// Bronze's records of an ingest test, sorted, without their arrival time.
-async fn held(d: &Path) -> Vec<(String, Option<i64>, String)> {
-    let mut held = crate::ingest::without_time(&crate::ingest::bronze(d).await);
-    held.sort();
-    held
-}
-
 async fn open(path: &Path) -> deltalake::DeltaTable {
     let url = deltalake::ensure_table_uri(path.to_str().expect("utf8")).expect("url");
     deltalake::open_table(url).await.expect("open")
@@ -230,7 +223,7 @@ async fn a_dimension_ends_correct_or_refused_after_foreign_changes() {
 /// `contract.rs`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ingest_ends_correct_after_foreign_changes() {
-    use crate::ingest::{land, oracle, pipeline};
+    use crate::ingest::{held_sorted, land, oracle_sorted, pipeline};
     let mut f = Figures::default();
     let run = |f: &mut Figures, d: &Path, now: i64, extra: &[&str]| {
         f.command(exec(
@@ -261,14 +254,13 @@ async fn an_ingest_ends_correct_after_foreign_changes() {
         }
         land(d, "c.jsonl", &[("p3", 3)]);
         let out = run(&mut f, d, T0 + 2 * HOUR, &[]);
-        let mut want = oracle(d);
-        want.sort();
-        let correct = held(d).await == want;
+        let want = oracle_sorted(d);
+        let correct = held_sorted(d).await == want;
         assert!(f.judge(&out, correct), "{scenario}: {}", out.stderr);
         if out.code == 65 {
             let reload = run(&mut f, d, T0 + 3 * HOUR, &["--full-reload"]);
             assert_eq!(reload.code, 0, "{}", reload.stderr);
-            assert_eq!(held(d).await, want, "{scenario}: the reload");
+            assert_eq!(held_sorted(d).await, want, "{scenario}: the reload");
         }
     }
     f.write("ingest");
