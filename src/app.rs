@@ -17,7 +17,7 @@ use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
     BundleCommand, Command, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs, OutputFormat,
-    PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
+    EngineArgs, PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
@@ -326,9 +326,9 @@ fn table_or_pipeline_target(name: &str, from: &PipelineVars) -> Result<String, A
     }
 }
 
-/// The compute `tidemark run` was given on its command line (the same settings a bundle's
-/// `job_clusters` declare).
-fn run_engine(args: &RunArgs) -> Result<Engine, AppError> {
+/// The compute a command was given on its command line (`--threads`, `--memory-limit`,
+/// `--spill-dir`: the same settings a bundle's `job_clusters` declare, checked by the same rules).
+pub(crate) fn engine_of(args: &EngineArgs) -> Result<Engine, AppError> {
     use crate::config::bundle::MAX_WORKER_THREADS;
     if args.threads.is_none() && args.memory_limit.is_none() && args.spill_dir.is_none() {
         return Ok(Engine::default());
@@ -397,7 +397,7 @@ fn run_options(args: &RunArgs, pipeline: &Pipeline) -> Result<RunOptions, AppErr
 
 pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String, AppError> {
     let pipeline = Arc::new(load_pipeline(&args.pipeline, &args.from)?);
-    let engine = run_engine(&args)?;
+    let engine = engine_of(&args.engine)?;
     let opts = run_options(&args, &pipeline)?;
     let on_engine = engine.clone();
     let mut handle = engine.spawn(async move {
@@ -441,14 +441,17 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
         limit: args.limit,
         var_args: var_args.clone(),
     };
+    let engine = engine_of(&args.engine)?;
     let report = reconcile::reconcile(
         &pipeline,
         pipeline.cdc_merge("reconcile")?,
         &opts,
         clock,
-        &Engine::default(),
+        &engine,
     )
-    .await?;
+    .await;
+    engine.remove_spill_dir();
+    let report = report?;
     let rendered = match args.output {
         OutputFormat::Json => report.to_json() + "\n",
         OutputFormat::Text => report.to_text(),

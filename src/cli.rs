@@ -259,15 +259,8 @@ pub struct RunArgs {
     pub dry_run: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
-    /// DataFusion partitions (parallelism of scans and sorts); default: the machine's cores.
-    #[arg(long, value_name = "N")]
-    pub threads: Option<usize>,
-    /// Memory for queries (e.g. 1536MiB); sorts over it spill to --spill-dir instead of failing.
-    #[arg(long, value_name = "SIZE")]
-    pub memory_limit: Option<String>,
-    /// Where spill files go (with --memory-limit); default: the OS temporary directory.
-    #[arg(long, value_name = "DIR")]
-    pub spill_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
     /// `aggregate` pipelines: the run's logical date (YYYY-MM-DD; default: today in the
     /// pipeline's time zone). Decides the lookback window and which days are final.
     #[arg(long, value_name = "DATE", value_parser = parse_date)]
@@ -278,6 +271,21 @@ pub struct RunArgs {
     /// `aggregate` pipelines: ... up to and including this date.
     #[arg(long = "to", value_name = "DATE", requires = "restate_from", value_parser = parse_date)]
     pub restate_to: Option<chrono::NaiveDate>,
+}
+
+/// The compute a command's queries run with: the settings a bundle's `job_clusters` declare,
+/// for `run`, `reconcile` and `lateness`.
+#[derive(Debug, Args, Clone, Default)]
+pub struct EngineArgs {
+    /// DataFusion partitions (parallelism of scans and sorts); default: the machine's cores.
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
+    /// Memory for queries (e.g. 1536MiB); sorts over it spill to --spill-dir instead of failing.
+    #[arg(long, value_name = "SIZE")]
+    pub memory_limit: Option<String>,
+    /// Where spill files go (with --memory-limit); default: the OS temporary directory.
+    #[arg(long, value_name = "DIR")]
+    pub spill_dir: Option<PathBuf>,
 }
 
 /// Where a pipeline's `${var.NAME}` values come from: `--var` first, then the bundle's variables
@@ -409,6 +417,8 @@ pub struct ReconcileArgs {
     /// How many differing keys to list (all are counted).
     #[arg(long, default_value_t = crate::reconcile::DEFAULT_LIMIT)]
     pub limit: usize,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 #[derive(Debug, Args)]
@@ -485,6 +495,8 @@ pub struct LatenessArgs {
     /// Instead of profiling the table: the run ledger's late rows per day for the pipeline.
     #[arg(long, conflicts_with_all = ["plot", "by"])]
     pub runs: bool,
+    #[command(flatten)]
+    pub engine: EngineArgs,
 }
 
 /// `--limit` of `history` and `runs`: a listing of zero rows is never what was meant, so 0 is

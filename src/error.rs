@@ -197,6 +197,24 @@ fn any_in_chain(
     false
 }
 
+/// What to do when a query ran out of its memory pool, or its spill files out of disk or of
+/// the file-size limit (DataFusion says what it could not allocate, not how to fix it); empty
+/// for any other failure.
+pub fn query_hint(e: &datafusion::error::DataFusionError) -> &'static str {
+    if matches!(
+        e.find_root(),
+        datafusion::error::DataFusionError::ResourcesExhausted(_)
+    ) {
+        ". The run needed more memory than its limit: raise --memory-limit (or the job cluster's memory_limit), or run with fewer --threads; nothing was committed"
+    } else if crate::error::is_file_too_large(e) {
+        ". A file grew past this process's file-size limit (EFBIG: `ulimit -f`, or the container's RLIMIT_FSIZE; spill files go to --spill-dir, or the job cluster's spill_directory): raise or lift the limit, or give the run more --memory-limit so it spills less, then rerun; nothing was committed"
+    } else if crate::error::is_disk_full(e) {
+        ". The disk is full (spill files go to --spill-dir, or the job cluster's spill_directory): free space or point it at a larger disk, then rerun; nothing was committed"
+    } else {
+        ""
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

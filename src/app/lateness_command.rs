@@ -91,7 +91,11 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
         by: args.by.clone(),
         unit: args.unit,
     };
-    let report = l::profile(&inputs, &opts).await?;
+    // (dropping the engine, however the profile ends, removes its spill directory)
+    let engine = super::engine_of(&args.engine)?;
+    let report = l::profile(&inputs, &opts, engine.context()).await;
+    engine.remove_spill_dir();
+    let report = report?;
     if let Some(path) = &args.plot {
         l::write_plot(&report, path)?;
     }

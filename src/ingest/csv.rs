@@ -135,7 +135,14 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
             rows.reject(Reject::new(line_no, &text, reason));
             continue;
         }
-        if let Some(name) = rows.missing_required(&cells) {
+        // (CSV has no null: an empty field of a required text column is as missing as any)
+        let empty_text = shape
+            .cols
+            .iter()
+            .zip(&cells)
+            .find(|(c, v)| c.required && matches!(v, Cell::Str(s) if s.trim().is_empty()))
+            .map(|(c, _)| c.name.as_str());
+        if let Some(name) = rows.missing_required(&cells).or(empty_text) {
             rows.reject(Reject::new(
                 line_no,
                 &text,
@@ -184,5 +191,89 @@ pub fn infer(
                 };
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{test_cols, test_column as column, test_shape};
+    use super::*;
+    use ColumnType::*;
+
+    fn cols() -> Vec<super::super::schema::Col> {
+        test_cols(&[("id", String, true), ("amount", Long, false), ("at", Timestamp, false)])
+    }
+
+    #[test]
+    fn typed_rows_quoted_fields_and_a_last_line_without_newline() {
+        let cols = cols();
+        let body = b"id,amount,at\n\"p,1\",100,2024-01-05T10:00:00Z\n\np2,,2024-01-05 11:00:00\np3,-7,";
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        assert!(p.rejects.is_empty(), "{:?}", p.rejects);
+        assert_eq!(p.records, 3, "a blank line is not a record");
+        assert_eq!(column(&p, "id"), ["p,1", "p2", "p3"]);
+        assert_eq!(column(&p, "amount"), ["100", "-", "-7"]);
+        assert_eq!(
+            column(&p, "at"),
+            ["2024-01-05T10:00:00Z", "2024-01-05T11:00:00Z", "-"]
+        );
+    }
+
+    #[test]
+    fn bad_rows_are_rejected_with_their_line_and_the_rest_kept() {
+        let cols = cols();
+        let body = b"id,amount,at\np1,ten,\n,5,\np3,1,2,3\np4,\xff1,\np5,1,\n";
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        let got: Vec<(Option<u64>, &str)> =
+            p.rejects.iter().map(|r| (r.line, r.reason.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some(2), "`amount`: \"ten\" is not a long"),
+                (Some(3), "required field `id` is missing or empty"),
+                (Some(4), "the row has 4 fields, the header 3"),
+                (Some(5), "field `amount` is not valid UTF-8"),
+            ]
+        );
+        assert_eq!(column(&p, "id"), ["p5"]);
+        assert_eq!(p.records, 5);
+    }
+
+    #[test]
+    fn rescue_keeps_the_row_and_unknown_columns_are_reported() {
+        let cols = cols();
+        let body = b"id,amount,extra\np1,ten,x\np2,3,4\n";
+        let p = parse(body, &test_shape(&cols, true)).unwrap();
+        assert!(p.rejects.is_empty(), "{:?}", p.rejects);
+        assert_eq!(
+            column(&p, crate::config::pipeline::ingest::RESCUED),
+            [r#"{"amount":"ten","extra":"x"}"#, r#"{"extra":"4"}"#]
+        );
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        assert_eq!(p.rejects.len(), 1);
+        // (the rejected row's fields past its bad one are not looked at)
+        assert_eq!(p.unknown.get("extra"), Some(&Long));
+        let p = parse(b"id,extra\np1,4\np2,x\n", &test_shape(&cols, false)).unwrap();
+        assert_eq!(p.unknown.get("extra"), Some(&String), "x widens 4 to text");
+    }
+
+    #[test]
+    fn without_a_header_the_declared_columns_are_read_in_order() {
+        let cols = cols();
+        let mut shape = test_shape(&cols, false);
+        shape.csv.header = false;
+        shape.csv.delimiter = b';';
+        let p = parse(b"p1;2;\n", &shape).unwrap();
+        assert_eq!((column(&p, "id"), column(&p, "amount")), (vec!["p1".into()], vec!["2".into()]));
+    }
+
+    #[test]
+    fn a_row_over_the_record_limit_is_rejected_not_parsed() {
+        let cols = cols();
+        let mut shape = test_shape(&cols, false);
+        shape.max_record_bytes = 10;
+        let p = parse(b"id,amount,at\np1,1,\np-much-too-long,1,\n", &shape).unwrap();
+        assert_eq!(column(&p, "id"), ["p1"]);
+        assert!(p.rejects[0].reason.contains("over `max_record_bytes`"), "{:?}", p.rejects);
     }
 }

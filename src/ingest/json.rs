@@ -199,3 +199,80 @@ fn raw_field(line: &[u8], name: &str) -> Option<String> {
         serde_json::from_slice(line).ok()?;
     fields.get(name).map(|r| r.get().to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{test_cols, test_column as column, test_shape};
+    use super::*;
+    use crate::config::pipeline::ingest::ColumnType::*;
+
+    fn cols() -> Vec<Col> {
+        test_cols(&[("id", String, true), ("amount", Long, false), ("rate", Double, false)])
+    }
+
+    #[test]
+    fn objects_become_rows_and_ids_keep_their_digits() {
+        let cols = cols();
+        // CRLF, a blank line, a 23-digit id, -0.0, and a last line cut off without a newline
+        let body = b"{\"id\": 12345678901234567890123, \"amount\": 5, \"rate\": -0.0}\r\n\n{\"id\": \"b\", \"amount\": null}\n{\"id\": \"c\"}";
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        assert!(p.rejects.is_empty(), "{:?}", p.rejects);
+        assert_eq!(column(&p, "id"), ["12345678901234567890123", "b", "c"]);
+        assert_eq!(column(&p, "amount"), ["5", "-", "-"]);
+        assert_eq!(column(&p, "rate")[0], "-0.0");
+    }
+
+    #[test]
+    fn lines_that_are_not_records_are_rejected_with_their_line() {
+        let cols = cols();
+        let body = b"{\"id\": \"a\"}\n[1]\n{\"id\": \"b\",\n{\"amount\": 1}\n{\"id\": \"e\", \"amount\": 1.5}\n\xff\n{\"id\": \"ok\"}\n";
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        let got: Vec<(Option<u64>, std::string::String)> = p
+            .rejects
+            .iter()
+            .map(|r| (r.line, r.reason.split(':').next().unwrap_or("").to_string()))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some(2), "not a JSON object (a array)".to_string()),
+                (Some(3), "malformed JSON".to_string()),
+                (Some(4), "required field `id` is missing or null".to_string()),
+                (Some(5), "`amount`".to_string()),
+                (Some(6), "not valid UTF-8 (at byte 0)".to_string()),
+            ]
+        );
+        assert_eq!(column(&p, "id"), ["a", "ok"]);
+        assert_eq!(p.records, 7);
+    }
+
+    #[test]
+    fn rescue_and_unknown_fields() {
+        let cols = cols();
+        let body = b"{\"id\": \"a\", \"amount\": \"lots\", \"note\": 1}\n{\"id\": \"b\", \"note\": 2.5}\n";
+        let p = parse(body, &test_shape(&cols, true)).unwrap();
+        assert!(p.rejects.is_empty(), "{:?}", p.rejects);
+        assert_eq!(p.rescued, 2);
+        assert_eq!(
+            column(&p, crate::config::pipeline::ingest::RESCUED),
+            [r#"{"amount":"lots","note":1}"#, r#"{"note":2.5}"#]
+        );
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        assert_eq!(p.rejects.len(), 1);
+        assert_eq!(p.unknown.get("note"), Some(&Double), "1 widened by 2.5");
+    }
+
+    #[test]
+    fn inference_follows_the_producers_field_order() {
+        let mut out = Vec::new();
+        infer(b"{\"z\": 1, \"a\": \"x\"}\n{\"z\": 1.5, \"m\": true}\n", 10, &mut out);
+        assert_eq!(
+            out,
+            vec![
+                ("z".to_string(), Some(Double)),
+                ("a".to_string(), Some(String)),
+                ("m".to_string(), Some(Boolean)),
+            ]
+        );
+    }
+}

@@ -361,6 +361,20 @@ fn fingerprint(size: u64, identity: &str) -> i64 {
     (h >> 1) as i64
 }
 
+/// A local landing file as a listing gives it, for the plan's tests.
+#[cfg(test)]
+pub(super) fn listed_for_test(rel: &str, size: u64, fingerprint: i64) -> LandingFile {
+    LandingFile {
+        rel: rel.to_string(),
+        uri: format!("file:///landing/{rel}"),
+        size,
+        modified: DateTime::<Utc>::UNIX_EPOCH,
+        fingerprint,
+        content: None,
+        location: Location::Local(std::path::PathBuf::from("/landing").join(rel)),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -193,3 +193,85 @@ pub fn infer(body: Bytes, out: &mut Vec<(String, Option<ColumnType>)>) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::{test_cols, test_column as column, test_shape};
+    use super::*;
+    use arrow::array::{Float64Array, Int64Array, StringArray};
+    use ColumnType::*;
+
+    fn file(batch: &RecordBatch) -> Bytes {
+        let mut out = Vec::new();
+        let mut w = parquet::arrow::ArrowWriter::try_new(&mut out, batch.schema(), None).unwrap();
+        w.write(batch).unwrap();
+        w.close().unwrap();
+        Bytes::from(out)
+    }
+
+    fn landing() -> Bytes {
+        file(
+            &RecordBatch::try_from_iter([
+                (
+                    "id",
+                    Arc::new(StringArray::from(vec![Some("a"), None, Some("c"), Some("d")]))
+                        as ArrayRef,
+                ),
+                ("amount", Arc::new(Float64Array::from(vec![1.0, 2.0, 4.7, f64::NAN]))),
+                ("extra", Arc::new(Int64Array::from(vec![7, 8, 9, 10]))),
+            ])
+            .unwrap(),
+        )
+    }
+
+    #[test]
+    fn columns_are_cast_exactly_and_rows_that_do_not_fit_are_rejected() {
+        let cols = test_cols(&[("id", String, true), ("amount", Long, false), ("gone", Int, false)]);
+        let p = parse(landing(), &test_shape(&cols, false)).unwrap();
+        assert_eq!(p.records, 4);
+        assert_eq!(column(&p, "id"), ["a"]);
+        assert_eq!(column(&p, "amount"), ["1"]);
+        assert_eq!(column(&p, "gone"), ["-"], "a column the file lacks is null");
+        let got: Vec<(Option<u64>, &str)> =
+            p.rejects.iter().map(|r| (r.line, r.reason.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (Some(2), "required field `id` is missing or null"),
+                (Some(3), "`amount`: 4.7 is not a long"),
+                (Some(4), "`amount`: NaN is not a long"),
+            ]
+        );
+        assert_eq!(p.unknown.get("extra"), Some(&Long));
+    }
+
+    #[test]
+    fn rescue_keeps_the_rows_with_what_did_not_fit() {
+        let cols = test_cols(&[("id", String, false), ("amount", Long, false)]);
+        let p = parse(landing(), &test_shape(&cols, true)).unwrap();
+        assert!(p.rejects.is_empty(), "{:?}", p.rejects);
+        assert_eq!(column(&p, "amount"), ["1", "2", "-", "-"]);
+        let rescued = column(&p, crate::config::pipeline::ingest::RESCUED);
+        assert_eq!(rescued[2], r#"{"amount":"4.7","extra":"9"}"#);
+        assert_eq!(p.rescued, 4, "every row carries `extra`");
+    }
+
+    #[test]
+    fn a_file_that_is_not_parquet_is_one_rejected_record() {
+        let cols = test_cols(&[("id", String, false)]);
+        let p = parse(Bytes::from_static(b"id\na\n"), &test_shape(&cols, false)).unwrap();
+        assert_eq!((p.records, p.batch.num_rows()), (1, 0));
+        assert_eq!(p.rejects[0].line, None);
+        assert!(p.rejects[0].reason.starts_with("not a readable Parquet file"));
+        let mut out = Vec::new();
+        infer(landing(), &mut out);
+        assert_eq!(
+            out,
+            vec![
+                ("id".to_string(), Some(String)),
+                ("amount".to_string(), Some(Double)),
+                ("extra".to_string(), Some(Long)),
+            ]
+        );
+    }
+}

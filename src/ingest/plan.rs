@@ -78,3 +78,71 @@ pub fn choose(
     }
     plan
 }
+
+#[cfg(test)]
+mod tests {
+    use super::super::landing::listed_for_test as file;
+    use super::*;
+    use crate::config::pipeline::{Pipeline, Spec};
+    use crate::config::Vars;
+
+    fn spec(extra: &str) -> Ingest {
+        let text = format!(
+            "name: events\nkind: ingest\nlanding: {{ uri: /l, glob: \"*.jsonl\" }}\nformat: json\ntarget: {{ uri: /b }}\nquarantine: {{ uri: /q }}\n{extra}"
+        );
+        let p = Pipeline::parse(std::path::Path::new("p.yml"), &text, &Vars::new()).unwrap();
+        match p.spec {
+            Spec::Ingest(i) => i,
+            _ => unreachable!("an ingest pipeline"),
+        }
+    }
+
+    fn recorded(fingerprint: i64) -> Recorded {
+        Recorded {
+            fingerprint,
+            content: None,
+            ingested_ms: 0,
+        }
+    }
+
+    fn rels(files: &[LandingFile]) -> Vec<&str> {
+        files.iter().map(|f| f.rel.as_str()).collect()
+    }
+
+    #[test]
+    fn new_files_are_taken_recorded_ones_skipped_and_changed_ones_named() {
+        let listed = vec![file("a", 10, 1), file("b", 10, 2), file("c", 10, 3)];
+        let record = HashMap::from([("a".to_string(), recorded(1)), ("b".into(), recorded(9))]);
+        let plan = choose(listed.clone(), &record, &spec(""), false);
+        assert_eq!((plan.listed, plan.skipped, plan.pending), (3, 1, 0));
+        assert_eq!(rels(&plan.files), vec!["c"], "a changed file is not read by default");
+        assert_eq!(rels(&plan.changed), vec!["b"]);
+        let plan = choose(listed, &record, &spec("on_file_change: reingest\n"), false);
+        assert_eq!(rels(&plan.files), vec!["b", "c"]);
+        assert_eq!(rels(&plan.changed), vec!["b"]);
+    }
+
+    #[test]
+    fn the_limits_keep_the_oldest_files_and_leave_the_rest_pending() {
+        let listed: Vec<_> = (0..5).map(|i| file(&format!("f{i}"), 100, i)).collect();
+        let plan = choose(listed.clone(), &HashMap::new(), &spec("max_files_per_run: 2\n"), false);
+        assert_eq!(rels(&plan.files), vec!["f0", "f1"]);
+        assert_eq!(plan.pending, 3);
+        let plan = choose(listed.clone(), &HashMap::new(), &spec("max_bytes_per_run: 250B\n"), false);
+        assert_eq!(rels(&plan.files), vec!["f0", "f1"]);
+        assert_eq!(plan.pending, 3);
+        // One file bigger than the byte limit is still taken alone: a run always progresses.
+        let plan = choose(listed, &HashMap::new(), &spec("max_bytes_per_run: 50B\n"), false);
+        assert_eq!((rels(&plan.files), plan.pending), (vec!["f0"], 4));
+    }
+
+    #[test]
+    fn a_full_reload_takes_every_file_whatever_the_record_and_limits_say() {
+        let listed = vec![file("a", 10, 1), file("b", 10, 2)];
+        let record = HashMap::from([("a".to_string(), recorded(1)), ("b".into(), recorded(7))]);
+        let plan = choose(listed, &record, &spec("max_files_per_run: 1\n"), true);
+        assert_eq!(rels(&plan.files), vec!["a", "b"]);
+        assert_eq!(rels(&plan.changed), vec!["b"]);
+        assert_eq!((plan.skipped, plan.pending), (0, 0));
+    }
+}

@@ -39,6 +39,16 @@ pub enum JobsError {
         #[source]
         source: Box<datafusion::error::DataFusionError>,
     },
+    /// Ledger rows did not convert to or from the table's columns: on reading, a row another
+    /// writer changed the type of; on writing, a bug.
+    #[error("run ledger {uri}: rows do not {direction} the table's columns: {source}")]
+    LedgerRows {
+        uri: String,
+        /// `read back from` or `convert to`.
+        direction: &'static str,
+        #[source]
+        source: Box<serde_arrow::Error>,
+    },
     /// A failpoint armed for testing fired.
     #[error(transparent)]
     Injected(#[from] crate::failpoint::Injected),
@@ -63,11 +73,18 @@ impl Classify for JobsError {
             JobsError::LeaseCorrupt { .. } => ErrorClass::BadData,
             JobsError::Ledger { source, .. } => classify_delta(source),
             JobsError::LedgerQuery { .. } => ErrorClass::Internal,
+            JobsError::LedgerRows { direction, .. } if *direction == READ_BACK => {
+                ErrorClass::BadData
+            }
+            JobsError::LedgerRows { .. } => ErrorClass::Internal,
             JobsError::Lake(e) => e.class(),
             JobsError::Injected(e) => e.class(),
         }
     }
 }
+
+/// [`JobsError::LedgerRows`]' direction when a stored row does not read back.
+pub(crate) const READ_BACK: &str = "read back from";
 
 /// The store's error in one line when it is a store or network fault (no request dump).
 fn lease_cause(e: &object_store::Error) -> String {

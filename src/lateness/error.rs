@@ -56,7 +56,7 @@ pub enum LatenessError {
         #[source]
         source: Box<deltalake::DeltaTableError>,
     },
-    #[error("reading {uri} failed: {source}")]
+    #[error("reading {uri} failed: {source}{}", crate::error::query_hint(source))]
     Query {
         uri: String,
         #[source]
@@ -110,7 +110,12 @@ impl Classify for LatenessError {
 /// A failed scan: a data file the store no longer has, or that is not Parquet, is bad data (65,
 /// as for a run's source); a refused read is "unavailable"; a full disk or other local I/O is 74.
 fn classify_query(err: &datafusion::error::DataFusionError) -> ErrorClass {
-    if is_disk_full(err) {
+    // out of the --memory-limit: a setting to raise, as for a run
+    let exhausted = matches!(
+        err.find_root(),
+        datafusion::error::DataFusionError::ResourcesExhausted(_)
+    );
+    if exhausted || is_disk_full(err) {
         return ErrorClass::Io;
     }
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(err);

@@ -37,6 +37,7 @@ mod text;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use datafusion::prelude::SessionContext;
 
 pub use error::LatenessError;
 pub use plot::write_plot;
@@ -163,14 +164,15 @@ const NARROWER: [Settled; 2] = [
     },
 ];
 
-/// Profiles the table: one pass (two in the rare cases the module docs name).
+/// Profiles the table: one pass (two in the rare cases the module docs name), in `ctx` (the
+/// command's compute: its partitions, memory limit and spill directory).
 pub async fn profile(
     inputs: &LatenessInputs,
     opts: &LatenessOptions,
+    ctx: SessionContext,
 ) -> Result<LatenessReport, LatenessError> {
     let uri = inputs.table_uri.as_str();
     let table = crate::lake::open_required(uri, inputs.role).await?;
-    let ctx = scan::session();
     let df = scan::frame(&table, &ctx, uri).await?;
     let names = column_names(&df);
     let listed = names.join(", ");

@@ -14,7 +14,6 @@ use arrow::datatypes::{
 use datafusion::dataframe::DataFrame;
 use datafusion::execution::SendableRecordBatchStream;
 use datafusion::prelude::SessionContext;
-use deltalake::delta_datafusion::DeltaSessionContext;
 use deltalake::DeltaTable;
 use futures::StreamExt;
 
@@ -75,24 +74,6 @@ where
     F: Fn(T::Native) -> i64,
 {
     unary::<T, _, Int64Type>(a, f).values().clone()
-}
-
-/// A session for the scan: DataFusion partitions = the machine's cores.
-pub fn session() -> SessionContext {
-    let ctx = DeltaSessionContext::new().into_inner();
-    #[cfg(feature = "failpoints")]
-    crate::lake::faulty::register_for_scans(ctx.runtime_env().as_ref());
-    let cores = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(2);
-    let state = ctx.state();
-    let config = state.config().clone().with_target_partitions(cores);
-    let state = crate::lake::session::guarded(
-        datafusion::execution::session_state::SessionStateBuilder::new_from_existing(state)
-            .with_config(config),
-    )
-    .build();
-    SessionContext::new_with_state(state)
 }
 
 /// The table as a DataFrame of all its columns (nothing is read until it is executed).

@@ -18,6 +18,7 @@ use datafusion::scalar::ScalarValue;
 use deltalake::DeltaTable;
 
 use super::decide::{self, Verdict};
+use super::MergeError;
 use crate::keyed::dedup::RowEncoders;
 use crate::keyed::roles::ColumnRoles;
 use crate::lake::storage::cast_to;
@@ -198,11 +199,11 @@ async fn target_rows(
         }
     }
     if duplicates > 0 {
-        return Err(RunError::DuplicateTargetKeys {
+        return Err(MergeError::DuplicateTargetKeys {
             uri: target_uri.to_string(),
             count: duplicates,
             first: first_duplicate.unwrap_or_default(),
-        });
+        }.into());
     }
     Ok(out)
 }

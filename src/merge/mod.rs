@@ -11,6 +11,7 @@ mod changes;
 mod counters;
 mod cow;
 mod decide;
+mod error;
 pub(crate) mod feed;
 mod full;
 mod horizon;
@@ -40,6 +41,7 @@ use crate::run::render::row_count;
 use crate::run::{Attempt, Phase, RunKind, Table};
 use crate::run::{RunError, RunOptions};
 pub use counters::MergeCounters;
+pub use error::MergeError;
 
 /// What comparing the winners with the target decided, per row.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

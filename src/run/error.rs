@@ -45,7 +45,7 @@ pub enum RunError {
     #[error(transparent)]
     Kind(KindFailure),
     /// A query over the source or the target failed.
-    #[error("{phase}: query failed: {source}{}", memory_hint(source))]
+    #[error("{phase}: query failed: {source}{}", crate::error::query_hint(source))]
     Query {
         phase: Phase,
         #[source]
@@ -171,30 +171,6 @@ pub enum RunError {
         #[source]
         source: Box<deltalake::DeltaTableError>,
     },
-    /// The target holds the same key twice: it was corrupted outside tidemark.
-    #[error("target {uri} holds {count} duplicate key(s) (first: {first}); an incremental merge cannot fix that. Rebuild with --full-reload, or restore a good version (`tidemark history`, `tidemark restore`)")]
-    DuplicateTargetKeys {
-        uri: String,
-        count: u64,
-        first: String,
-    },
-}
-
-/// What to do when a query ran out of its memory pool (DataFusion says what it could not
-/// allocate, not how to fix it).
-fn memory_hint(e: &datafusion::error::DataFusionError) -> &'static str {
-    if matches!(
-        e.find_root(),
-        datafusion::error::DataFusionError::ResourcesExhausted(_)
-    ) {
-        ". The run needed more memory than its limit: raise --memory-limit (or the job cluster's memory_limit), or run with fewer --threads; nothing was committed"
-    } else if crate::error::is_file_too_large(e) {
-        ". A file grew past this process's file-size limit (EFBIG: `ulimit -f`, or the container's RLIMIT_FSIZE; spill files go to --spill-dir, or the job cluster's spill_directory): raise or lift the limit, or give the run more --memory-limit so it spills less, then rerun; nothing was committed"
-    } else if crate::error::is_disk_full(e) {
-        ". The disk is full (spill files go to --spill-dir, or the job cluster's spill_directory): free space or point it at a larger disk, then rerun; nothing was committed"
-    } else {
-        ""
-    }
 }
 
 /// What to do about a target data file that could not be read, by what went wrong.
@@ -389,7 +365,6 @@ impl Classify for RunError {
             RunError::QuarantineLimit { .. }
             | RunError::ExpectationFailed { .. }
             | RunError::SchemaDrift { .. }
-            | RunError::DuplicateTargetKeys { .. }
             | RunError::SourceReplaced { .. }
             | RunError::SourceWentBack { .. }
             | RunError::SourceRewritten { .. }

@@ -1225,13 +1225,26 @@ async fn run_honours_compute_flags() {
         read_target(&silver(dir.path())).await,
         oracle(&rows, NOW, false)
     );
-    for (flag, value) in [
-        ("--memory-limit", "1kb"),
-        ("--memory-limit", "lots"),
-        ("--threads", "0"),
-    ] {
-        let out = exec(tidemark(NOW).arg("run").arg(&p).args([flag, value]));
-        assert_eq!(out.code, 64, "{flag} {value}: {}", out.stderr);
-        assert!(out.stderr.contains(flag), "{}", out.stderr);
+    // reconcile reads both tables whole: it takes the same settings
+    let out = exec(
+        tidemark(NOW)
+            .arg("reconcile")
+            .arg(&p)
+            .args(["--threads", "1", "--memory-limit", "64MiB", "--spill-dir"])
+            .arg(&spill),
+    );
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let left: Vec<_> = std::fs::read_dir(&spill).expect("spill").collect();
+    assert!(left.is_empty(), "spill directories left behind: {left:?}");
+    for command in ["run", "reconcile"] {
+        for (flag, value) in [
+            ("--memory-limit", "1kb"),
+            ("--memory-limit", "lots"),
+            ("--threads", "0"),
+        ] {
+            let out = exec(tidemark(NOW).arg(command).arg(&p).args([flag, value]));
+            assert_eq!(out.code, 64, "{command} {flag} {value}: {}", out.stderr);
+            assert!(out.stderr.contains(flag), "{}", out.stderr);
+        }
     }
 }

@@ -2,6 +2,7 @@
 //! `history` reads it), its failpoints carry its kind, a recreated source is refused, and a
 //! changed definition is refused with exit 65 until `--full-reload`.
 
+use std::ffi::OsStr;
 use std::path::Path;
 
 use crate::common::*;
@@ -303,22 +304,16 @@ fn the_ledger_keeps_each_kinds_counters() {
             .arg(&bundle),
     );
     assert_eq!(demo.code, 0, "{}", demo.stderr);
-    let runs = exec(
-        tidemark_in(dir.path(), now)
-            .args(["runs", "--limit", "20", "--output", "json", "--var"])
-            .arg(format!("lake={}", lake.display()))
-            .arg("--bundle")
-            .arg(&bundle),
+    let var = format!("lake={}", lake.display());
+    let rows = held::ledger(
+        tidemark_in(dir.path(), now),
+        [OsStr::new("--var"), OsStr::new(&var), OsStr::new("--bundle"), bundle.as_os_str()],
     );
-    assert_eq!(runs.code, 0, "{}", runs.stderr);
-    let rows: serde_json::Value = serde_json::from_str(runs.stdout.trim()).expect("json");
     let by_task = |task: &str| {
-        rows.as_array()
-            .expect("rows")
-            .iter()
+        rows.iter()
             .find(|r| r["task"] == task)
             .cloned()
-            .unwrap_or_else(|| panic!("no {task} in {rows}"))
+            .unwrap_or_else(|| panic!("no {task} in {rows:?}"))
     };
     for (task, kind, counter) in [
         ("ingest_events", "ingest", "num_files_ingested"),

@@ -179,13 +179,7 @@ async fn the_ledger_keeps_each_rules_count() {
             .arg(&bundle),
     );
     assert_eq!(job.code, 0, "{}", job.stderr);
-    let runs = exec(
-        tidemark_at(T0 + HOUR)
-            .args(["runs", "--output", "json", "--bundle"])
-            .arg(&bundle),
-    );
-    assert_eq!(runs.code, 0, "{}", runs.stderr);
-    let rows: serde_json::Value = serde_json::from_str(runs.stdout.trim()).expect("json");
+    let rows = held::bundle_ledger(tidemark_at(T0 + HOUR), &bundle);
     let e: serde_json::Value =
         serde_json::from_str(rows[0]["expectations"].as_str().expect("expectations"))
             .expect("json");

@@ -9,7 +9,7 @@
 use crate::common;
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -48,22 +48,6 @@ fn up(id: &str, seq: i64, val: i64) -> Change {
     Change::upsert(id, seq, seq + MIN, val)
 }
 
-/// `tidemark runs --output json` rows, newest first.
-fn ledger(bundle: &Path) -> Vec<Value> {
-    let out = exec(
-        tidemark_at(NOW)
-            .args(["runs", "--limit", "100", "--output", "json", "--bundle"])
-            .arg(bundle),
-    );
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    match serde_json::from_str(&out.stdout) {
-        Ok(Value::Array(rows)) => rows,
-        other => panic!(
-            "runs --output json is not an array: {other:?}\n{}",
-            out.stdout
-        ),
-    }
-}
 
 /// (task, attempt, trigger, status, error_class) of ledger rows, oldest first.
 fn attempts(rows: &[Value]) -> Vec<(String, i64, String, String, String)> {
@@ -100,30 +84,7 @@ fn tuple(
     )
 }
 
-/// Waits (bounded, not a timing assertion) until `cond` holds.
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(180);
-    while !cond() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "gave up waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
 
-/// The holder record of the newest lease generation of `job`, if any.
-fn newest_lease(dir: &Path, job: &str) -> Option<Value> {
-    let leases = dir.join("lake/_tidemark/leases").join(job);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&leases)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    let text = std::fs::read_to_string(files.last()?).ok()?;
-    serde_json::from_str(&text).ok()
-}
 
 // ---------------------------------------------------------------------------------------------
 // bundle validate / summary
@@ -375,7 +336,7 @@ async fn job_run_runs_tasks_in_dependency_order_and_records_every_attempt() {
         "nothing left to change"
     );
 
-    let rows = ledger(&bundle);
+    let rows = held::bundle_ledger(tidemark_at(NOW), &bundle);
     assert_eq!(
         attempts(&rows),
         [
@@ -457,7 +418,7 @@ async fn an_injected_retryable_failure_is_retried_and_recorded_with_trigger_retr
         out.stdout
     );
     assert_eq!(
-        attempts(&ledger(&bundle)),
+        attempts(&held::bundle_ledger(tidemark_at(NOW), &bundle)),
         [
             tuple("first", 1, "manual", "failed", "retryable"),
             tuple("first", 2, "retry", "succeeded", ""),
@@ -498,7 +459,7 @@ async fn a_config_error_is_not_retried_and_its_dependants_are_upstream_failed() 
         out.stdout
     );
     assert_eq!(
-        attempts(&ledger(&bundle)),
+        attempts(&held::bundle_ledger(tidemark_at(NOW), &bundle)),
         [
             tuple("first", 1, "manual", "failed", "config"),
             tuple("second", 0, "manual", "upstream_failed", "")
@@ -539,7 +500,7 @@ async fn a_task_over_its_timeout_is_timed_out_and_not_retried_without_retry_on_t
         out.stdout
     );
     assert_eq!(
-        attempts(&ledger(&bundle)),
+        attempts(&held::bundle_ledger(tidemark_at(NOW), &bundle)),
         [tuple("slow", 1, "manual", "timed_out", "retryable")]
     );
 }
@@ -633,8 +594,8 @@ async fn a_second_run_of_a_running_job_exits_75_naming_the_holder() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn");
-    wait_for("the first run's lease", || {
-        newest_lease(d, "j").is_some_and(|h| h["released"] == false)
+    held::wait_for("the first run's lease", || {
+        held::newest_lease(d, "j").is_some_and(|h| h["released"] == false)
     });
     let second = exec(
         tidemark_at(NOW)
@@ -642,7 +603,7 @@ async fn a_second_run_of_a_running_job_exits_75_naming_the_holder() {
             .arg(&bundle),
     );
     assert_eq!(second.code, 75, "{}\n{}", second.stdout, second.stderr);
-    let host = newest_lease(d, "j").expect("lease")["host"]
+    let host = held::newest_lease(d, "j").expect("lease")["host"]
         .as_str()
         .unwrap_or_default()
         .to_string();
@@ -663,13 +624,13 @@ async fn a_second_run_of_a_running_job_exits_75_naming_the_holder() {
     assert_eq!(read_target(&silver(d)).await.len(), 1);
     // exactly one ran; the other is recorded as skipped
     assert_eq!(
-        attempts(&ledger(&bundle)),
+        attempts(&held::bundle_ledger(tidemark_at(NOW), &bundle)),
         [
             tuple("t", 0, "manual", "skipped", "retryable"),
             tuple("t", 1, "manual", "succeeded", "")
         ]
     );
-    assert_eq!(newest_lease(d, "j").expect("lease")["released"], true);
+    assert_eq!(held::newest_lease(d, "j").expect("lease")["released"], true);
 }
 
 #[tokio::test]
@@ -686,10 +647,10 @@ async fn a_killed_run_s_lease_is_taken_over() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn");
-    wait_for("the victim's lease", || newest_lease(d, "j").is_some());
+    held::wait_for("the victim's lease", || held::newest_lease(d, "j").is_some());
     victim.kill().expect("kill -9");
     victim.wait().expect("reap");
-    let lease = newest_lease(d, "j").expect("lease");
+    let lease = held::newest_lease(d, "j").expect("lease");
     assert_eq!(
         lease["released"], false,
         "a killed run cannot release its lease"
@@ -758,7 +719,7 @@ async fn foreign_leases_are_taken_over_only_once_expired() {
         "{}",
         out.stderr
     );
-    let newest = newest_lease(d, "j").expect("lease");
+    let newest = held::newest_lease(d, "j").expect("lease");
     assert_eq!(newest["released"], true);
     assert_ne!(newest["run_id"], "foreign-2");
 }

@@ -459,6 +459,36 @@ async fn curve_percentiles_and_counts_equal_an_independent_computation() {
     );
     assert!(text.stdout.contains("clock skew"), "{}", text.stdout);
     assert!(text.stdout.contains("D+0 (same day)"), "{}", text.stdout);
+
+    // The engine settings a run takes: the same answer in one partition under a memory limit,
+    // its spill directory gone afterwards; a bad value is a usage error naming the flag.
+    let spill = dir.path().join("spill");
+    std::fs::create_dir(&spill).expect("spill dir");
+    let limited = exec(
+        tidemark_in(dir.path(), T0 + DAY)
+            .arg("lateness")
+            .arg(&p)
+            .args(["--by", "src", "--output", "json", "--threads", "1"])
+            .args(["--memory-limit", "64MiB", "--spill-dir"])
+            .arg(&spill),
+    );
+    assert_eq!(limited.code, 0, "{}", limited.stderr);
+    assert_eq!(json(&limited), v);
+    let left: Vec<_> = std::fs::read_dir(&spill).expect("spill").collect();
+    assert!(left.is_empty(), "spill directories left behind: {left:?}");
+    for (flag, value) in [
+        ("--memory-limit", "1kb"),
+        ("--threads", "0"),
+        ("--spill-dir", "/dev/null/x"),
+    ] {
+        let out = exec(
+            tidemark_in(dir.path(), T0 + DAY)
+                .arg("lateness")
+                .arg(&p)
+                .args([flag, value]),
+        );
+        assert_eq!(out.code, 64, "{flag} {value}: {}", out.stderr);
+    }
 }
 
 fn rfc3339_us(us: i64) -> String {

@@ -5,7 +5,7 @@
 
 use crate::common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 
 use common::*;
@@ -13,29 +13,7 @@ use serde_json::Value;
 
 const NOW: i64 = T0 + 12 * HOUR;
 
-fn newest_lease(dir: &Path, job: &str) -> Option<Value> {
-    let leases = dir.join("lake/_tidemark/leases").join(job);
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&leases)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .collect();
-    files.sort();
-    serde_json::from_str(&std::fs::read_to_string(files.last()?).ok()?).ok()
-}
 
-fn ledger(bundle: &Path) -> Vec<Value> {
-    let out = output(
-        tidemark_process(NOW)
-            .args(["runs", "--limit", "100", "--output", "json", "--bundle"])
-            .arg(bundle),
-    );
-    assert_eq!(out.code, 0, "{}", out.stderr);
-    match serde_json::from_str(&out.stdout) {
-        Ok(Value::Array(rows)) => rows,
-        other => panic!("runs --output json: {other:?}"),
-    }
-}
 
 fn send(child: &Child, signal: libc::c_int) {
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
@@ -111,10 +89,10 @@ async fn job_run_stopped_by(signal: libc::c_int, code: i32) {
     );
 
     // The attempt is in the ledger, the lease was given back, nothing was committed.
-    let rows = ledger(&bundle);
+    let rows = held::bundle_ledger(tidemark_at(NOW), &bundle);
     assert_eq!(rows[0]["status"], "cancelled", "{rows:?}");
     assert_eq!(rows[0]["attempt"], 1, "{rows:?}");
-    assert_eq!(newest_lease(d, "j").expect("lease")["released"], true);
+    assert_eq!(held::newest_lease(d, "j").expect("lease")["released"], true);
     assert_eq!(version(&silver(d)).await, before, "nothing was committed");
     assert!(
         entries(&d.join("spill")).is_empty(),

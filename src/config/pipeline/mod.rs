@@ -1,11 +1,15 @@
 //! Pipeline files: one pipeline per YAML file in `pipelines/`, of one [`Kind`].
 //!
-//! `raw.rs` holds the file as written (one struct per kind), `build.rs` the checks that turn it
-//! into the validated [`Pipeline`]: a header every kind shares (name, file) and a [`Spec`] per
-//! kind.
+//! One file per kind (`cdc_merge.rs`, `ingest.rs`, `aggregate.rs`, `dimension.rs`) holds the
+//! kind's raw struct as written, its validated settings and the checks between them;
+//! `common.rs` what the kinds share (the file being checked, the `source`, `columns` and
+//! `quarantine` blocks); `raw.rs` the `kind:` tag and `build.rs` the parse that picks the kind
+//! and builds the validated [`Pipeline`]: a header every kind shares (name, file) and a
+//! [`Spec`] per kind. This module keeps the settings more than one kind uses.
 
 pub mod aggregate;
 mod build;
+mod cdc_merge;
 mod common;
 pub mod dimension;
 pub mod expect;
@@ -13,22 +17,18 @@ pub mod ingest;
 mod raw;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Deserialize;
 
 pub use crate::config::size::{parse_bytes, parse_size};
 pub use aggregate::Aggregate;
+pub use cdc_merge::{CdcMerge, DeleteMode, Deletes, ReconcileSpec, DEFAULT_MAX_FUTURE_SKEW};
 pub use dimension::Dimension;
 pub use ingest::Ingest;
 pub use raw::Kind;
 
 use super::location::line_of_key;
 use super::{ConfigError, PipelineChoices, Vars};
-
-/// Default for `max_future_skew`: how far past the run's start a sequence value may lie before
-/// the row is deferred instead of merged.
-pub const DEFAULT_MAX_FUTURE_SKEW: Duration = Duration::from_secs(5 * 60);
 
 /// Default `delta.targetFileSize` for targets tidemark creates. An hourly run rewrites every file
 /// holding a changed key (row groups without one are copied as bytes), so a touched file costs
@@ -41,19 +41,6 @@ pub const DEFAULT_TARGET_FILE_SIZE: u64 = 2 * 1024 * 1024;
 /// re-encoding the row group around one late refund costs little, large enough that scans and
 /// compression do not suffer (measured in BENCHMARKS.md).
 pub const DEFAULT_ROW_GROUP_ROWS: usize = 4096;
-
-/// How a delete record is applied to the target.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum DeleteMode {
-    /// Keep a tombstone row (`_deleted = true`) so an older version arriving later cannot
-    /// resurrect the key.
-    #[default]
-    Soft,
-    /// Remove the row. A version older than the delete that lands afterwards brings the key
-    /// back: only use this when the source never delivers that late.
-    Hard,
-}
 
 /// How an hourly run applies a changed key held in an old target file.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, serde::Serialize)]
@@ -97,20 +84,6 @@ pub enum SourceRecreate {
     ReadAll,
 }
 
-/// Which source rows mean "this key was deleted".
-#[derive(Debug, Clone, PartialEq)]
-pub struct Deletes {
-    pub column: String,
-    pub values: Vec<String>,
-    pub mode: DeleteMode,
-    /// `deletes.retain`: tombstones whose sequence is older than this (before `maintain`'s
-    /// clock) are removed by `maintain`, their keys recorded in `removed_keys`.
-    pub retain: Option<Duration>,
-    /// The table of removed tombstones (keys and delete sequence): set, to the given URI or
-    /// `<target>_removed_keys`, exactly when `retain` is.
-    pub removed_keys: Option<String>,
-}
-
 /// Where rejected rows go and how many are tolerated before the run fails.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Quarantine {
@@ -119,75 +92,8 @@ pub struct Quarantine {
     pub max_fraction: Option<f64>,
 }
 
-/// What `tidemark reconcile` aggregates, so a finance team can compare totals they recognise
-/// (per event day and currency) and not only row-by-row differences.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReconcileSpec {
-    /// Timestamp or date column whose UTC date is the "event day" of a row (default: the
-    /// sequence column).
-    pub day: String,
-    /// Columns whose values split each day into groups (e.g. currency).
-    pub group_by: Vec<String>,
-    /// Numeric columns summed per day and group (e.g. amount_cents).
-    pub sum: Vec<String>,
-    /// Columns whose values are counted per day and group (e.g. status).
-    pub count_by: Vec<String>,
-}
-
-/// A validated `cdc_merge` pipeline: everything a merge run needs to know, with defaults
-/// applied.
-#[derive(Debug, Clone)]
-pub struct CdcMerge {
-    pub source_uri: String,
-    /// `source.on_recreate`: what to do when the source's table id changed.
-    pub source_on_recreate: SourceRecreate,
-    pub target_uri: String,
-    pub target_file_size: u64,
-    /// Rows per Parquet row group in the target's files: the unit an hourly run re-encodes
-    /// around a changed row (every other row group of a rewritten file is copied as bytes).
-    pub target_row_group_rows: usize,
-    /// `target.apply`: how an hourly run applies a change to a key held in an old file.
-    pub target_apply: Apply,
-    /// `target.change_data_feed`: the target keeps a Delta change data feed
-    /// (`delta.enableChangeDataFeed`), set when tidemark creates it or on the next run.
-    pub change_data_feed: bool,
-    pub keys: Vec<String>,
-    pub sequence_by: String,
-    pub tie_breakers: Vec<String>,
-    pub overlap: Duration,
-    pub max_future_skew: Duration,
-    pub deletes: Option<Deletes>,
-    pub exclude: Vec<String>,
-    pub quarantine: Quarantine,
-    pub on_schema_change: SchemaChange,
-    /// What `tidemark reconcile` reports per day and group.
-    pub reconcile: ReconcileSpec,
-    /// Row-level rules over source rows (`expectations:`), in file order.
-    pub expectations: Vec<expect::Expectation>,
-}
-
-impl CdcMerge {
-    /// The columns that order versions of a key: the sequence, then the tie-breakers.
-    pub fn order_columns(&self) -> Vec<String> {
-        std::iter::once(self.sequence_by.clone())
-            .chain(self.tie_breakers.iter().cloned())
-            .collect()
-    }
-
-    /// Whether the target carries the `_deleted` tombstone column.
-    pub fn soft_deletes(&self) -> bool {
-        matches!(
-            self.deletes,
-            Some(Deletes {
-                mode: DeleteMode::Soft,
-                ..
-            })
-        )
-    }
-}
-
-/// What a pipeline does, by kind: the one place a new kind is added (with its raw struct in
-/// `raw.rs`, its checks in `build.rs` and its run in its own module).
+/// What a pipeline does, by kind: the one place a new kind is added (with its file in this
+/// folder, its tag in `raw.rs`, and its run in its own module).
 #[derive(Debug, Clone)]
 // One per pipeline, loaded once per run: boxing the larger variant would buy nothing.
 #[allow(clippy::large_enum_variant)]
@@ -403,15 +309,10 @@ pub fn resolve_pipeline_path(
 
 #[cfg(test)]
 mod tests {
-    use super::common::overlapping;
     use super::*;
 
-    /// The merge settings of a `cdc_merge` pipeline.
-    fn merge(p: &Pipeline) -> &CdcMerge {
-        p.cdc_merge("test").expect("a cdc_merge pipeline")
-    }
-
-    const GOOD: &str = r#"
+    /// A `cdc_merge` pipeline: what the loader's tests (here and in the kinds' files) parse.
+    pub(super) const GOOD: &str = r#"
 name: payments
 kind: cdc_merge
 source: { uri: "${var.lake}/bronze/payments_raw" }
@@ -425,26 +326,12 @@ columns: { exclude: [op] }
 quarantine: { uri: "${var.lake}/quarantine/payments" }
 "#;
 
-    fn vars() -> Vars {
+    pub(super) fn vars() -> Vars {
         Vars::from_args(&["lake=/tmp/lake"]).unwrap()
     }
 
-    fn parse(text: &str) -> Result<Pipeline, ConfigError> {
+    pub(super) fn parse(text: &str) -> Result<Pipeline, ConfigError> {
         Pipeline::parse(Path::new("p.yml"), text, &vars())
-    }
-
-    #[test]
-    fn parses_the_reference_pipeline_with_defaults() {
-        let p = parse(GOOD).unwrap();
-        assert_eq!(p.kind(), Kind::CdcMerge);
-        let p = merge(&p);
-        assert_eq!(p.source_uri, "/tmp/lake/bronze/payments_raw");
-        assert_eq!(p.overlap, Duration::from_secs(900));
-        assert_eq!(p.max_future_skew, DEFAULT_MAX_FUTURE_SKEW);
-        assert_eq!(p.deletes.as_ref().unwrap().mode, DeleteMode::Soft);
-        assert!(p.soft_deletes());
-        assert_eq!(p.order_columns(), vec!["updated_at", "_ingested_at"]);
-        assert_eq!(p.target_file_size, DEFAULT_TARGET_FILE_SIZE);
     }
 
     #[test]
@@ -511,63 +398,6 @@ quarantine: { uri: "${var.lake}/quarantine/payments" }
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a duration"), "{err}");
-    }
-
-    #[test]
-    fn semantic_checks() {
-        let err = parse(&GOOD.replace("exclude: [op]", "exclude: [payment_id]"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("merge needs"), "{err}");
-        let err = parse(&GOOD.replace("kind: cdc_merge", "kind: append"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("the kinds are: cdc_merge"), "{err}");
-        let err = parse(&GOOD.replace("mode: soft", "mode: gentle"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("p.yml:10:"), "{err}");
-        let err = parse(&GOOD.replace("keys: [payment_id]", "keys: []"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`keys` is empty"), "{err}");
-    }
-
-    #[test]
-    fn tables_must_not_overlap() {
-        let err = parse(&GOOD.replace("/silver/payments", "/bronze/payments_raw"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.starts_with("p.yml:5:"), "{err}");
-        assert!(err.contains("same table as `source.uri`"), "{err}");
-        let err = parse(&GOOD.replace("/quarantine/payments", "/silver/payments/q"))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("`quarantine.uri`"), "{err}");
-        assert!(overlapping("file:///a/b/", "/a/b"));
-        assert!(overlapping("/a/b/../c", "/a/c/d"));
-        assert!(!overlapping("/a/bronze", "/a/bronze2"));
-        assert!(!overlapping("s3://x/bronze", "s3://x/silver"));
-    }
-
-    #[test]
-    fn reconcile_block_defaults_to_the_sequence_day() {
-        let p = parse(GOOD).unwrap();
-        assert_eq!(merge(&p).reconcile.day, "updated_at");
-        assert!(merge(&p).reconcile.group_by.is_empty() && merge(&p).reconcile.sum.is_empty());
-        let p = parse(&format!(
-            "{GOOD}reconcile: {{ day: created_at, group_by: [currency], sum: [amount_cents], count_by: [status] }}\n"
-        ))
-        .unwrap();
-        assert_eq!(merge(&p).reconcile.day, "created_at");
-        assert_eq!(merge(&p).reconcile.sum, vec!["amount_cents"]);
-        let err = parse(&format!("{GOOD}reconcile: {{ sum: [a, a] }}\n"))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("p.yml:13:") && err.contains("lists `a` twice"),
-            "{err}"
-        );
     }
 
     #[test]

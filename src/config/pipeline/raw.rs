@@ -7,8 +7,6 @@
 
 use serde::{Deserialize, Serialize};
 
-pub(super) use super::common::{RawColumns, RawQuarantine, RawSource};
-use super::{DeleteMode, SchemaChange};
 
 /// The kinds of pipeline tidemark runs: `kind:` in a pipeline file names one.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -75,72 +73,8 @@ pub(super) struct RawTag {
 // One per file, parsed once: boxing the larger variant would buy nothing.
 #[allow(clippy::large_enum_variant)]
 pub(super) enum RawPipeline {
-    CdcMerge(RawCdcMerge),
+    CdcMerge(super::cdc_merge::RawCdcMerge),
     Ingest(super::ingest::RawIngest),
     Aggregate(super::aggregate::RawAggregate),
     Dimension(super::dimension::RawDimension),
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawCdcMerge {
-    pub(super) name: String,
-    /// The tag, already read by [`RawTag`].
-    #[serde(rename = "kind")]
-    pub(super) _kind: serde::de::IgnoredAny,
-    pub(super) source: RawSource,
-    pub(super) target: RawTarget,
-    pub(super) keys: Vec<String>,
-    pub(super) sequence_by: String,
-    #[serde(default)]
-    pub(super) tie_breakers: Vec<String>,
-    pub(super) overlap: String,
-    pub(super) max_future_skew: Option<String>,
-    pub(super) deletes: Option<RawDeletes>,
-    pub(super) columns: Option<RawColumns>,
-    pub(super) quarantine: RawQuarantine,
-    #[serde(default)]
-    pub(super) on_schema_change: SchemaChange,
-    pub(super) reconcile: Option<RawReconcile>,
-    #[serde(default)]
-    pub(super) expectations: Vec<super::expect::RawExpectation>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawTarget {
-    pub(super) uri: String,
-    pub(super) file_size: Option<String>,
-    pub(super) row_group_rows: Option<u64>,
-    #[serde(default)]
-    pub(super) apply: super::Apply,
-    #[serde(default)]
-    pub(super) change_data_feed: bool,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawDeletes {
-    pub(super) column: String,
-    pub(super) values: Vec<String>,
-    #[serde(default)]
-    pub(super) mode: DeleteMode,
-    /// How long tombstones are kept (`maintain` removes older ones), e.g. `30d`.
-    #[serde(default)]
-    pub(super) retain: Option<String>,
-    /// Where the removed tombstones' keys are recorded (default: beside the target).
-    #[serde(default)]
-    pub(super) removed_keys: Option<String>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawReconcile {
-    pub(super) day: Option<String>,
-    #[serde(default)]
-    pub(super) group_by: Vec<String>,
-    #[serde(default)]
-    pub(super) sum: Vec<String>,
-    #[serde(default)]
-    pub(super) count_by: Vec<String>,
 }

@@ -6,26 +6,20 @@
 //! scheduler finds the last fire it handled after a restart. Any Delta reader can query it.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
-use arrow::array::{
-    Array, ArrayRef, AsArray, Int32Array, Int64Array, RecordBatch, StringArray,
-    TimestampMicrosecondArray,
-};
-use arrow::datatypes::{
-    DataType, Field, Int32Type, Int64Type, Schema, TimeUnit, TimestampMicrosecondType,
-};
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::serde::{ts_microseconds, ts_microseconds_option};
+use chrono::{DateTime, Utc};
 use datafusion::functions_aggregate::expr_fn::max;
 use datafusion::logical_expr::{col, lit};
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 mod columns;
 pub use columns::schema;
-use columns::{from_batch, strings, times, to_batch};
+use columns::{from_batch, to_batch};
 
+use super::error::READ_BACK;
 use super::JobsError;
 use crate::lake;
 use crate::report::RunSummary;
@@ -99,8 +93,10 @@ impl std::fmt::Display for TaskStatus {
     }
 }
 
-/// One row of the ledger.
-#[derive(Debug, Clone, Serialize, PartialEq)]
+/// One row of the ledger; its fields are the table's columns, in order (see `columns`). Times
+/// serialize as RFC 3339 (what `tidemark runs --output json` prints) and deserialize from the
+/// table's timestamp column (microseconds).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct LedgerRow {
     /// The job run (all attempts of all tasks of one run share it).
     pub run_id: String,
@@ -113,10 +109,13 @@ pub struct LedgerRow {
     pub trigger: String,
     /// The fire time for scheduled runs; null for manual ones.
     #[serde(serialize_with = "crate::report::rfc3339_opt")]
+    #[serde(default, deserialize_with = "ts_microseconds_option::deserialize")]
     pub scheduled_at: Option<DateTime<Utc>>,
     #[serde(serialize_with = "crate::report::ser_time")]
+    #[serde(deserialize_with = "ts_microseconds::deserialize")]
     pub started_at: DateTime<Utc>,
     #[serde(serialize_with = "crate::report::ser_time")]
+    #[serde(deserialize_with = "ts_microseconds::deserialize")]
     pub ended_at: DateTime<Utc>,
     pub status: String,
     pub error_class: Option<String>,
@@ -129,8 +128,10 @@ pub struct LedgerRow {
     pub source_version: Option<i64>,
     pub target_version: Option<i64>,
     #[serde(serialize_with = "crate::report::rfc3339_opt")]
+    #[serde(default, deserialize_with = "ts_microseconds_option::deserialize")]
     pub watermark_before: Option<DateTime<Utc>>,
     #[serde(serialize_with = "crate::report::rfc3339_opt")]
+    #[serde(default, deserialize_with = "ts_microseconds_option::deserialize")]
     pub watermark_after: Option<DateTime<Utc>>,
     pub num_source_rows_read: Option<i64>,
     pub num_inserted: Option<i64>,
@@ -218,6 +219,14 @@ impl Ledger {
         }
     }
 
+    fn rows(&self, direction: &'static str, e: serde_arrow::Error) -> JobsError {
+        JobsError::LedgerRows {
+            uri: self.uri.clone(),
+            direction,
+            source: Box::new(e),
+        }
+    }
+
     fn query(&self) -> impl FnOnce(datafusion::error::DataFusionError) -> JobsError + '_ {
         |source| JobsError::LedgerQuery {
             uri: self.uri.clone(),
@@ -230,7 +239,7 @@ impl Ledger {
         if rows.is_empty() {
             return Ok(());
         }
-        let batch = to_batch(rows).map_err(|e| self.delta()(e.into()))?;
+        let batch = to_batch(rows).map_err(|e| self.rows("convert to", e))?;
         // Two processes may both find no table and both create it: the loser retries once
         // against the table the winner made.
         let mut last_error = None;
@@ -295,7 +304,7 @@ impl Ledger {
             .map_err(self.query())?;
         let mut rows = Vec::new();
         for b in &batches {
-            rows.extend(from_batch(b).map_err(|e| self.delta()(e.into()))?);
+            rows.extend(from_batch(b).map_err(|e| self.rows(READ_BACK, e))?);
         }
         Ok(rows)
     }
@@ -317,15 +326,18 @@ impl Ledger {
             .collect()
             .await
             .map_err(self.query())?;
+        /// One row of the query above.
+        #[derive(Deserialize)]
+        struct LastFire {
+            job: String,
+            #[serde(deserialize_with = "ts_microseconds::deserialize")]
+            last: DateTime<Utc>,
+        }
         let mut out = BTreeMap::new();
         for b in &batches {
-            let jobs = strings(b, "job").map_err(|e| self.delta()(e.into()))?;
-            let last = times(b, "last").map_err(|e| self.delta()(e.into()))?;
-            for (j, t) in jobs.into_iter().zip(last) {
-                if let (Some(j), Some(t)) = (j, t) {
-                    out.insert(j, t);
-                }
-            }
+            let fires: Vec<LastFire> =
+                serde_arrow::from_record_batch(b).map_err(|e| self.rows(READ_BACK, e))?;
+            out.extend(fires.into_iter().map(|f| (f.job, f.last)));
         }
         Ok(out)
     }
@@ -333,6 +345,7 @@ impl Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeZone;
 
     fn row(job: &str, attempt: i32, started: i64, scheduled: Option<i64>) -> LedgerRow {
         let t = |s: i64| Utc.timestamp_opt(1_800_000_000 + s, 0).unwrap();
@@ -402,5 +415,73 @@ mod tests {
         let last = ledger.last_scheduled().await.unwrap();
         assert_eq!(last.get("a"), rows[1].scheduled_at.as_ref());
         assert_eq!(last.get("b"), None);
+    }
+
+    #[tokio::test]
+    async fn a_row_with_every_optional_column_empty_round_trips() {
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::for_lake(&dir.path().to_string_lossy());
+        let mut r = row("a", 0, 0, None);
+        r.pipeline = None;
+        r.source_version = None;
+        r.num_source_rows_read = None;
+        r.num_spill_files = None;
+        let mut full = row("a", 2, 10, Some(10));
+        full.watermark_before = full.scheduled_at;
+        full.watermark_after = Some(full.ended_at);
+        full.counters = Some(r#"{"inserted":3}"#.into());
+        full.kind = Some("cdc_merge".into());
+        ledger.append(&[r.clone(), full.clone()]).await.unwrap();
+        assert_eq!(ledger.recent(None, 10).await.unwrap(), vec![full, r]);
+    }
+
+    /// A ledger written before the newer columns existed: its rows read them back as null, and
+    /// the next append adds the columns.
+    #[tokio::test]
+    async fn a_ledger_from_before_the_newer_columns_still_reads_and_grows() {
+        use arrow::array::{
+            ArrayRef, Int32Array, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+        };
+        use std::sync::Arc;
+        let dir = tempfile::tempdir().unwrap();
+        let ledger = Ledger::for_lake(&dir.path().to_string_lossy());
+        let old = row("old", 1, 0, Some(0));
+        let s = |v: &str| Arc::new(StringArray::from(vec![v])) as ArrayRef;
+        let t = |v: DateTime<Utc>| {
+            Arc::new(
+                TimestampMicrosecondArray::from(vec![v.timestamp_micros()]).with_timezone("UTC"),
+            ) as ArrayRef
+        };
+        let batch = RecordBatch::try_from_iter([
+            ("run_id", s(&old.run_id)),
+            ("job", s(&old.job)),
+            ("target", s(&old.target)),
+            ("task", s(&old.task)),
+            ("attempt", Arc::new(Int32Array::from(vec![1])) as ArrayRef),
+            ("trigger", s(&old.trigger)),
+            ("scheduled_at", t(old.scheduled_at.unwrap())),
+            ("started_at", t(old.started_at)),
+            ("ended_at", t(old.ended_at)),
+            ("status", s(&old.status)),
+            ("host", s(&old.host)),
+            ("pipeline", s("p")),
+            ("source_version", Arc::new(Int64Array::from(vec![3])) as ArrayRef),
+            ("num_source_rows_read", Arc::new(Int64Array::from(vec![10]))),
+            ("num_spill_files", Arc::new(Int64Array::from(vec![0]))),
+            ("duration_ms", Arc::new(Int64Array::from(vec![1000]))),
+        ])
+        .unwrap();
+        let table = deltalake::DeltaTableBuilder::from_url(lake::create_url(ledger.uri()).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        table.write(vec![batch]).await.unwrap();
+        assert_eq!(ledger.recent(None, 10).await.unwrap(), vec![old.clone()]);
+        let mut new = row("new", 1, 100, Some(100));
+        new.kind = Some("ingest".into());
+        new.num_superseded = Some(2);
+        ledger.append(std::slice::from_ref(&new)).await.unwrap();
+        assert_eq!(ledger.recent(None, 10).await.unwrap(), vec![new, old]);
+        assert_eq!(ledger.last_scheduled().await.unwrap().len(), 2);
     }
 }

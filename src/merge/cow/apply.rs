@@ -4,6 +4,7 @@
 //! actions.
 
 use super::*;
+use crate::merge::MergeError;
 
 /// What the probe of every candidate file found.
 pub(super) struct Probes {
@@ -111,7 +112,7 @@ pub(super) async fn probe_all(
         for (i, m) in matches {
             if let Some(prev) = seen_in.insert(i, f) {
                 let key = render_key(winners, &roles.keys, i);
-                return Err(RunError::DuplicateTargetKeys {
+                return Err(MergeError::DuplicateTargetKeys {
                     uri: slice.uri.clone(),
                     count: 1,
                     first: if prev == f {
@@ -119,7 +120,7 @@ pub(super) async fn probe_all(
                     } else {
                         format!("{key} (in {} and {})", listed[prev].path, file.path)
                     },
-                });
+                }.into());
             }
             p.found[i] = match m {
                 Match::Older => Found::Older,

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod delta_fixture;
+pub mod held;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
