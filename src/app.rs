@@ -16,8 +16,8 @@ use chrono::SecondsFormat;
 use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 
 use crate::cli::{
-    BundleCommand, Command, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs, OutputFormat,
-    EngineArgs, PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
+    BundleCommand, Command, EngineArgs, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs,
+    OutputFormat, PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;

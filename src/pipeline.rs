@@ -3,14 +3,15 @@
 //! kind's implementation of [`crate::run::RunKind`] (each kind's folder has one) and runs it in
 //! the attempt harness, and plans again when an attempt lost a commit race.
 //!
-//! Adding a kind: a folder with its `impl RunKind`, its settings' variant in
-//! `crate::config::pipeline::Spec`, and an arm here.
+//! Adding a kind: a folder with its `impl RunKind`, and its line in the list of kinds
+//! (`config/pipeline/kinds.rs`, with its settings' file beside it); `with_spec!` reaches every
+//! kind listed there.
 
 use futures::FutureExt;
 use tracing::{info_span, warn, Instrument};
 
 use crate::clock::Clock;
-use crate::config::pipeline::Spec;
+use crate::config::pipeline::with_spec;
 use crate::config::Pipeline;
 use crate::report::RunSummary;
 use crate::run::{attempt, Engine, RunError, RunKind, RunOptions, Table};
@@ -35,12 +36,8 @@ pub async fn run(
     let started = std::time::Instant::now();
     loop {
         let (now, id) = (clock.now(), run_id.clone());
-        let once = match &pipeline.spec {
-            Spec::CdcMerge(k) => attempt(k, pipeline, opts, now, engine, id).boxed(),
-            Spec::Ingest(k) => attempt(k, pipeline, opts, now, engine, id).boxed(),
-            Spec::Aggregate(k) => attempt(k, pipeline, opts, now, engine, id).boxed(),
-            Spec::Dimension(k) => attempt(k, pipeline, opts, now, engine, id).boxed(),
-        };
+        let once =
+            with_spec!(&pipeline.spec, k => attempt(k, pipeline, opts, now, engine, id).boxed());
         let attempt = once.instrument(span.clone()).await;
         match attempt {
             Err(e) if e.is_commit_conflict() && replans < MAX_REPLANS => {
@@ -61,12 +58,7 @@ pub async fn run(
 /// The tables `pipeline` writes, with the part each plays (the target first): what `restore`
 /// and `maintain` act on together.
 pub fn tables(pipeline: &Pipeline) -> Vec<(Table, String)> {
-    let owned = match &pipeline.spec {
-        Spec::CdcMerge(k) => k.tables(),
-        Spec::Ingest(k) => k.tables(),
-        Spec::Aggregate(k) => k.tables(),
-        Spec::Dimension(k) => k.tables(),
-    };
+    let owned = with_spec!(&pipeline.spec, k => k.tables());
     owned
         .into_iter()
         .map(|(t, uri)| (t, uri.to_string()))

@@ -12,7 +12,7 @@ use datafusion::logical_expr::{lit, when, Expr, ExprSchemable, SortExpr};
 use datafusion::prelude::{coalesce, ident, DataFrame};
 
 use super::days::{date_lit, Days};
-use crate::config::pipeline::aggregate::{Agg, DATA_AS_OF, EVENT_DATE, IS_FINAL};
+use crate::config::pipeline::aggregate::{Agg, Measure, DATA_AS_OF, EVENT_DATE, IS_FINAL};
 use crate::config::pipeline::{Aggregate, Pipeline, DELETED_COLUMN};
 use crate::run::{Phase, RunError};
 
@@ -41,6 +41,45 @@ pub fn grouped(
     open_from: NaiveDate,
 ) -> Result<DataFrame, RunError> {
     let q = |e| RunError::query(Phase::Read)(e);
+    let spec = s.spec;
+    let (day, raw) = checked_columns(&s)?;
+    let mut df = counted_rows(&s, s.df.clone())?;
+    if let Some(d) = days {
+        // One range of the raw column per run of consecutive days (late changes to closed
+        // days are scattered: files between them are pruned); no day: the same plan over no
+        // rows.
+        let covering = d
+            .runs()
+            .into_iter()
+            .map(|(a, b)| raw.covering(&spec.event_date, spec.time_zone, a, b))
+            .reduce(Expr::or)
+            .unwrap_or_else(|| lit(false));
+        df = df.filter(covering).map_err(q)?;
+    }
+    df = df.with_column(EVENT_DATE, day).map_err(q)?;
+    if let Some(d) = days {
+        df = df.filter(d.contains_expr(ident(EVENT_DATE))).map_err(q)?;
+    }
+    let mut aggs: Vec<Expr> = Vec::new();
+    for m in &spec.measures {
+        aggs.push(measure(&s, &df, m)?.alias(&m.name));
+    }
+    aggs.push(max(ident(&spec.data_as_of)).alias(DATA_AS_OF));
+    aggs.push(count(lit(1i64)).alias(ROWS));
+    aggs.push(late_after_close(s.closed, days, &spec.data_as_of)?.alias(LATE));
+    let mut groups: Vec<Expr> = vec![ident(EVENT_DATE)];
+    groups.extend(spec.group_by.iter().map(ident));
+    let out = output_columns(&s, &groups, open_from);
+    let order: Vec<SortExpr> = groups.iter().map(|g| g.clone().sort(true, true)).collect();
+    df.aggregate(groups, aggs)
+        .and_then(|df| df.select(out))
+        .and_then(|df| df.sort(order))
+        .map_err(q)
+}
+
+/// Every column the pipeline names is in the source (else a config error at the line naming
+/// it); the event day's expression and its raw column.
+fn checked_columns(s: &Source<'_>) -> Result<(Expr, super::days::RawRange), RunError> {
     let spec = s.spec;
     let schema = s.df.schema().clone();
     let field = |name: &str, key: &str, hint: &str| {
@@ -81,9 +120,15 @@ pub fn grouped(
             field(c, "measures", "")?;
         }
     }
-    let mut df = s.df;
-    // Tombstones (a tidemark silver's soft deletes) are not payments.
-    if schema
+    Ok((day, raw))
+}
+
+/// The rows that count: no tombstones (a tidemark silver's soft deletes are not payments), and
+/// those meeting `where`.
+fn counted_rows(s: &Source<'_>, mut df: DataFrame) -> Result<DataFrame, RunError> {
+    let q = |e| RunError::query(Phase::Read)(e);
+    if df
+        .schema()
         .qualified_field_with_unqualified_name(DELETED_COLUMN)
         .is_ok()
     {
@@ -94,90 +139,74 @@ pub fn grouped(
             ])))
             .map_err(q)?;
     }
-    if let Some(w) = &spec.where_sql {
+    if let Some(w) = &s.spec.where_sql {
         let e = df
             .parse_sql_expr(w)
             .map_err(|e| RunError::Config(s.p.error_at("where", format!("`where: {w}`: {e}"))))?;
         condition(&e, &df, w).map_err(|m| RunError::Config(s.p.error_at("where", m)))?;
         df = df.filter(coalesce(vec![e, lit(false)])).map_err(q)?;
     }
-    if let Some(d) = days {
-        // One range of the raw column per run of consecutive days (late changes to closed
-        // days are scattered: files between them are pruned); no day: the same plan over no
-        // rows.
-        let covering = d
-            .runs()
-            .into_iter()
-            .map(|(a, b)| raw.covering(&spec.event_date, spec.time_zone, a, b))
-            .reduce(Expr::or)
-            .unwrap_or_else(|| lit(false));
-        df = df.filter(covering).map_err(q)?;
-    }
-    df = df.with_column(EVENT_DATE, day).map_err(q)?;
-    if let Some(d) = days {
-        df = df.filter(d.contains_expr(ident(EVENT_DATE))).map_err(q)?;
-    }
-    let mut aggs: Vec<Expr> = Vec::new();
-    for m in &spec.measures {
-        let filter = match &m.filter {
-            Some(f) => {
-                let e = df.parse_sql_expr(f).map_err(|e| {
-                    RunError::Config(
-                        s.p.error_at_text(f, format!("measure `{}`: filter `{f}`: {e}", m.name)),
-                    )
-                })?;
-                condition(&e, &df, f).map_err(|msg| {
-                    RunError::Config(
-                        s.p.error_at_text(f, format!("measure `{}`: filter {msg}", m.name)),
-                    )
-                })?;
-                Some(e)
-            }
-            None => None,
-        };
-        if let (Agg::Sum, Some(c)) = (m.agg, &m.column) {
-            let t = df
-                .schema()
-                .qualified_field_with_unqualified_name(c)
-                .map(|(_, f)| f.data_type().clone())
-                .unwrap_or(DataType::Null);
-            if !t.is_numeric() {
-                return Err(RunError::Config(s.p.error_at_text(
-                    &m.name,
-                    format!("measure `{}` sums `{c}`, which is {}: `sum` needs a number column (count rows with `agg: count`)", m.name, type_name(&t)),
-                )));
-            }
+    Ok(df)
+}
+
+/// One measure's aggregate over the rows meeting its filter.
+fn measure(s: &Source<'_>, df: &DataFrame, m: &Measure) -> Result<Expr, RunError> {
+    let q = |e| RunError::query(Phase::Read)(e);
+    let filter = match &m.filter {
+        Some(f) => {
+            let e = df.parse_sql_expr(f).map_err(|e| {
+                RunError::Config(
+                    s.p.error_at_text(f, format!("measure `{}`: filter `{f}`: {e}", m.name)),
+                )
+            })?;
+            condition(&e, df, f).map_err(|msg| {
+                RunError::Config(
+                    s.p.error_at_text(f, format!("measure `{}`: filter {msg}", m.name)),
+                )
+            })?;
+            Some(e)
         }
-        // Only the rows meeting the filter: others become NULL, which every aggregate skips.
-        let value = |e: Expr| -> Result<Expr, RunError> {
-            match &filter {
-                Some(f) => when(coalesce(vec![f.clone(), lit(false)]), e)
-                    .end()
-                    .map_err(q),
-                None => Ok(e),
-            }
-        };
-        let input = match &m.column {
-            Some(c) => value(ident(c))?,
-            None => value(lit(1i64))?,
-        };
-        let e = match m.agg {
-            Agg::Count => count(input),
-            // A group whose rows all miss the filter sums to 0, not NULL.
-            Agg::Sum => coalesce(vec![sum(input), lit(0i64)]),
-            Agg::Min => min(input),
-            Agg::Max => max(input),
-            Agg::CountDistinct => count_distinct(input),
-        };
-        aggs.push(e.alias(&m.name));
+        None => None,
+    };
+    if let (Agg::Sum, Some(c)) = (m.agg, &m.column) {
+        let t = df
+            .schema()
+            .qualified_field_with_unqualified_name(c)
+            .map(|(_, f)| f.data_type().clone())
+            .unwrap_or(DataType::Null);
+        if !t.is_numeric() {
+            return Err(RunError::Config(s.p.error_at_text(
+                &m.name,
+                format!("measure `{}` sums `{c}`, which is {}: `sum` needs a number column (count rows with `agg: count`)", m.name, type_name(&t)),
+            )));
+        }
     }
-    aggs.push(max(ident(&spec.data_as_of)).alias(DATA_AS_OF));
-    aggs.push(count(lit(1i64)).alias(ROWS));
-    aggs.push(late_after_close(s.closed, days, &spec.data_as_of)?.alias(LATE));
-    let mut groups: Vec<Expr> = vec![ident(EVENT_DATE)];
-    groups.extend(spec.group_by.iter().map(ident));
-    let mut out: Vec<Expr> = groups.clone();
-    out.extend(spec.measures.iter().map(|m| ident(&m.name)));
+    // Only the rows meeting the filter: others become NULL, which every aggregate skips.
+    let input = match &m.column {
+        Some(c) => ident(c),
+        None => lit(1i64),
+    };
+    let input = match &filter {
+        Some(f) => when(coalesce(vec![f.clone(), lit(false)]), input)
+            .end()
+            .map_err(q)?,
+        None => input,
+    };
+    Ok(match m.agg {
+        Agg::Count => count(input),
+        // A group whose rows all miss the filter sums to 0, not NULL.
+        Agg::Sum => coalesce(vec![sum(input), lit(0i64)]),
+        Agg::Min => min(input),
+        Agg::Max => max(input),
+        Agg::CountDistinct => count_distinct(input),
+    })
+}
+
+/// The output's columns: groups, measures, data_as_of, whether the day is final, and the
+/// helper columns.
+fn output_columns(s: &Source<'_>, groups: &[Expr], open_from: NaiveDate) -> Vec<Expr> {
+    let mut out: Vec<Expr> = groups.to_vec();
+    out.extend(s.spec.measures.iter().map(|m| ident(&m.name)));
     out.push(ident(DATA_AS_OF));
     // Final: before the open window, or closed by an earlier run (a closed day stays closed).
     let mut is_final = ident(EVENT_DATE).lt(date_lit(open_from));
@@ -188,11 +217,7 @@ pub fn grouped(
     out.push(is_final.alias(IS_FINAL));
     out.push(ident(ROWS));
     out.push(ident(LATE));
-    let order: Vec<SortExpr> = groups.iter().map(|g| g.clone().sort(true, true)).collect();
-    df.aggregate(groups, aggs)
-        .and_then(|df| df.select(out))
-        .and_then(|df| df.sort(order))
-        .map_err(q)
+    out
 }
 
 /// The first and last event day of the source's rows (`None` when it has none): a full

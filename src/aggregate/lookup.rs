@@ -39,29 +39,22 @@ pub async fn apply(
     Ok(df)
 }
 
-async fn one(
-    ctx: &SessionContext,
+/// The lookup's columns are where it says (the dimension's key and columns in the dimension,
+/// its key and `as_of` in the source, no column twice), `as_of` only on an SCD2 dimension and
+/// over a time; the `as_of` column, when given.
+fn checked(
     p: &Pipeline,
     l: &Lookup,
-    n: usize,
-    df: DataFrame,
-) -> Result<DataFrame, RunError> {
+    df: &DataFrame,
+    dim_cols: &[String],
+    src_cols: &[String],
+) -> Result<Option<String>, RunError> {
     let q = |e| RunError::query(Phase::Read)(e);
-    let table = lake::open_required(&l.uri, "dimension").await?;
-    let dim = crate::run::frame(ctx, &table, &l.uri, Phase::Read).await?;
-    let names = |df: &DataFrame| {
-        df.schema()
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .collect::<Vec<_>>()
-    };
-    let (dim_cols, src_cols) = (names(&dim), names(&df));
     let missing =
         |cols: &[String], have: &[String]| cols.iter().find(|c| !have.contains(c)).cloned();
     let mut wanted = vec![l.dimension_key.clone()];
     wanted.extend(l.columns.iter().cloned());
-    if let Some(c) = missing(&wanted, &dim_cols) {
+    if let Some(c) = missing(&wanted, dim_cols) {
         return Err(p
             .error_at_text(
                 &c,
@@ -75,7 +68,7 @@ async fn one(
     }
     let mut needed = vec![l.key.clone()];
     needed.extend(l.as_of.iter().cloned());
-    if let Some(c) = missing(&needed, &src_cols) {
+    if let Some(c) = missing(&needed, src_cols) {
         let fragment = if l.key == c {
             format!("key: {c}")
         } else {
@@ -98,7 +91,7 @@ async fn one(
             format!("lookup column `{c}` is already a source column; rename it in the dimension or leave it out of `columns`"),
         ));
     }
-    let as_of = match &l.as_of {
+    Ok(match &l.as_of {
         Some(t) if !dim_cols.iter().any(|c| c == VALID_FROM) => {
             return Err(at(
                 p,
@@ -125,7 +118,28 @@ async fn one(
             Some(t.clone())
         }
         None => None,
+    })
+}
+
+async fn one(
+    ctx: &SessionContext,
+    p: &Pipeline,
+    l: &Lookup,
+    n: usize,
+    df: DataFrame,
+) -> Result<DataFrame, RunError> {
+    let q = |e| RunError::query(Phase::Read)(e);
+    let table = lake::open_required(&l.uri, "dimension").await?;
+    let dim = crate::run::frame(ctx, &table, &l.uri, Phase::Read).await?;
+    let names = |df: &DataFrame| {
+        df.schema()
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .collect::<Vec<_>>()
     };
+    let (dim_cols, src_cols) = (names(&dim), names(&df));
+    let as_of = checked(p, l, &df, &dim_cols, &src_cols)?;
     let at = |c: &str| format!("{PREFIX}{n}_{c}");
     let mut select: Vec<Expr> = vec![ident(&l.dimension_key).alias(at("key"))];
     if as_of.is_some() {

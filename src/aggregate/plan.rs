@@ -40,105 +40,28 @@ impl Run<'_, '_> {
             .into_iter()
             .chain(open_before.filter(|_| !full))
             .min();
-        let mut touched = BTreeSet::new();
-        let mut unknown = false;
-        // `--from/--to` restates days on purpose and leaves the source's changes since the last
-        // run to the next scheduled one (its commits record the version the last run read).
-        let on_purpose = self.opts.restate_from.is_some();
-        if !full {
-            // The status table is committed last: the version it records was fully applied
-            // (a crash after gold's commit leaves it behind, and the rerun reads the changes
-            // again — comparing, it writes only what is missing).
-            let mut previous: Option<i64> = None;
-            if let Some(t) = recorded_in {
-                let r = lake::record::read(t, &self.p.app_id())
-                    .await
-                    .map_err(RunError::delta(Phase::Plan, &spec.status_uri))?;
-                // (not after `--from/--to`: it restates days on purpose, whatever the source)
-                if !on_purpose {
-                    self.a.check_source(&r, source, &spec.source_uri)?;
-                }
-                previous = r.version;
-            }
-            let since = previous.and_then(|v| u64::try_from(v).ok());
-            self.c.previous_source_version = since;
-            if let Some(since) = since.filter(|_| !on_purpose) {
-                match touched::since(&self.a.ctx, source, spec, since).await? {
-                    touched::Touched::Days(d) => touched = d,
-                    touched::Touched::Unknown(why) => {
-                        unknown = true;
-                        let cap =
-                            logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
-                        self.warn(format!(
-                            "which days the source changed since version {since} is unknown ({why}): restating every day back to {cap} (max_lookback)"
-                        ));
-                        touched = cap.iter_days().take_while(|d| *d <= logical).collect();
-                    }
-                }
-            }
-        }
-        self.c.num_days_touched = touched.len() as u64;
-        let mut days = match (self.opts.restate_from, self.opts.restate_to) {
-            (Some(from), Some(to)) => Days::range(spec, logical, from, to),
-            _ if spec.touched => {
-                let open = days::Days::window(spec, logical, None).open_from;
-                Days::only(
-                    spec,
-                    logical,
-                    oldest_open,
-                    touched
-                        .iter()
-                        .copied()
-                        .filter(|d| *d >= open && *d <= logical),
-                )
-            }
-            _ => Days::window(spec, logical, oldest_open),
+        let (touched, unknown) = match full {
+            true => (BTreeSet::new(), false),
+            false => self.touched_since(source, recorded_in, logical).await?,
         };
+        self.c.num_days_touched = touched.len() as u64;
+        let mut days = self.chosen_days(logical, oldest_open, &touched);
         // A day is closed once a run labelled it final; one never published is closed when it
         // lies before the lookback.
         // ... and one never published is closed when the newest earlier run had it final.
+        let open_from = days.open_from;
         let closed = |d: &NaiveDate| {
             old_status.get(d).map_or(
-                open_before.map_or(days.is_final(*d), |o| *d < o.min(days.open_from)),
+                open_before.map_or(*d < open_from, |o| *d < o.min(open_from)),
                 status::DayStatus::is_final,
             )
         };
-        let cap = logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
         let late: Vec<NaiveDate> = touched
             .iter()
             .copied()
             .filter(|d| closed(d) && !days.set.contains(d))
             .collect();
-        let mut adjust = BTreeSet::new();
-        let mut beyond_cap = Vec::new();
-        match spec.after_close {
-            AfterClose::Restate => {
-                let (within, beyond): (Vec<NaiveDate>, Vec<NaiveDate>) =
-                    late.iter().partition(|d| **d >= cap);
-                days.set.extend(within);
-                beyond_cap.clone_from(&beyond);
-                if !beyond.is_empty() {
-                    self.c.num_days_beyond_max_lookback = beyond.len() as u64;
-                    self.warn(format!(
-                        "the source changed {} final day(s) older than max_lookback ({} days; the oldest {}): not restated",
-                        beyond.len(),
-                        spec.max_lookback_days,
-                        beyond[0]
-                    ));
-                }
-            }
-            AfterClose::Adjust => {
-                // Closed days are never rewritten: what they owe is booked instead (whatever
-                // their age), --from/--to included.
-                adjust.extend(late);
-                let closed_asked: Vec<NaiveDate> =
-                    days.set.iter().copied().filter(|d| closed(d)).collect();
-                for d in closed_asked {
-                    days.set.remove(&d);
-                    adjust.insert(d);
-                }
-            }
-        }
+        let (adjust, beyond_cap) = self.after_close(&mut days, late, logical, closed);
         // A change the run neither restates nor adjusts (a day after an older logical date: a
         // backfill) stays unconsumed — the run records the version the last run read, so the
         // next run reads it again. (Days past max_lookback are left on purpose, and counted.)
@@ -158,6 +81,124 @@ impl Run<'_, '_> {
             }
         }
         Ok(Plan { days, adjust })
+    }
+
+    /// The event days the source changed since the version the last run recorded (and whether
+    /// that is unknown: then every day back to `max_lookback`). None after `--from/--to`, which
+    /// restates days on purpose and leaves the source's changes since the last run to the next
+    /// scheduled one (its commits record the version the last run read).
+    async fn touched_since(
+        &mut self,
+        source: &deltalake::DeltaTable,
+        recorded_in: Option<&deltalake::DeltaTable>,
+        logical: NaiveDate,
+    ) -> Result<(BTreeSet<NaiveDate>, bool), RunError> {
+        let spec = self.spec;
+        let on_purpose = self.opts.restate_from.is_some();
+        // The status table is committed last: the version it records was fully applied (a
+        // crash after gold's commit leaves it behind, and the rerun reads the changes again —
+        // comparing, it writes only what is missing).
+        let mut previous: Option<i64> = None;
+        if let Some(t) = recorded_in {
+            let r = lake::record::read(t, &self.p.app_id())
+                .await
+                .map_err(RunError::delta(Phase::Plan, &spec.status_uri))?;
+            if !on_purpose {
+                self.a.check_source(&r, source, &spec.source_uri)?;
+            }
+            previous = r.version;
+        }
+        let since = previous.and_then(|v| u64::try_from(v).ok());
+        self.c.previous_source_version = since;
+        let Some(since) = since.filter(|_| !on_purpose) else {
+            return Ok((BTreeSet::new(), false));
+        };
+        Ok(
+            match touched::since(&self.a.ctx, source, spec, since).await? {
+                touched::Touched::Days(d) => (d, false),
+                touched::Touched::Unknown(why) => {
+                    let cap = logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
+                    self.warn(format!(
+                    "which days the source changed since version {since} is unknown ({why}): restating every day back to {cap} (max_lookback)"
+                ));
+                    (
+                        cap.iter_days().take_while(|d| *d <= logical).collect(),
+                        true,
+                    )
+                }
+            },
+        )
+    }
+
+    /// The days recomputed: `--from/--to`, the changed open days (`recompute.touched`), or the
+    /// lookback window.
+    fn chosen_days(
+        &self,
+        logical: NaiveDate,
+        oldest_open: Option<NaiveDate>,
+        touched: &BTreeSet<NaiveDate>,
+    ) -> Days {
+        let spec = self.spec;
+        match (self.opts.restate_from, self.opts.restate_to) {
+            (Some(from), Some(to)) => Days::range(spec, logical, from, to),
+            _ if spec.touched => {
+                let open = days::Days::window(spec, logical, None).open_from;
+                Days::only(
+                    spec,
+                    logical,
+                    oldest_open,
+                    touched
+                        .iter()
+                        .copied()
+                        .filter(|d| *d >= open && *d <= logical),
+                )
+            }
+            _ => Days::window(spec, logical, oldest_open),
+        }
+    }
+
+    /// Closed days the source changed (`late`), and closed days asked for: restated within
+    /// `max_lookback` (`after_close: restate`, the older ones counted and left) or adjusted
+    /// (`after_close: adjust`, never rewritten). The days adjusted, and those left past the cap.
+    fn after_close(
+        &mut self,
+        days: &mut Days,
+        late: Vec<NaiveDate>,
+        logical: NaiveDate,
+        closed: impl Fn(&NaiveDate) -> bool,
+    ) -> (BTreeSet<NaiveDate>, Vec<NaiveDate>) {
+        let spec = self.spec;
+        let mut adjust = BTreeSet::new();
+        match spec.after_close {
+            AfterClose::Restate => {
+                let cap = logical - chrono::Duration::days(i64::from(spec.max_lookback_days));
+                let (within, beyond): (Vec<NaiveDate>, Vec<NaiveDate>) =
+                    late.iter().partition(|d| **d >= cap);
+                days.set.extend(within);
+                if !beyond.is_empty() {
+                    self.c.num_days_beyond_max_lookback = beyond.len() as u64;
+                    self.warn(format!(
+                        "the source changed {} final day(s) older than max_lookback ({} days; the oldest {}): not restated",
+                        beyond.len(),
+                        spec.max_lookback_days,
+                        beyond[0]
+                    ));
+                }
+                (adjust, beyond)
+            }
+            AfterClose::Adjust => {
+                // Closed days are never rewritten: what they owe is booked instead (whatever
+                // their age), --from/--to included.
+                adjust.extend(late);
+                let closed_asked: Vec<NaiveDate> =
+                    days.set.iter().copied().filter(|d| closed(d)).collect();
+                for d in closed_asked {
+                    days.set.remove(&d);
+                    adjust.insert(d);
+                }
+                (adjust, Vec::new())
+            }
+        }
     }
 
     /// Warns when the logical date closes days it should not: far past every arrival gold has

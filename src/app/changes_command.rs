@@ -11,7 +11,7 @@ use serde::Serialize;
 
 use super::{load_pipeline, AppError};
 use crate::cli::{ChangesArgs, OutputFormat};
-use crate::config::pipeline::Spec;
+use crate::config::pipeline::{with_spec, Kind, Settings};
 use crate::lake;
 
 /// The change types of a Delta change data feed, in the order reports list them.
@@ -71,32 +71,18 @@ async fn feed_start(
 
 /// `tidemark changes`.
 pub async fn changes(args: ChangesArgs) -> Result<String, AppError> {
-    let mut is_gold = false;
-    let mut is_dimension = false;
+    let mut kind = None;
     let (uri, mut keys, pipeline) = match super::pipeline_or_table(&args.table, &args.from)? {
         Some(_) => {
             let p = load_pipeline(&args.table, &args.from)?;
-            match &p.spec {
-                Spec::CdcMerge(m) => (m.target_uri.clone(), m.keys.clone(), Some(p.name.clone())),
-                Spec::Ingest(i) => (i.target_uri.clone(), Vec::new(), Some(p.name.clone())),
-                Spec::Aggregate(a) => {
-                    is_gold = true;
-                    let mut keys = vec![crate::config::pipeline::aggregate::EVENT_DATE.to_string()];
-                    keys.extend(a.group_by.iter().cloned());
-                    (a.target_uri.clone(), keys, Some(p.name.clone()))
-                }
-                Spec::Dimension(d) => {
-                    is_dimension = true;
-                    let mut keys = d.keys.clone();
-                    if d.history == crate::config::pipeline::dimension::HistoryMode::Scd2 {
-                        keys.push(crate::config::pipeline::dimension::VALID_FROM.to_string());
-                    }
-                    (d.target_uri.clone(), keys, Some(p.name.clone()))
-                }
-            }
+            kind = Some(p.kind());
+            let (uri, keys) = with_spec!(&p.spec, k => (k.target_uri().to_string(), k.row_keys()));
+            (uri, keys, Some(p.name.clone()))
         }
         None => (args.table.clone(), Vec::new(), None),
     };
+    let is_gold = kind == Some(Kind::Aggregate);
+    let is_dimension = kind == Some(Kind::Dimension);
     if !args.keys.is_empty() {
         keys = args.keys.clone();
     }

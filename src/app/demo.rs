@@ -7,7 +7,7 @@
 //! into silver. The job runs on the simulated clock of that hour (its end plus five minutes),
 //! so `_ingested_at` and the ledger tell the same story as the data.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use chrono::Duration;
@@ -65,35 +65,7 @@ fn demo_bundle(given: Option<&Path>) -> Result<std::path::PathBuf, AppError> {
 /// `payments_hourly` job (ingest → merge) on its default (`local`) target, as `tidemark job run`
 /// would, on the clock of the hour landed.
 pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppError> {
-    let mut var_args = Vec::new();
-    if let Some(lake) = &args.lake {
-        let abs = std::path::absolute(lake)
-            .map_err(|e| AppError::Usage(format!("--lake {}: {e}", lake.display())))?;
-        var_args.push(format!("lake={}", abs.display()));
-    }
-    let bundle_dir = demo_bundle(args.bundle.as_deref())?;
-    // The commands the demo suggests must work from where it was run, on the lake it wrote.
-    let mut bundle_flag = if bundle_dir == Path::new("bundle") {
-        String::new()
-    } else {
-        format!(
-            " --bundle {}",
-            std::path::absolute(&bundle_dir)
-                .unwrap_or_else(|_| bundle_dir.clone())
-                .display()
-        )
-    };
-    // `tidemark demo` again, with the flags this call was given.
-    let mut demo_again = String::from("tidemark demo");
-    if let (Some(_), Some(v)) = (&args.lake, var_args.first()) {
-        let lake = v.trim_start_matches("lake=").to_string();
-        demo_again.push_str(&shell_var_args(&[lake]).replacen(" --var ", " --lake ", 1));
-    }
-    if let Some(b) = &args.bundle {
-        let abs = std::path::absolute(b).unwrap_or_else(|_| b.clone());
-        demo_again.push_str(&format!(" --bundle {}", abs.display()));
-    }
-    bundle_flag.push_str(&shell_var_args(&var_args));
+    let (var_args, bundle_dir, bundle_flag, demo_again) = demo_flags(&args)?;
     let select = crate::cli::BundleSelect {
         bundle: bundle_dir.clone(),
         target: None,
@@ -133,114 +105,28 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     let text = args.output == OutputFormat::Text;
     let mut out = String::new();
     if lake::open_if_exists(&bronze_uri).await?.is_none() {
-        // The backfill takes many commits: built beside bronze under a hidden name and renamed
-        // into place when whole, so a Ctrl-C leaves no half-written bronze (the next demo
-        // starts the backfill over).
-        let local = lake::local_path(&bronze_uri);
-        let building = local.as_ref().map(|p| hidden_sibling(p, "backfill"));
-        if let Some(b) = &building {
-            if b.exists() {
-                std::fs::remove_dir_all(b).map_err(|e| {
-                    AppError::Usage(format!(
-                        "cannot remove the unfinished backfill {}: {e}; remove it by hand",
-                        b.display()
-                    ))
-                })?;
+        match backfill(&bronze_uri, &demo_again).await? {
+            Step::Done(report) if text => {
+                out.push_str("backfill: ");
+                out.push_str(&render_generate(&report, args.output));
             }
-        }
-        let options = GenerateOptions {
-            out: building
-                .as_ref()
-                .map(|b| b.display().to_string())
-                .unwrap_or_else(|| bronze_uri.clone()),
-            payments: DEMO_PAYMENTS,
-            days: DEMO_DAYS,
-            seed: 42,
-            start: demo_start(),
-            mode: GenerateMode::Full,
-        };
-        let mut report = tokio::select! {
-            r = generate::generate(&options) => r?,
-            class = crate::signal::stop_signal() => {
-                if let Some(b) = &building {
-                    let _ = std::fs::remove_dir_all(b);
-                }
-                return Ok(Output {
-                    stdout: String::new(),
-                    failure: Some((
-                        class,
-                        format!(
-                            "{} received: the demo stopped while it backfilled bronze ({bronze_uri}); nothing was kept. Run `{demo_again}` again to start over",
-                            crate::signal::name(class)
-                        ),
-                    )),
-                });
-            }
-        };
-        if let (Some(b), Some(p)) = (&building, &local) {
-            if let Some(parent) = p.parent() {
-                std::fs::create_dir_all(parent).map_err(|e| {
-                    AppError::Usage(format!("cannot create {}: {e}", parent.display()))
-                })?;
-            }
-            std::fs::rename(b, p).map_err(|e| {
-                AppError::Usage(format!(
-                    "cannot move the backfill {} to {}: {e}",
-                    b.display(),
-                    p.display()
-                ))
-            })?;
-        }
-        report.table = bronze_uri.clone();
-        if text {
-            out.push_str("backfill: ");
-            out.push_str(&render_generate(&report, args.output));
+            Step::Done(_) => {}
+            Step::Stopped(output) => return Ok(output),
         }
     }
-    // The next hour's files, and the merchants' records that landed by then. A signal here
-    // stops the demo with a message; what already landed is taken up by the next demo.
-    let dimension_source = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
-        Spec::Dimension(d) => Some(d.source_uri.clone()),
-        _ => None,
-    });
-    let land_hour = async {
-        let landed = generate::landing_from(Path::new(&landing), &bronze_uri, 1).await?;
-        let mut said = String::new();
-        if text {
-            said.push_str(&render_landing(&landed, args.output));
-        }
-        if let Some(uri) = &dimension_source {
-            let after = match lake::open_if_exists(uri).await? {
-                Some(t) => match lake::max_from_stats(&t, "_ingested_at") {
-                    Ok(lake::StatsMax::Max(us)) => Some(us),
-                    _ => None,
-                },
-                None => None,
-            };
-            let all = generate::merchants::records(42, demo_start(), DEMO_DAYS);
-            let n = generate::merchants::land(uri, &all, after, landed.frontier.timestamp_micros())
-                .await?;
-            if text {
-                said.push_str(&format!(
-                    "merchants: {n} change record(s) landed in {uri}\n"
-                ));
-            }
-        }
-        Ok::<_, AppError>((landed, said))
-    };
-    let (landed, said) = tokio::select! {
-        r = land_hour => r?,
-        class = crate::signal::stop_signal() => {
+    let (landed, said) = match land_hour(job, &landing, &bronze_uri, text, args.output).await? {
+        Step::Done(done) => done,
+        Step::Stopped(failure) => {
             return Ok(Output {
                 stdout: out,
                 failure: Some((
-                    class,
+                    failure,
                     format!(
                         "{} received: the demo stopped while it landed the next hour, before the job ran; nothing is half-written (a landing file or merchants' commit that completed is taken up by the next run). Run `{demo_again}` again to continue",
-                        crate::signal::name(class)
+                        crate::signal::name(failure)
                     ),
                 )),
-            });
+            })
         }
     };
     out.push_str(&said);
@@ -275,6 +161,157 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     }
     result.stdout = out;
     Ok(result)
+}
+
+/// How a step of the demo ended: done, or stopped by a signal.
+enum Step<T, S> {
+    Done(T),
+    Stopped(S),
+}
+
+/// The flags the demo was given, as the commands it suggests repeat them: the `--var`s, the
+/// bundle, ` --bundle DIR --var ...` for other commands, and `tidemark demo ...` itself.
+fn demo_flags(args: &DemoArgs) -> Result<(Vec<String>, PathBuf, String, String), AppError> {
+    let mut var_args = Vec::new();
+    if let Some(lake) = &args.lake {
+        let abs = std::path::absolute(lake)
+            .map_err(|e| AppError::Usage(format!("--lake {}: {e}", lake.display())))?;
+        var_args.push(format!("lake={}", abs.display()));
+    }
+    let bundle_dir = demo_bundle(args.bundle.as_deref())?;
+    // The commands the demo suggests must work from where it was run, on the lake it wrote.
+    let mut bundle_flag = if bundle_dir == Path::new("bundle") {
+        String::new()
+    } else {
+        format!(
+            " --bundle {}",
+            std::path::absolute(&bundle_dir)
+                .unwrap_or_else(|_| bundle_dir.clone())
+                .display()
+        )
+    };
+    // `tidemark demo` again, with the flags this call was given.
+    let mut demo_again = String::from("tidemark demo");
+    if let (Some(_), Some(v)) = (&args.lake, var_args.first()) {
+        let lake = v.trim_start_matches("lake=").to_string();
+        demo_again.push_str(&shell_var_args(&[lake]).replacen(" --var ", " --lake ", 1));
+    }
+    if let Some(b) = &args.bundle {
+        let abs = std::path::absolute(b).unwrap_or_else(|_| b.clone());
+        demo_again.push_str(&format!(" --bundle {}", abs.display()));
+    }
+    bundle_flag.push_str(&shell_var_args(&var_args));
+    Ok((var_args, bundle_dir, bundle_flag, demo_again))
+}
+
+/// Backfills bronze. It takes many commits: built beside bronze under a hidden name and renamed
+/// into place when whole, so a Ctrl-C leaves no half-written bronze (the next demo starts the
+/// backfill over).
+async fn backfill(
+    bronze_uri: &str,
+    demo_again: &str,
+) -> Result<Step<generate::GenerateReport, Output>, AppError> {
+    let local = lake::local_path(bronze_uri);
+    let building = local.as_ref().map(|p| hidden_sibling(p, "backfill"));
+    if let Some(b) = &building {
+        if b.exists() {
+            std::fs::remove_dir_all(b).map_err(|e| {
+                AppError::Usage(format!(
+                    "cannot remove the unfinished backfill {}: {e}; remove it by hand",
+                    b.display()
+                ))
+            })?;
+        }
+    }
+    let options = GenerateOptions {
+        out: building
+            .as_ref()
+            .map(|b| b.display().to_string())
+            .unwrap_or_else(|| bronze_uri.to_string()),
+        payments: DEMO_PAYMENTS,
+        days: DEMO_DAYS,
+        seed: 42,
+        start: demo_start(),
+        mode: GenerateMode::Full,
+    };
+    let mut report = tokio::select! {
+        r = generate::generate(&options) => r?,
+        class = crate::signal::stop_signal() => {
+            if let Some(b) = &building {
+                let _ = std::fs::remove_dir_all(b);
+            }
+            return Ok(Step::Stopped(Output {
+                stdout: String::new(),
+                failure: Some((
+                    class,
+                    format!(
+                        "{} received: the demo stopped while it backfilled bronze ({bronze_uri}); nothing was kept. Run `{demo_again}` again to start over",
+                        crate::signal::name(class)
+                    ),
+                )),
+            }));
+        }
+    };
+    if let (Some(b), Some(p)) = (&building, &local) {
+        if let Some(parent) = p.parent() {
+            std::fs::create_dir_all(parent)
+                .map_err(|e| AppError::Usage(format!("cannot create {}: {e}", parent.display())))?;
+        }
+        std::fs::rename(b, p).map_err(|e| {
+            AppError::Usage(format!(
+                "cannot move the backfill {} to {}: {e}",
+                b.display(),
+                p.display()
+            ))
+        })?;
+    }
+    report.table = bronze_uri.to_string();
+    Ok(Step::Done(report))
+}
+
+/// Lands the next hour's files, and the merchants' records that landed by then; what it says
+/// (text output). A signal stops it (its class); what already landed is taken up by the next
+/// demo.
+async fn land_hour(
+    job: &crate::config::bundle::Job,
+    landing: &str,
+    bronze_uri: &str,
+    text: bool,
+    output: OutputFormat,
+) -> Result<Step<(generate::LandingReport, String), crate::error::ErrorClass>, AppError> {
+    let dimension_source = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
+        Spec::Dimension(d) => Some(d.source_uri.clone()),
+        _ => None,
+    });
+    let land_hour = async {
+        let landed = generate::landing_from(Path::new(landing), bronze_uri, 1).await?;
+        let mut said = String::new();
+        if text {
+            said.push_str(&render_landing(&landed, output));
+        }
+        if let Some(uri) = &dimension_source {
+            let after = match lake::open_if_exists(uri).await? {
+                Some(t) => match lake::max_from_stats(&t, "_ingested_at") {
+                    Ok(lake::StatsMax::Max(us)) => Some(us),
+                    _ => None,
+                },
+                None => None,
+            };
+            let all = generate::merchants::records(42, demo_start(), DEMO_DAYS);
+            let n = generate::merchants::land(uri, &all, after, landed.frontier.timestamp_micros())
+                .await?;
+            if text {
+                said.push_str(&format!(
+                    "merchants: {n} change record(s) landed in {uri}\n"
+                ));
+            }
+        }
+        Ok::<_, AppError>((landed, said))
+    };
+    tokio::select! {
+        r = land_hour => r.map(Step::Done),
+        class = crate::signal::stop_signal() => Ok(Step::Stopped(class)),
+    }
 }
 
 /// Gold after the hour: the last week's day status, and what is open, final and adjusted.
@@ -315,72 +352,107 @@ async fn merchants_story(
     silver: &str,
 ) -> Result<String, AppError> {
     let ctx = lake::session::context();
-    let query =
-        |e: datafusion::error::DataFusionError| AppError::Usage(format!("the demo's summary: {e}"));
-    let Some(table) = lake::open_if_exists(dim).await? else {
+    if !register(&ctx, "merchants", dim).await? {
         return Ok(String::new());
+    }
+    let mut out = merchants_line(&ctx, dim).await?;
+    // A late payment counted under the segment its merchant had when it was made.
+    if register(&ctx, "payments", silver).await? {
+        out.push_str(&late_payment_line(&ctx).await?);
+    }
+    if let Some(gold) = by_segment {
+        if register(&ctx, "segments", gold).await? {
+            out.push_str(&segments_line(&ctx, gold).await?);
+        }
+    }
+    Ok(out)
+}
+
+/// Registers the table at `uri` as `name`, when it exists.
+async fn register(
+    ctx: &datafusion::prelude::SessionContext,
+    name: &str,
+    uri: &str,
+) -> Result<bool, AppError> {
+    let Some(table) = lake::open_if_exists(uri).await? else {
+        return Ok(false);
     };
     table
         .update_datafusion_session(&ctx.state())
         .map_err(|e| AppError::Usage(e.to_string()))?;
-    ctx.register_table("merchants", table.table_provider().await.map_err(query)?)
-        .map_err(query)?;
-    let rows = ctx
-        .sql("SELECT count(DISTINCT merchant_id) AS merchants, count(*) AS versions, \
+    let provider = table.table_provider().await.map_err(summary_query)?;
+    ctx.register_table(name, provider).map_err(summary_query)?;
+    Ok(true)
+}
+
+fn summary_query(e: datafusion::error::DataFusionError) -> AppError {
+    AppError::Usage(format!("the demo's summary: {e}"))
+}
+
+/// The rows of a summary query.
+async fn rows_of(
+    ctx: &datafusion::prelude::SessionContext,
+    sql: &str,
+) -> Result<Vec<arrow::array::RecordBatch>, AppError> {
+    ctx.sql(sql)
+        .await
+        .map_err(summary_query)?
+        .collect()
+        .await
+        .map_err(summary_query)
+}
+
+/// Column `c` of row `i` as text.
+fn text_at(b: &arrow::array::RecordBatch, c: usize, i: usize) -> String {
+    arrow::util::display::array_value_to_string(b.column(c), i).unwrap_or_default()
+}
+
+/// The dimension in numbers: merchants, versions, placeholders pending and completed.
+async fn merchants_line(
+    ctx: &datafusion::prelude::SessionContext,
+    dim: &str,
+) -> Result<String, AppError> {
+    let rows = rows_of(ctx, "SELECT count(DISTINCT merchant_id) AS merchants, count(*) AS versions, \
               count(*) FILTER (WHERE is_inferred) AS pending, \
               count(DISTINCT merchant_id) FILTER (WHERE NOT is_inferred AND inferred_at IS NOT NULL) AS completed, \
               min(merchant_id) FILTER (WHERE is_inferred) AS example \
-              FROM merchants")
-        .await
-        .map_err(query)?
-        .collect()
-        .await
-        .map_err(query)?;
+              FROM merchants").await?;
     let cell = |c: &str| -> String {
         rows.first()
             .and_then(|b| b.column_by_name(c).cloned())
             .and_then(|a| arrow::util::display::array_value_to_string(&a, 0).ok())
             .unwrap_or_default()
     };
-    let done = ctx
-        .sql("SELECT merchant_id, segment, CAST(inferred_at AS VARCHAR) AS inferred FROM merchants \
+    let done = rows_of(ctx, "SELECT merchant_id, segment, CAST(inferred_at AS VARCHAR) AS inferred FROM merchants \
               WHERE NOT is_inferred AND inferred_at IS NOT NULL AND valid_from < TIMESTAMP '1901-01-01' \
-              ORDER BY inferred_at DESC, merchant_id LIMIT 1")
-        .await
-        .map_err(query)?
-        .collect()
-        .await
-        .map_err(query)?;
+              ORDER BY inferred_at DESC, merchant_id LIMIT 1").await?;
     let completed_example = done
         .first()
         .filter(|b| b.num_rows() > 0)
         .map(|b| {
-            let v = |c: usize| arrow::util::display::array_value_to_string(b.column(c), 0).unwrap_or_default();
             format!(
                 " (e.g. {}: inferred {}; its first real version, `{}`, is valid from 1900-01-01, so its earlier payments count under a real segment)",
-                v(0),
-                v(2),
-                v(1)
+                text_at(b, 0, 0),
+                text_at(b, 2, 0),
+                text_at(b, 1, 0)
             )
         })
         .unwrap_or_default();
-    let mut out = format!(
+    Ok(format!(
         "\nmerchants (SCD2, {dim}): {} merchants in {} versions; {} placeholder(s) pending for merchants the payments named before their record (e.g. {}); {} completed in place since their record arrived{completed_example}.\n",
         cell("merchants"),
         cell("versions"),
         cell("pending"),
         if cell("example").is_empty() { "-".to_string() } else { cell("example") },
         cell("completed"),
-    );
-    // A late payment counted under the segment its merchant had when it was made.
-    if let Some(t) = lake::open_if_exists(silver).await? {
-        t.update_datafusion_session(&ctx.state())
-            .map_err(|e| AppError::Usage(e.to_string()))?;
-        ctx.register_table("payments", t.table_provider().await.map_err(query)?)
-            .map_err(query)?;
-        let late = ctx
-            .sql(
-                "SELECT p.payment_id AS payment, p.merchant_id AS merchant, \
+    ))
+}
+
+/// A late payment counted under the segment its merchant had when it was made.
+async fn late_payment_line(ctx: &datafusion::prelude::SessionContext) -> Result<String, AppError> {
+    let late = rows_of(
+        ctx,
+        "SELECT p.payment_id AS payment, p.merchant_id AS merchant, \
                   CAST(CAST(p.created_at AS DATE) AS VARCHAR) AS made, \
                   CAST(CAST(p._ingested_at AS DATE) AS VARCHAR) AS landed, \
                   then.segment AS then_segment, now.segment AS now_segment, \
@@ -393,64 +465,48 @@ async fn merchants_story(
                   WHERE then.segment <> now.segment \
                     AND p._ingested_at > p.created_at + INTERVAL '1 day' \
                   ORDER BY arrival DESC, payment LIMIT 1",
-            )
-            .await
-            .map_err(query)?
-            .collect()
-            .await
-            .map_err(query)?;
-        if let Some(b) = late.first().filter(|b| b.num_rows() > 0) {
-            let v = |c: usize| {
-                arrow::util::display::array_value_to_string(b.column(c), 0).unwrap_or_default()
-            };
-            out.push_str(&format!(
-                "a late payment: {} of {}, made {} and landed {}, counts under `{}` — the segment {} had then (it is `{}` now).\n",
-                v(0),
-                v(1),
-                v(2),
-                v(3),
-                v(4),
-                v(1),
-                v(5)
-            ));
-        }
-    }
-    if let Some(gold) = by_segment {
-        if let Some(t) = lake::open_if_exists(gold).await? {
-            t.update_datafusion_session(&ctx.state())
-                .map_err(|e| AppError::Usage(e.to_string()))?;
-            ctx.register_table("segments", t.table_provider().await.map_err(query)?)
-                .map_err(query)?;
-            let batches = ctx
-                .sql(
-                    "SELECT event_date, segment, sum(payments) AS payments FROM segments \
+    )
+    .await?;
+    Ok(match late.first().filter(|b| b.num_rows() > 0) {
+        Some(b) => format!(
+            "a late payment: {} of {}, made {} and landed {}, counts under `{}` — the segment {} had then (it is `{}` now).\n",
+            text_at(b, 0, 0),
+            text_at(b, 1, 0),
+            text_at(b, 2, 0),
+            text_at(b, 3, 0),
+            text_at(b, 4, 0),
+            text_at(b, 1, 0),
+            text_at(b, 5, 0)
+        ),
+        None => String::new(),
+    })
+}
+
+/// Yesterday's payments by the segment each merchant had at the time.
+async fn segments_line(
+    ctx: &datafusion::prelude::SessionContext,
+    gold: &str,
+) -> Result<String, AppError> {
+    let batches = rows_of(
+        ctx,
+        "SELECT event_date, segment, sum(payments) AS payments FROM segments \
                       WHERE event_date = (SELECT max(event_date) - 1 FROM segments) \
                       GROUP BY event_date, segment ORDER BY segment",
-                )
-                .await
-                .map_err(query)?
-                .collect()
-                .await
-                .map_err(query)?;
-            let mut parts = Vec::new();
-            let mut day = String::new();
-            for b in &batches {
-                for i in 0..b.num_rows() {
-                    let v = |c: usize| {
-                        arrow::util::display::array_value_to_string(b.column(c), i)
-                            .unwrap_or_default()
-                    };
-                    day = v(0);
-                    parts.push(format!("{} {}", v(1), v(2)));
-                }
-            }
-            if !parts.is_empty() {
-                out.push_str(&format!(
-                    "payments of {day} by the segment each merchant had at the time ({gold}): {}; `unknown`: no version of the merchant at the payment's time (a merchant still pending, a payment before its merchant's first record, or after its closure).\n",
-                    parts.join(", ")
-                ));
-            }
+    )
+    .await?;
+    let mut parts = Vec::new();
+    let mut day = String::new();
+    for b in &batches {
+        for i in 0..b.num_rows() {
+            day = text_at(b, 0, i);
+            parts.push(format!("{} {}", text_at(b, 1, i), text_at(b, 2, i)));
         }
     }
-    Ok(out)
+    Ok(match parts.is_empty() {
+        true => String::new(),
+        false => format!(
+            "payments of {day} by the segment each merchant had at the time ({gold}): {}; `unknown`: no version of the merchant at the payment's time (a merchant still pending, a payment before its merchant's first record, or after its closure).\n",
+            parts.join(", ")
+        ),
+    })
 }

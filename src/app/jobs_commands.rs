@@ -234,94 +234,108 @@ pub fn bundle_summary(args: BundleSummaryArgs, clock: &dyn Clock) -> Result<Stri
         );
     }
     for job in bundle.jobs.values() {
-        let _ = writeln!(
-            out,
-            "\njob {}{}",
-            job.name,
-            job.description
-                .as_deref()
-                .map(|d| format!(" — {d}"))
-                .unwrap_or_default()
-        );
-        match &job.schedule {
-            Some(s) => {
-                let _ = writeln!(
-                    out,
-                    "  schedule: \"{}\" in {} ({}), catch_up {}, max_concurrent_runs {}",
-                    s.cron.expression(),
-                    s.cron.timezone().name(),
-                    serde_json::to_value(s.pause_status)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default(),
-                    serde_json::to_value(job.catch_up)
-                        .ok()
-                        .and_then(|v| v.as_str().map(str::to_string))
-                        .unwrap_or_default(),
-                    job.max_concurrent_runs
-                );
-            }
-            None => {
-                let _ = writeln!(
-                    out,
-                    "  schedule: none (runs only with `tidemark job run {}`)",
-                    job.name
-                );
-            }
-        }
-        if let Some(t) = job.timeout {
-            let _ = writeln!(out, "  timeout: {} s", t.as_secs());
-        }
-        for (key, c) in &job.clusters {
-            let _ = writeln!(
-                out,
-                "  compute {key}: {} worker threads, memory limit {}, spill to {}",
-                c.worker_threads
-                    .map(|n| n.to_string())
-                    .unwrap_or_else(|| "all".to_string()),
-                c.memory_limit
-                    .map(crate::report::size)
-                    .unwrap_or_else(|| "none".to_string()),
-                c.spill_directory
-                    .as_ref()
-                    .map(|p| p.display().to_string())
-                    .unwrap_or_else(|| "the OS temp directory".to_string())
-            );
-        }
-        for t in &job.tasks {
-            let deps = if t.depends_on.is_empty() {
-                String::new()
-            } else {
-                format!(" after {}", t.depends_on.join(", "))
-            };
-            let _ = writeln!(
-                out,
-                "  task {}{deps}: pipeline {} ({}), {}, on {}; retries {} (every {} ms{}), timeout {}",
-                t.key,
-                t.pipeline.name,
-                t.pipeline.path.display(),
-                serde_json::to_value(t.mode).ok().and_then(|v| v.as_str().map(str::to_string)).unwrap_or_default(),
-                t.cluster.as_deref().unwrap_or("the default engine"),
-                t.max_retries,
-                t.min_retry_interval.as_millis(),
-                if t.retry_on_timeout { ", also on timeout" } else { "" },
-                t.timeout.map(|d| format!("{} s", d.as_secs())).unwrap_or_else(|| "none".to_string())
-            );
-        }
-        if let Some(s) = &job.schedule {
-            let fires = s.cron.upcoming(from, args.count);
-            let _ = writeln!(out, "  next {} fires after {}:", fires.len(), fire(from));
-            for f in fires {
-                let _ = writeln!(
-                    out,
-                    "    {:<28} {}",
-                    local_label(f, s.cron.timezone()),
-                    fire(f)
-                );
-            }
-        }
+        job_text(&mut out, job, from, args.count);
     }
     Ok(out)
+}
+
+/// A job in `bundle summary`'s text: its schedule, compute, tasks and next fires.
+fn job_text(out: &mut String, job: &crate::config::bundle::Job, from: DateTime<Utc>, count: usize) {
+    let _ = writeln!(
+        out,
+        "\njob {}{}",
+        job.name,
+        job.description
+            .as_deref()
+            .map(|d| format!(" — {d}"))
+            .unwrap_or_default()
+    );
+    match &job.schedule {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "  schedule: \"{}\" in {} ({}), catch_up {}, max_concurrent_runs {}",
+                s.cron.expression(),
+                s.cron.timezone().name(),
+                serde_json::to_value(s.pause_status)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                serde_json::to_value(job.catch_up)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default(),
+                job.max_concurrent_runs
+            );
+        }
+        None => {
+            let _ = writeln!(
+                out,
+                "  schedule: none (runs only with `tidemark job run {}`)",
+                job.name
+            );
+        }
+    }
+    if let Some(t) = job.timeout {
+        let _ = writeln!(out, "  timeout: {} s", t.as_secs());
+    }
+    for (key, c) in &job.clusters {
+        let _ = writeln!(
+            out,
+            "  compute {key}: {} worker threads, memory limit {}, spill to {}",
+            c.worker_threads
+                .map(|n| n.to_string())
+                .unwrap_or_else(|| "all".to_string()),
+            c.memory_limit
+                .map(crate::report::size)
+                .unwrap_or_else(|| "none".to_string()),
+            c.spill_directory
+                .as_ref()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "the OS temp directory".to_string())
+        );
+    }
+    for t in &job.tasks {
+        let deps = if t.depends_on.is_empty() {
+            String::new()
+        } else {
+            format!(" after {}", t.depends_on.join(", "))
+        };
+        let _ = writeln!(
+            out,
+            "  task {}{deps}: pipeline {} ({}), {}, on {}; retries {} (every {} ms{}), timeout {}",
+            t.key,
+            t.pipeline.name,
+            t.pipeline.path.display(),
+            serde_json::to_value(t.mode)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_string))
+                .unwrap_or_default(),
+            t.cluster.as_deref().unwrap_or("the default engine"),
+            t.max_retries,
+            t.min_retry_interval.as_millis(),
+            if t.retry_on_timeout {
+                ", also on timeout"
+            } else {
+                ""
+            },
+            t.timeout
+                .map(|d| format!("{} s", d.as_secs()))
+                .unwrap_or_else(|| "none".to_string())
+        );
+    }
+    if let Some(s) = &job.schedule {
+        let fires = s.cron.upcoming(from, count);
+        let _ = writeln!(out, "  next {} fires after {}:", fires.len(), fire(from));
+        for f in fires {
+            let _ = writeln!(
+                out,
+                "    {:<28} {}",
+                local_label(f, s.cron.timezone()),
+                fire(f)
+            );
+        }
+    }
 }
 
 /// Runs `job` of `bundle` once (manual trigger) and renders its report.
@@ -440,32 +454,50 @@ pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
         return Ok(serde_json::to_string(&rows).unwrap_or_default() + "\n");
     }
     if rows.is_empty() {
-        return Ok(match &args.job {
-            Some(job) if !ledger.recent(None, 1).await?.is_empty() => {
-                let known: Vec<&String> = bundle.jobs.keys().collect();
-                let hint = if bundle.jobs.contains_key(job) {
-                    String::new()
-                } else {
-                    format!(
-                        " (the bundle has no job `{job}`; its jobs: {})",
-                        known
-                            .iter()
-                            .map(|s| s.as_str())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    )
-                };
-                format!(
-                    "no runs of job `{job}` recorded in {}{hint}; other jobs have runs: `tidemark runs` lists them\n",
-                    ledger.uri()
-                )
-            }
-            _ => format!("no runs recorded yet in {}\n", ledger.uri()),
-        });
+        return no_runs(&args, &bundle, &ledger).await;
     }
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY);
-    let header = if args.wide {
+    t.set_header(runs_header(args.wide));
+    let mut cells: Vec<Vec<String>> = rows.iter().map(|r| runs_row(r, args.wide)).collect();
+    if !args.wide {
+        fit_errors(&t, &mut cells);
+    }
+    for row in cells {
+        t.add_row(row);
+    }
+    Ok(format!("{t}\n"))
+}
+
+/// What `runs` says when the ledger has no row to show (for this job, or at all).
+async fn no_runs(
+    args: &RunsArgs,
+    bundle: &crate::config::Bundle,
+    ledger: &Ledger,
+) -> Result<String, AppError> {
+    Ok(match &args.job {
+        Some(job) if !ledger.recent(None, 1).await?.is_empty() => {
+            let hint = if bundle.jobs.contains_key(job) {
+                String::new()
+            } else {
+                let known: Vec<&str> = bundle.jobs.keys().map(String::as_str).collect();
+                format!(
+                    " (the bundle has no job `{job}`; its jobs: {})",
+                    known.join(", ")
+                )
+            };
+            format!(
+                "no runs of job `{job}` recorded in {}{hint}; other jobs have runs: `tidemark runs` lists them\n",
+                ledger.uri()
+            )
+        }
+        _ => format!("no runs recorded yet in {}\n", ledger.uri()),
+    })
+}
+
+/// The ledger table's header (`--wide`: every column).
+fn runs_header(wide: bool) -> Vec<&'static str> {
+    if wide {
         vec![
             "started (UTC)",
             "job",
@@ -491,92 +523,85 @@ pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
             "ms",
             "error",
         ]
+    }
+}
+
+/// One ledger row's cells.
+fn runs_row(r: &crate::jobs::LedgerRow, wide: bool) -> Vec<String> {
+    let counts = match (r.num_inserted, r.num_updated, r.num_deleted) {
+        (Some(i), Some(u), Some(d)) => format!("{i}/{u}/{d}"),
+        _ => String::new(),
     };
-    t.set_header(header);
-    let cells: Vec<Vec<String>> = rows
-        .iter()
-        .map(|r| {
-            let counts = match (r.num_inserted, r.num_updated, r.num_deleted) {
-                (Some(i), Some(u), Some(d)) => format!("{i}/{u}/{d}"),
-                _ => String::new(),
-            };
-            let error = r
-                .error_message
+    let error = r
+        .error_message
+        .as_deref()
+        .map(|m| {
+            let class = r
+                .error_class
                 .as_deref()
-                .map(|m| {
-                    let class = r
-                        .error_class
-                        .as_deref()
-                        .map(|c| format!("[{c}] "))
-                        .unwrap_or_default();
-                    format!("{class}{m}")
-                })
+                .map(|c| format!("[{c}] "))
                 .unwrap_or_default();
-            if args.wide {
-                vec![
-                    utc(r.started_at),
-                    r.job.clone(),
-                    r.task.clone(),
-                    r.attempt.to_string(),
-                    r.trigger.clone(),
-                    r.status.clone(),
-                    r.scheduled_at.map(utc).unwrap_or_default(),
-                    r.mode.clone().unwrap_or_default(),
-                    counts,
-                    r.target_version.map(|v| v.to_string()).unwrap_or_default(),
-                    r.duration_ms.to_string(),
-                    error,
-                ]
-            } else {
-                vec![
-                    utc(r.started_at),
-                    r.job.clone(),
-                    r.task.clone(),
-                    r.attempt.to_string(),
-                    r.status.clone(),
-                    counts,
-                    r.duration_ms.to_string(),
-                    error,
-                ]
-            }
+            format!("{class}{m}")
         })
-        .collect();
-    let mut cells = cells;
-    if !args.wide {
-        // The error column gets what the others leave of 120 columns (at least 10), cut with
-        // an ellipsis; `--wide` or `--output json` show it whole.
-        // Measured, not computed: the table rendered with the error column at its header's
-        // width.
-        let mut probe = Table::new();
-        probe.load_preset(UTF8_BORDERS_ONLY);
-        if let Some(h) = t.header() {
-            probe.set_header(h.cell_iter().map(|c| c.content()).collect::<Vec<_>>());
+        .unwrap_or_default();
+    if wide {
+        vec![
+            utc(r.started_at),
+            r.job.clone(),
+            r.task.clone(),
+            r.attempt.to_string(),
+            r.trigger.clone(),
+            r.status.clone(),
+            r.scheduled_at.map(utc).unwrap_or_default(),
+            r.mode.clone().unwrap_or_default(),
+            counts,
+            r.target_version.map(|v| v.to_string()).unwrap_or_default(),
+            r.duration_ms.to_string(),
+            error,
+        ]
+    } else {
+        vec![
+            utc(r.started_at),
+            r.job.clone(),
+            r.task.clone(),
+            r.attempt.to_string(),
+            r.status.clone(),
+            counts,
+            r.duration_ms.to_string(),
+            error,
+        ]
+    }
+}
+
+/// Cuts the error column to what the others leave of 120 columns (at least 10), with an
+/// ellipsis; `--wide` or `--output json` show it whole. Measured, not computed: the table
+/// rendered with the error column at its header's width.
+fn fit_errors(t: &Table, cells: &mut [Vec<String>]) {
+    let mut probe = Table::new();
+    probe.load_preset(UTF8_BORDERS_ONLY);
+    if let Some(h) = t.header() {
+        probe.set_header(h.cell_iter().map(|c| c.content()).collect::<Vec<_>>());
+    }
+    for row in cells.iter() {
+        let mut row = row.clone();
+        if let Some(e) = row.last_mut() {
+            e.clear();
         }
-        for row in &cells {
-            let mut row = row.clone();
-            if let Some(e) = row.last_mut() {
-                e.clear();
-            }
-            probe.add_row(row);
-        }
-        let probe_width = probe
-            .to_string()
-            .lines()
-            .map(|l| l.chars().count())
-            .max()
-            .unwrap_or(0);
-        let used = probe_width.saturating_sub("error".len());
-        let room = RUNS_WIDTH.saturating_sub(used).max(10);
-        for row in &mut cells {
-            if let Some(e) = row.last_mut() {
-                if e.chars().count() > room {
-                    *e = e.chars().take(room - 1).collect::<String>() + "…";
-                }
+        probe.add_row(row);
+    }
+    let probe_width = probe
+        .to_string()
+        .lines()
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    let used = probe_width.saturating_sub("error".len());
+    let room = RUNS_WIDTH.saturating_sub(used).max(10);
+    for row in cells.iter_mut() {
+        if let Some(e) = row.last_mut() {
+            if e.chars().count() > room {
+                *e = e.chars().take(room - 1).collect::<String>() + "…";
             }
         }
     }
-    for row in cells {
-        t.add_row(row);
-    }
-    Ok(format!("{t}\n"))
 }

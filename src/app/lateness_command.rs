@@ -3,7 +3,8 @@
 
 use super::{load_pipeline, AppError};
 use crate::cli::{LatenessArgs, OutputFormat, PipelineVars};
-use crate::config::pipeline::Spec;
+use crate::config::pipeline::ingest::INGESTED_AT;
+use crate::config::pipeline::{with_spec, Settings};
 use crate::config::{ConfigError, Vars};
 
 /// `tidemark lateness`: a pipeline's source (event time = its `sequence_by`, with its overlap)
@@ -16,49 +17,19 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
     let inputs = match super::pipeline_or_table(&args.table, &args.from)? {
         Some(_) => {
             let p = load_pipeline(&args.table, &args.from)?;
-            // A merge's source is the table with both clocks: its event time is the sequence.
-            match p.spec {
-                Spec::CdcMerge(m) => LatenessInputs {
-                    table_uri: m.source_uri,
-                    role: "source",
-                    pipeline: Some(p.name),
-                    event_time: args.event_time.clone().or(Some(m.sequence_by)),
-                    arrival: args.arrival.clone(),
-                    overlap: Some(m.overlap),
-                },
-                // An ingest writes the table with both clocks: its arrival is `_ingested_at`;
-                // the event time is a column of the records (`--event-time`).
-                Spec::Ingest(i) => LatenessInputs {
-                    table_uri: i.target_uri,
-                    role: "target",
-                    pipeline: Some(p.name),
-                    event_time: args.event_time.clone(),
-                    arrival: args.arrival.clone(),
-                    overlap: None,
-                },
-                // An aggregate's source holds its event day and its arrival (`data_as_of`):
-                // how late that runs is what its lookback has to cover.
-                Spec::Aggregate(a) => LatenessInputs {
-                    table_uri: a.source_uri,
-                    role: "source",
-                    pipeline: Some(p.name),
-                    event_time: args.event_time.clone().or(Some(a.event_date)),
-                    arrival: if args.arrival == crate::config::pipeline::ingest::INGESTED_AT {
-                        a.data_as_of
-                    } else {
-                        args.arrival.clone()
-                    },
-                    overlap: None,
-                },
-                // A dimension's source is change records: its event time is the sequence.
-                Spec::Dimension(d) => LatenessInputs {
-                    table_uri: d.source_uri,
-                    role: "source",
-                    pipeline: Some(p.name),
-                    event_time: args.event_time.clone().or(Some(d.sequence_by)),
-                    arrival: args.arrival.clone(),
-                    overlap: None,
-                },
+            let c = with_spec!(&p.spec, k => k.clocks());
+            // `--arrival` given wins over the settings' arrival column.
+            let arrival = match (c.arrival, args.arrival == INGESTED_AT) {
+                (Some(a), true) => a.to_string(),
+                _ => args.arrival.clone(),
+            };
+            LatenessInputs {
+                table_uri: c.table.to_string(),
+                role: c.role,
+                pipeline: Some(p.name.clone()),
+                event_time: args.event_time.clone().or(c.event_time.map(str::to_string)),
+                arrival,
+                overlap: c.overlap,
             }
         }
         None => LatenessInputs {

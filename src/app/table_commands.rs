@@ -258,55 +258,56 @@ fn delta_error<'a>(
     }
 }
 
+/// What `maintain` acts on: a pipeline's target (a merge's with its file size, keys and
+/// tombstones) and its companion tables, or a table by URI.
+struct MaintainTarget {
+    uri: String,
+    merge: Option<crate::config::pipeline::CdcMerge>,
+    companions: Vec<(crate::run::Table, String)>,
+    file_size: Option<u64>,
+    cluster_keys: Option<Vec<String>>,
+    row_group_rows: usize,
+}
+
+fn maintain_target(args: &MaintainArgs) -> Result<MaintainTarget, AppError> {
+    let default_rows = crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS;
+    let mut t = MaintainTarget {
+        uri: args.table.clone(),
+        merge: None,
+        companions: Vec::new(),
+        file_size: None,
+        cluster_keys: None,
+        row_group_rows: default_rows,
+    };
+    if super::pipeline_or_table(&args.table, &args.from)?.is_none() {
+        return Ok(t);
+    }
+    let p = load_pipeline(&args.table, &args.from)?;
+    t.companions = crate::pipeline::companions(&p);
+    t.uri = p.target_uri().to_string();
+    if let Spec::CdcMerge(m) = p.spec {
+        t.file_size = Some(m.target_file_size);
+        t.cluster_keys = Some(m.keys.clone());
+        t.row_group_rows = m.target_row_group_rows;
+        t.merge = Some(m);
+    }
+    Ok(t)
+}
+
 /// `tidemark maintain`.
 pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, AppError> {
-    let mut merge = None;
-    let mut companions = Vec::new();
-    let (uri, file_size, row_group_rows) = match super::pipeline_or_table(&args.table, &args.from)?
-    {
-        Some(_) => {
-            let p = load_pipeline(&args.table, &args.from)?;
-            companions = crate::pipeline::companions(&p);
-            match p.spec {
-                Spec::CdcMerge(m) => {
-                    merge = Some(m.clone());
-                    (
-                        m.target_uri,
-                        Some((m.target_file_size, m.keys)),
-                        m.target_row_group_rows,
-                    )
-                }
-                Spec::Ingest(i) => (
-                    i.target_uri,
-                    None,
-                    crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
-                ),
-                Spec::Aggregate(a) => (
-                    a.target_uri,
-                    None,
-                    crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
-                ),
-                Spec::Dimension(d) => (
-                    d.target_uri,
-                    None,
-                    crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
-                ),
-            }
-        }
-        None => (
-            args.table.clone(),
-            None,
-            crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
-        ),
-    };
+    let MaintainTarget {
+        uri,
+        merge,
+        companions,
+        file_size,
+        cluster_keys,
+        row_group_rows,
+    } = maintain_target(&args)?;
     let role = if file_size.is_some() {
         "target"
     } else {
         "table"
-    };
-    let (file_size, cluster_keys) = match file_size {
-        Some((size, keys)) => (Some(size), Some(keys)),
-        None => (None, None),
     };
     let mut table = lake::open_required(&uri, role).await?;
     let version_before = table.version();
@@ -367,104 +368,147 @@ pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, A
         .clone()
         .unwrap_or_else(run::default_spill_base);
     let spill_dirs = run::sweep_spill_dirs(&spill_base, args.dry_run);
+    let done = Maintained {
+        uri,
+        report,
+        tombstones,
+        maintained,
+        spill_dirs,
+        spill_base,
+    };
     Ok(match args.output {
-        OutputFormat::Json => {
-            let mut v = serde_json::to_value(&report).unwrap_or_default();
-            v["tombstones"] = tombstones
-                .as_ref()
-                .map(|(e, _)| serde_json::to_value(e).unwrap_or_default())
-                .unwrap_or_default();
-            v["ingest_record"] = maintained
-                .iter()
-                .find(|(role, _, _)| *role == crate::run::Table::Record)
-                .map(|(_, _, r)| serde_json::to_value(r).unwrap_or_default())
-                .unwrap_or_default();
-            v["companions"] = maintained
-                .iter()
-                .map(|(role, uri, r)| {
-                    let mut c = serde_json::to_value(r).unwrap_or_default();
-                    c["role"] = role.as_str().into();
-                    c["table"] = uri.clone().into();
-                    c
-                })
-                .collect::<Vec<_>>()
-                .into();
-            v["stale_spill_dirs"] = spill_dirs
-                .iter()
-                .map(|p| p.display().to_string())
-                .collect::<Vec<_>>()
-                .into();
-            serde_json::to_string(&v).unwrap_or_default() + "\n"
-        }
-        OutputFormat::Text => {
-            let mut out = format!(
-                "{}{uri}: version {} -> {}\n",
-                if report.dry_run { "dry run: " } else { "" },
-                report.version_before.map_or("-".into(), |v| v.to_string()),
-                report.version_after.map_or("-".into(), |v| v.to_string()),
-            );
-            let (would, kept) = if report.dry_run {
-                ("would be ", "would keep")
-            } else {
-                ("", "kept")
-            };
-            if let Some((e, retain)) = &tombstones {
-                out.push_str(&format!(
-                    "  tombstones (deletes.retain {}): {} older than {} {would}removed (in a commit of their own; the files it rewrites are not counted below); {} key(s) {would}recorded in {}\n",
-                    retain.map_or("-".into(), |r| humantime::format_duration(r).to_string()),
-                    e.tombstones,
-                    e.horizon,
-                    e.recorded,
-                    e.removed_keys_uri
-                ));
-            }
-            let purged = match report.files_purged {
-                0 => String::new(),
-                n => format!(
-                    " ({n} of them for their deletion vectors: at least {:.0}% of their rows deleted)",
-                    100.0 * lake::PURGE_DELETED_SHARE
-                ),
-            };
-            out.push_str(&format!(
-                "  compaction: {} files {would}compacted into {}{purged}; checkpoint {would}written at version {}\n",
-                report.files_compacted,
-                report.files_written,
-                report
-                    .checkpoint_version
-                    .map_or("-".into(), |v| v.to_string())
-            ));
-            out.push_str(&format!(
-                "  vacuum (retention {} h): {} files {would}deleted; {kept} {} unreferenced files inside the retention (removed by recent commits, or orphans of recent crashes; a later maintain removes them)\n",
-                report.retention_hours,
-                report.files_vacuumed,
-                report.files_unreferenced_within_retention
-            ));
-            for (role, uri, r) in &maintained {
-                let role = match role {
-                    crate::run::Table::Record => "ingest record",
-                    other => other.as_str(),
-                };
-                out.push_str(&format!(
-                    "  {role} {uri}: version {} -> {}; {} small files {would}compacted into {}; {} files {would}deleted\n",
-                    r.version_before.map_or("-".into(), |v| v.to_string()),
-                    r.version_after.map_or("-".into(), |v| v.to_string()),
-                    r.files_compacted,
-                    r.files_written,
-                    r.files_vacuumed,
-                ));
-            }
-            out.push_str(&format!(
-                "  spill: {} stale spill director{} of processes that no longer exist {}under {}\n",
-                spill_dirs.len(),
-                if spill_dirs.len() == 1 { "y" } else { "ies" },
-                if report.dry_run {
-                    "would be removed "
-                } else {
-                    "removed "
-                },
-                spill_base.display()
-            ));
-            out
-        }
+        OutputFormat::Json => maintain_json(&done),
+        OutputFormat::Text => maintain_text(&done),
     })
+}
+
+/// What `maintain` did to a pipeline's (or a table's) tables.
+struct Maintained {
+    uri: String,
+    report: lake::MaintainReport,
+    tombstones: Option<(
+        crate::merge::tombstones::Expired,
+        Option<std::time::Duration>,
+    )>,
+    maintained: Vec<(crate::run::Table, String, lake::MaintainReport)>,
+    spill_dirs: Vec<std::path::PathBuf>,
+    spill_base: std::path::PathBuf,
+}
+
+/// `maintain --output json`: the target's report, with its tombstones, companions and stale
+/// spill directories.
+fn maintain_json(m: &Maintained) -> String {
+    let Maintained {
+        report,
+        tombstones,
+        maintained,
+        spill_dirs,
+        ..
+    } = m;
+    let mut v = serde_json::to_value(report).unwrap_or_default();
+    v["tombstones"] = tombstones
+        .as_ref()
+        .map(|(e, _)| serde_json::to_value(e).unwrap_or_default())
+        .unwrap_or_default();
+    v["ingest_record"] = maintained
+        .iter()
+        .find(|(role, _, _)| *role == crate::run::Table::Record)
+        .map(|(_, _, r)| serde_json::to_value(r).unwrap_or_default())
+        .unwrap_or_default();
+    v["companions"] = maintained
+        .iter()
+        .map(|(role, uri, r)| {
+            let mut c = serde_json::to_value(r).unwrap_or_default();
+            c["role"] = role.as_str().into();
+            c["table"] = uri.clone().into();
+            c
+        })
+        .collect::<Vec<_>>()
+        .into();
+    v["stale_spill_dirs"] = spill_dirs
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .into();
+    serde_json::to_string(&v).unwrap_or_default() + "\n"
+}
+
+/// `maintain`'s text: a line per step and per companion table.
+fn maintain_text(m: &Maintained) -> String {
+    let Maintained {
+        uri,
+        report,
+        tombstones,
+        maintained,
+        spill_dirs,
+        spill_base,
+    } = m;
+    let mut out = format!(
+        "{}{uri}: version {} -> {}\n",
+        if report.dry_run { "dry run: " } else { "" },
+        report.version_before.map_or("-".into(), |v| v.to_string()),
+        report.version_after.map_or("-".into(), |v| v.to_string()),
+    );
+    let (would, kept) = if report.dry_run {
+        ("would be ", "would keep")
+    } else {
+        ("", "kept")
+    };
+    if let Some((e, retain)) = tombstones {
+        out.push_str(&format!(
+            "  tombstones (deletes.retain {}): {} older than {} {would}removed (in a commit of their own; the files it rewrites are not counted below); {} key(s) {would}recorded in {}\n",
+            retain.map_or("-".into(), |r| humantime::format_duration(r).to_string()),
+            e.tombstones,
+            e.horizon,
+            e.recorded,
+            e.removed_keys_uri
+        ));
+    }
+    let purged = match report.files_purged {
+        0 => String::new(),
+        n => format!(
+            " ({n} of them for their deletion vectors: at least {:.0}% of their rows deleted)",
+            100.0 * lake::PURGE_DELETED_SHARE
+        ),
+    };
+    out.push_str(&format!(
+        "  compaction: {} files {would}compacted into {}{purged}; checkpoint {would}written at version {}\n",
+        report.files_compacted,
+        report.files_written,
+        report
+            .checkpoint_version
+            .map_or("-".into(), |v| v.to_string())
+    ));
+    out.push_str(&format!(
+        "  vacuum (retention {} h): {} files {would}deleted; {kept} {} unreferenced files inside the retention (removed by recent commits, or orphans of recent crashes; a later maintain removes them)\n",
+        report.retention_hours,
+        report.files_vacuumed,
+        report.files_unreferenced_within_retention
+    ));
+    for (role, uri, r) in maintained.iter() {
+        let role = match role {
+            crate::run::Table::Record => "ingest record",
+            other => other.as_str(),
+        };
+        out.push_str(&format!(
+            "  {role} {uri}: version {} -> {}; {} small files {would}compacted into {}; {} files {would}deleted\n",
+            r.version_before.map_or("-".into(), |v| v.to_string()),
+            r.version_after.map_or("-".into(), |v| v.to_string()),
+            r.files_compacted,
+            r.files_written,
+            r.files_vacuumed,
+        ));
+    }
+    out.push_str(&format!(
+        "  spill: {} stale spill director{} of processes that no longer exist {}under {}\n",
+        spill_dirs.len(),
+        if spill_dirs.len() == 1 { "y" } else { "ies" },
+        if report.dry_run {
+            "would be removed "
+        } else {
+            "removed "
+        },
+        spill_base.display()
+    ));
+    out
 }

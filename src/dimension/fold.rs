@@ -246,64 +246,8 @@ pub fn fold(
     schema: &SchemaRef,
     inferred: &HashMap<String, i64>,
 ) -> ArrowResult<(RecordBatch, Folded)> {
-    let n = batch.num_rows();
-    let keys = rows_of(batch, &layout.keys)?;
-    let order = rows_of(batch, &layout.order)?;
-    let tracked = rows_of(batch, &layout.tracked)?;
-    let content = rows_of(batch, &layout.columns)?;
-    let deleted = deletes(batch, layout)?;
-    let mut idx: Vec<usize> = (0..n).collect();
-    idx.sort_by(|&a, &b| {
-        keys.row(a)
-            .cmp(&keys.row(b))
-            .then(order.row(a).cmp(&order.row(b)))
-            .then(deleted[a].cmp(&deleted[b]))
-            .then(content.row(a).cmp(&content.row(b)))
-    });
     let key_text = key_text(batch, &layout.keys)?;
-    let seq_col = batch
-        .column_by_name(&layout.order[0])
-        .cloned()
-        .ok_or_else(|| arrow::error::ArrowError::SchemaError("no sequence column".into()))?;
-    let seq_type = seq_col.data_type().clone();
-    let seq_i64 = arrow::compute::cast(&seq_col, &DataType::Int64)?;
-    let seq_i64 = seq_i64.as_primitive::<arrow::datatypes::Int64Type>();
-    let mut out: Vec<Out> = Vec::new();
-    let mut folded = Folded::default();
-    let mut start = 0;
-    while start < idx.len() {
-        let mut end = start + 1;
-        while end < idx.len() && keys.row(idx[end]) == keys.row(idx[start]) {
-            end += 1;
-        }
-        let changes: Vec<Change<Vec<u8>, usize>> = idx[start..end]
-            .iter()
-            .map(|&i| Change {
-                order: order.row(i).as_ref().to_vec(),
-                delete: deleted[i],
-                row: i,
-            })
-            .collect();
-        let h = History::fold(changes, |a, b| tracked.row(*a) == tracked.row(*b));
-        let was = inferred.get(&key_text[idx[start]]).copied();
-        for (k, v) in h.versions.iter().enumerate() {
-            folded.updated_in_place += v.changes.iter().filter(|c| !c.delete).count() as u64 - 1;
-            let closer = if v.closed_by_delete() {
-                v.changes.last().map(|c| c.row as u32)
-            } else {
-                h.versions.get(k + 1).map(|next| next.changes[0].row as u32)
-            };
-            out.push(Out {
-                values: v.row as u32,
-                from: v.changes[0].row as u32,
-                to: closer,
-                current: v.to.is_none(),
-                inferred_at: was,
-                first: k == 0,
-            });
-        }
-        start = end;
-    }
+    let (mut out, folded) = versions(batch, layout, &key_text, inferred)?;
     if layout.history == HistoryMode::Scd1 {
         out.retain(|o| o.current);
     }
@@ -322,56 +266,14 @@ pub fn fold(
         .iter()
         .map(|o| Some(surrogate(&key_text[o.values as usize])))
         .collect();
-    let from_1900 = |o: &Out| o.first && o.inferred_at.is_some();
     if layout.history == HistoryMode::Scd2 {
-        let from: Int64Array = out
-            .iter()
-            .map(|o| {
-                Some(if from_1900(o) {
-                    beginning(&seq_type)
-                } else {
-                    seq_i64.value(o.from as usize)
-                })
-            })
-            .collect();
-        let to: UInt32Array = out.iter().map(|o| o.to).collect();
-        columns.push(as_sequence(from, &seq_type)?);
-        columns.push(arrow::compute::take(&seq_col, &to, None)?);
-        columns.push(Arc::new(BooleanArray::from(
-            out.iter().map(|o| o.current).collect::<Vec<_>>(),
-        )));
+        let seq_col = batch
+            .column_by_name(&layout.order[0])
+            .cloned()
+            .ok_or_else(|| arrow::error::ArrowError::SchemaError("no sequence column".into()))?;
+        columns.extend(validity(&out, &seq_col)?);
         columns.push(Arc::new(durable));
-        // One per version: its key and `valid_from` — not the opening record's tie-breakers, so
-        // a late record at the same instant does not change it. Versions opening at one instant
-        // (a change and its correction at the same time) are told apart by their rank counted
-        // from the last: the one in force keeps its key when an earlier one, which no point in
-        // time selects, arrives late.
-        let mut next: Option<(&str, i64)> = None;
-        let mut rank = 0u32;
-        let mut keys: Vec<Option<i64>> = out
-            .iter()
-            .rev()
-            .map(|o| {
-                let key = key_text[o.values as usize].as_str();
-                if from_1900(o) {
-                    next = None;
-                    return Some(inferred_version_key(key));
-                }
-                let from = seq_i64.value(o.from as usize);
-                rank = match next {
-                    Some(n) if n == (key, from) => rank + 1,
-                    _ => 0,
-                };
-                next = Some((key, from));
-                Some(match rank {
-                    0 => surrogate(&format!("{key}\u{1e}{from}")),
-                    n => surrogate(&format!("{key}\u{1e}{from}\u{1e}{n}")),
-                })
-            })
-            .collect();
-        keys.reverse();
-        let version = Int64Array::from(keys);
-        columns.push(Arc::new(version));
+        columns.push(Arc::new(version_keys(&out, &key_text, &seq_col)?));
     } else {
         columns.push(Arc::new(durable));
     }
@@ -381,6 +283,125 @@ pub fn fold(
             .with_timezone("UTC"),
     ));
     finish(columns, schema, out.len()).map(|b| (b, folded))
+}
+
+/// Every key's versions: its records sorted (sequence, deletes last, then content, so the
+/// result does not depend on arrival order) and folded by [`History::fold`].
+fn versions(
+    batch: &RecordBatch,
+    layout: &Layout,
+    key_text: &[String],
+    inferred: &HashMap<String, i64>,
+) -> ArrowResult<(Vec<Out>, Folded)> {
+    let keys = rows_of(batch, &layout.keys)?;
+    let order = rows_of(batch, &layout.order)?;
+    let tracked = rows_of(batch, &layout.tracked)?;
+    let content = rows_of(batch, &layout.columns)?;
+    let deleted = deletes(batch, layout)?;
+    let mut idx: Vec<usize> = (0..batch.num_rows()).collect();
+    idx.sort_by(|&a, &b| {
+        keys.row(a)
+            .cmp(&keys.row(b))
+            .then(order.row(a).cmp(&order.row(b)))
+            .then(deleted[a].cmp(&deleted[b]))
+            .then(content.row(a).cmp(&content.row(b)))
+    });
+    let mut out: Vec<Out> = Vec::new();
+    let mut folded = Folded::default();
+    for run in idx.chunk_by(|a, b| keys.row(*a) == keys.row(*b)) {
+        let changes: Vec<Change<Vec<u8>, usize>> = run
+            .iter()
+            .map(|&i| Change {
+                order: order.row(i).as_ref().to_vec(),
+                delete: deleted[i],
+                row: i,
+            })
+            .collect();
+        let h = History::fold(changes, |a, b| tracked.row(*a) == tracked.row(*b));
+        let was = inferred.get(&key_text[run[0]]).copied();
+        for (k, v) in h.versions.iter().enumerate() {
+            folded.updated_in_place += v.changes.iter().filter(|c| !c.delete).count() as u64 - 1;
+            let closer = if v.closed_by_delete() {
+                v.changes.last().map(|c| c.row as u32)
+            } else {
+                h.versions.get(k + 1).map(|next| next.changes[0].row as u32)
+            };
+            out.push(Out {
+                values: v.row as u32,
+                from: v.changes[0].row as u32,
+                to: closer,
+                current: v.to.is_none(),
+                inferred_at: was,
+                first: k == 0,
+            });
+        }
+    }
+    Ok((out, folded))
+}
+
+/// A placeholder's first version: it starts at the beginning of time.
+fn from_1900(o: &Out) -> bool {
+    o.first && o.inferred_at.is_some()
+}
+
+/// `valid_from`, `valid_to` and `is_current` of each version.
+fn validity(out: &[Out], seq_col: &ArrayRef) -> ArrowResult<[ArrayRef; 3]> {
+    let seq_type = seq_col.data_type().clone();
+    let seq_i64 = arrow::compute::cast(seq_col, &DataType::Int64)?;
+    let seq_i64 = seq_i64.as_primitive::<arrow::datatypes::Int64Type>();
+    let from: Int64Array = out
+        .iter()
+        .map(|o| {
+            Some(if from_1900(o) {
+                beginning(&seq_type)
+            } else {
+                seq_i64.value(o.from as usize)
+            })
+        })
+        .collect();
+    let to: UInt32Array = out.iter().map(|o| o.to).collect();
+    Ok([
+        as_sequence(from, &seq_type)?,
+        arrow::compute::take(seq_col, &to, None)?,
+        Arc::new(BooleanArray::from(
+            out.iter().map(|o| o.current).collect::<Vec<_>>(),
+        )),
+    ])
+}
+
+/// One key per version: its key and `valid_from` — not the opening record's tie-breakers, so
+/// a late record at the same instant does not change it. Versions opening at one instant (a
+/// change and its correction at the same time) are told apart by their rank counted from the
+/// last: the one in force keeps its key when an earlier one, which no point in time selects,
+/// arrives late.
+fn version_keys(out: &[Out], key_text: &[String], seq_col: &ArrayRef) -> ArrowResult<Int64Array> {
+    let seq_i64 = arrow::compute::cast(seq_col, &DataType::Int64)?;
+    let seq_i64 = seq_i64.as_primitive::<arrow::datatypes::Int64Type>();
+    let mut next: Option<(&str, i64)> = None;
+    let mut rank = 0u32;
+    let mut keys: Vec<Option<i64>> = out
+        .iter()
+        .rev()
+        .map(|o| {
+            let key = key_text[o.values as usize].as_str();
+            if from_1900(o) {
+                next = None;
+                return Some(inferred_version_key(key));
+            }
+            let from = seq_i64.value(o.from as usize);
+            rank = match next {
+                Some(n) if n == (key, from) => rank + 1,
+                _ => 0,
+            };
+            next = Some((key, from));
+            Some(match rank {
+                0 => surrogate(&format!("{key}\u{1e}{from}")),
+                n => surrogate(&format!("{key}\u{1e}{from}\u{1e}{n}")),
+            })
+        })
+        .collect();
+    keys.reverse();
+    Ok(Int64Array::from(keys))
 }
 
 /// `columns` cast to `schema`'s types, as a batch of `rows` rows.

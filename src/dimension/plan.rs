@@ -236,10 +236,16 @@ mod tests {
             columns,
             rules: (was.map(str::to_string), "scd2 [segment]".to_string()),
         };
-        assert_eq!(whole_or_since(held(Some(4), (&a, &a), Some("scd2 [segment]"))), Ok(4));
+        assert_eq!(
+            whole_or_since(held(Some(4), (&a, &a), Some("scd2 [segment]"))),
+            Ok(4)
+        );
         // (a table written before its rules were recorded keeps its version)
         assert_eq!(whole_or_since(held(Some(4), (&a, &a), None)), Ok(4));
-        assert_eq!(whole_or_since(held(None, (&a, &a), None)), Err(Whole::NoRecord));
+        assert_eq!(
+            whole_or_since(held(None, (&a, &a), None)),
+            Err(Whole::NoRecord)
+        );
         assert_eq!(
             whole_or_since(held(Some(4), (&a, &b), None)),
             Err(Whole::ColumnsChanged)

@@ -127,43 +127,103 @@ pub async fn reload_scope(
 ) -> Result<(Vec<String>, HashMap<String, i64>), RunError> {
     let uri = &spec.target_uri;
     let mut scope: Vec<String> = listed.iter().map(|f| f.uri.clone()).collect();
+    let Some(held) = held_files(ctx, table, uri).await? else {
+        return Ok((scope, HashMap::new()));
+    };
+    let prefix = format!("{}/", landing.root_uri);
+    let present: HashSet<&str> = listed.iter().map(|f| f.uri.as_str()).collect();
+    let glob = glob::Pattern::new(&spec.glob).ok();
     let mut arrived = HashMap::new();
+    let (mut gone, mut moved) = (Vec::new(), Vec::new());
+    for (file, first_ms) in held {
+        let Some(rel) = file.strip_prefix(&prefix) else {
+            // Under another location: this pipeline's file there before the landing location
+            // moved, when the record holds its name with that very arrival.
+            if let Some(rel) = moved_from(&file, record, first_ms) {
+                if let Some(ms) = first_ms {
+                    arrived.entry(format!("{prefix}{rel}")).or_insert(ms);
+                }
+                scope.push(file.clone());
+                moved.push(file);
+            }
+            continue;
+        };
+        let mine = record.contains_key(rel)
+            || glob
+                .as_ref()
+                .is_some_and(|g| g.matches_with(rel, super::landing::GLOB));
+        if mine && !present.contains(file.as_str()) {
+            gone.push(file.clone());
+        }
+        if let Some(ms) = first_ms {
+            arrived.insert(file, ms);
+        }
+    }
+    // (a moved file that is no longer in the new location would be dropped too)
+    gone.sort();
+    gone.extend(
+        moved
+            .iter()
+            .filter(|f| {
+                moved_from(f, record, None)
+                    .is_some_and(|rel| !present.contains(format!("{prefix}{rel}").as_str()))
+            })
+            .cloned(),
+    );
+    if let Some(first) = gone.first() {
+        return Err(IngestError::ReloadWouldDrop {
+            uri: uri.clone(),
+            landing: landing.root_uri.clone(),
+            count: gone.len(),
+            first: first.clone(),
+        }
+        .into());
+    }
+    if let Some(first) = moved.first() {
+        tracing::warn!(
+            "{} file(s) this pipeline ingested are in bronze under another landing location (first: {first}): the landing location moved; their rows are replaced by the same files' rows under {}, each keeping its first arrival",
+            moved.len(),
+            landing.root_uri
+        );
+    }
+    scope.sort();
+    Ok((scope, arrived))
+}
+
+/// Every `_source_file` bronze holds (not only those under this landing location: one that
+/// moved left its rows under the old one) with its earliest `_ingested_at` in milliseconds;
+/// `None` for a bronze without `_source_file`.
+async fn held_files(
+    ctx: &SessionContext,
+    table: &DeltaTable,
+    uri: &str,
+) -> Result<Option<Vec<(String, Option<i64>)>>, RunError> {
     let q = RunError::query(Phase::Plan);
     table
         .update_datafusion_session(&ctx.state())
         .map_err(RunError::delta(Phase::Plan, uri))?;
     let provider = table.table_provider().await.map_err(q)?;
     if provider.schema().field_with_name(SOURCE_FILE).is_err() {
-        return Ok((scope, arrived));
+        return Ok(None);
     }
-    let has_arrival = provider.schema().field_with_name(INGESTED_AT).is_ok();
-    let prefix = format!("{}/", landing.root_uri);
-    let first_arrival = if has_arrival {
-        datafusion::functions_aggregate::expr_fn::min(datafusion::logical_expr::cast(
-            col(INGESTED_AT),
-            DataType::Int64,
-        ))
-    } else {
-        datafusion::functions_aggregate::expr_fn::min(lit(ScalarValue::Int64(None)))
+    let first_arrival = match provider.schema().field_with_name(INGESTED_AT).is_ok() {
+        true => datafusion::logical_expr::cast(col(INGESTED_AT), DataType::Int64),
+        false => lit(ScalarValue::Int64(None)),
     };
-    // Every file bronze holds (not only those under this landing location: one that moved
-    // left its rows under the old one).
     let batches = ctx
         .read_table(provider)
         .and_then(|df| {
             df.aggregate(
-                vec![col(SOURCE_FILE)],
-                vec![first_arrival.alias("first_us")],
-            )
+                    vec![col(SOURCE_FILE)],
+                    vec![datafusion::functions_aggregate::expr_fn::min(first_arrival)
+                        .alias("first_us")],
+                )
         })
         .map_err(RunError::query(Phase::Plan))?
         .collect()
         .await
         .map_err(RunError::scan(Phase::Plan, uri))?;
-    let present: HashSet<&str> = listed.iter().map(|f| f.uri.as_str()).collect();
-    let glob = glob::Pattern::new(&spec.glob).ok();
-    let mut gone = Vec::new();
-    let mut moved: Vec<String> = Vec::new();
+    let mut out = Vec::new();
     for b in &batches {
         let c = arrow::compute::cast(b.column(0), &DataType::Utf8)
             .map_err(RunError::arrow(Phase::Plan))?;
@@ -177,68 +237,13 @@ pub async fn reload_scope(
             .cloned()
             .unwrap_or_else(|| Int64Array::new_null(b.num_rows()));
         for (i, file) in s.iter().enumerate() {
-            let Some(file) = file else { continue };
-            let first_ms = first.is_valid(i).then(|| first.value(i).div_euclid(1000));
-            let Some(rel) = file.strip_prefix(&prefix) else {
-                // Under another location: this pipeline's file there before the landing
-                // location moved, when the record holds its name with that very arrival.
-                if let Some(rel) = moved_from(file, record, first_ms) {
-                    scope.push(file.to_string());
-                    moved.push(file.to_string());
-                    if let Some(ms) = first_ms {
-                        arrived.entry(format!("{prefix}{rel}")).or_insert(ms);
-                    }
-                }
-                continue;
-            };
-            if let Some(ms) = first_ms {
-                arrived.insert(file.to_string(), ms);
-            }
-            let mine = record.contains_key(rel)
-                || glob
-                    .as_ref()
-                    .is_some_and(|g| g.matches_with(rel, super::landing::GLOB));
-            if mine && !present.contains(file) {
-                gone.push(file.to_string());
+            if let Some(file) = file {
+                let first_ms = first.is_valid(i).then(|| first.value(i).div_euclid(1000));
+                out.push((file.to_string(), first_ms));
             }
         }
     }
-    gone.sort();
-    if let Some(first) = gone.first() {
-        return Err(IngestError::ReloadWouldDrop {
-            uri: uri.clone(),
-            landing: landing.root_uri.clone(),
-            count: gone.len(),
-            first: first.clone(),
-        }
-        .into());
-    }
-    // (a moved file that is no longer in the new location would be dropped: refused as above)
-    let moved_gone: Vec<&String> = moved
-        .iter()
-        .filter(|f| {
-            moved_from(f, record, None)
-                .is_some_and(|rel| !present.contains(format!("{prefix}{rel}").as_str()))
-        })
-        .collect();
-    if let Some(first) = moved_gone.first() {
-        return Err(IngestError::ReloadWouldDrop {
-            uri: uri.clone(),
-            landing: landing.root_uri.clone(),
-            count: moved_gone.len(),
-            first: (*first).clone(),
-        }
-        .into());
-    }
-    if let Some(first) = moved.first() {
-        tracing::warn!(
-            "{} file(s) this pipeline ingested are in bronze under another landing location (first: {first}): the landing location moved; their rows are replaced by the same files' rows under {}, each keeping its first arrival",
-            moved.len(),
-            landing.root_uri
-        );
-    }
-    scope.sort();
-    Ok((scope, arrived))
+    Ok(Some(out))
 }
 
 /// The recorded name (relative to a landing location) of `file`, a `_source_file` under
@@ -391,23 +396,18 @@ fn file_batch(
     RecordBatch::try_new(schema.clone(), columns)
 }
 
-/// Appends (or, for a full reload, replaces) the rows and records the files, in one commit.
-pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
-    let uri = &w.spec.target_uri;
-    let bronze = match &w.target {
-        Some(t) => Some(table_schema(t, uri)?),
-        None => None,
-    };
-    let schema = output_schema(bronze.as_deref(), w.cols, w.spec.rescue);
-    let grows = bronze
-        .as_ref()
-        .is_some_and(|b| b.fields().len() != schema.fields().len());
-    let now_ms = w.now.timestamp_millis();
+/// Each parsed file's rows in the output schema with their arrival time, and the record
+/// entries of the files (a full reload keeps the time each file first arrived — from the
+/// record, else from its rows in bronze — and records again only what the record does not
+/// already say; everything else arrives now).
+fn rows_and_entries(
+    w: &Write<'_>,
+    schema: &Arc<Schema>,
+    now_ms: i64,
+) -> Result<(Vec<RecordBatch>, Vec<Entry>), RunError> {
     let mut batches = Vec::with_capacity(w.parsed.len());
     let mut entries = Vec::with_capacity(w.parsed.len());
     for (f, p) in &w.parsed {
-        // A full reload keeps the time each file first arrived (from the record, else from its
-        // rows in bronze); everything else arrives now.
         let recorded = w.record.get(&f.rel);
         let ingested_ms = match (w.whole, recorded) {
             // Contents the record holds keep their arrival; a file that changed since arrives
@@ -423,7 +423,6 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
             ingested_ms,
             content: f.content,
         };
-        // A full reload records again only what the record does not already say.
         let known = recorded.is_some_and(|r| {
             r.fingerprint == entry.fingerprint
                 && r.ingested_ms == entry.ingested_ms
@@ -434,7 +433,7 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         }
         if p.batch.num_rows() > 0 {
             batches.push(
-                file_batch(&schema, &p.batch, ingested_ms * 1000, &f.uri)
+                file_batch(schema, &p.batch, ingested_ms * 1000, &f.uri)
                     .map_err(RunError::arrow(Phase::Commit))?,
             );
         }
@@ -444,6 +443,33 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         // still makes the commit.
         batches.push(RecordBatch::new_empty(schema.clone()));
     }
+    Ok((batches, entries))
+}
+
+/// A new bronze table at `uri`.
+fn created(uri: &str, phase: Phase) -> Result<DeltaTable, RunError> {
+    lake::create_url(uri)
+        .map_err(RunError::from)
+        .and_then(|url| {
+            lake::builder(url)
+                .and_then(|b| b.build())
+                .map_err(RunError::delta(phase, uri))
+        })
+}
+
+/// Appends (or, for a full reload, replaces) the rows and records the files, in one commit.
+pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
+    let uri = &w.spec.target_uri;
+    let bronze = match &w.target {
+        Some(t) => Some(table_schema(t, uri)?),
+        None => None,
+    };
+    let schema = output_schema(bronze.as_deref(), w.cols, w.spec.rescue);
+    let grows = bronze
+        .as_ref()
+        .is_some_and(|b| b.fields().len() != schema.fields().len());
+    let now_ms = w.now.timestamp_millis();
+    let (batches, entries) = rows_and_entries(&w, &schema, now_ms)?;
     let (txn, files) = record::commit_parts(w.pipeline, w.run, now_ms, entries.clone())?;
     let props = CommitProperties::default()
         .with_metadata([(COMMIT_INFO_KEY.to_string(), w.facts), files])
@@ -455,22 +481,13 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
     };
     let table = match w.target {
         Some(t) => t,
-        None => {
-            let created = lake::create_url(uri)
-                .map_err(RunError::from)
-                .and_then(|url| {
-                    lake::builder(url)
-                        .and_then(|b| b.build())
-                        .map_err(RunError::delta(phase, uri))
-                });
-            match created {
-                Ok(t) => t,
-                Err(e) => {
-                    new_dirs.remove_empty();
-                    return Err(e);
-                }
+        None => match created(uri, phase) {
+            Ok(t) => t,
+            Err(e) => {
+                new_dirs.remove_empty();
+                return Err(e);
             }
-        }
+        },
     };
     let fresh = table.version().is_none();
     let replace = w.whole

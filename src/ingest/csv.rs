@@ -97,63 +97,67 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
             ));
             continue;
         }
-        let mut cells = vec![Cell::Null; shape.cols.len()];
-        let mut rescued = Map::new();
-        let mut bad = None;
-        for ((field, slot), name) in rec.iter().zip(&slots).zip(&header) {
-            let Ok(s) = std::str::from_utf8(field) else {
-                bad = Some(format!("field `{name}` is not valid UTF-8"));
-                break;
-            };
-            match slot {
-                Some(i) => match from_text(s, shape.cols[*i].ty) {
-                    Some(c) => cells[*i] = c,
-                    None if shape.rescue => {
-                        rescued.insert(name.clone(), Value::String(s.to_string()));
-                    }
-                    None => {
-                        bad = Some(format!(
-                            "`{name}`: {s:?} is not a {}",
-                            type_name(shape.cols[*i].ty)
-                        ));
-                        break;
-                    }
-                },
-                None if shape.rescue => {
-                    if !s.is_empty() {
-                        rescued.insert(name.clone(), Value::String(s.to_string()));
-                    }
-                }
-                None => {
-                    let ty = infer_text(s).unwrap_or(ColumnType::String);
-                    let e = rows.unknown.entry(name.clone()).or_insert(ty);
-                    *e = widen(*e, ty);
-                }
+        match cells(&rec, &header, &slots, shape, &mut rows) {
+            Ok((cells, rescued)) => {
+                let rescued = (!rescued.is_empty()).then(|| Value::Object(rescued).to_string());
+                rows.push(cells, rescued);
             }
+            Err(reason) => rows.reject(Reject::new(line_no, &text, reason)),
         }
-        if let Some(reason) = bad {
-            rows.reject(Reject::new(line_no, &text, reason));
-            continue;
-        }
-        // (CSV has no null: an empty field of a required text column is as missing as any)
-        let empty_text = shape
-            .cols
-            .iter()
-            .zip(&cells)
-            .find(|(c, v)| c.required && matches!(v, Cell::Str(s) if s.trim().is_empty()))
-            .map(|(c, _)| c.name.as_str());
-        if let Some(name) = rows.missing_required(&cells).or(empty_text) {
-            rows.reject(Reject::new(
-                line_no,
-                &text,
-                format!("required field `{name}` is missing or empty"),
-            ));
-            continue;
-        }
-        let rescued = (!rescued.is_empty()).then(|| Value::Object(rescued).to_string());
-        rows.push(cells, rescued);
     }
     rows.finish()
+}
+
+/// One row's typed cells (and, rescuing, the fields that did not fit), or why it is rejected.
+fn cells(
+    rec: &csv::ByteRecord,
+    header: &[String],
+    slots: &[Option<usize>],
+    shape: &Shape<'_>,
+    rows: &mut Rows<'_>,
+) -> Result<(Vec<Cell>, Map<String, Value>), String> {
+    let mut cells = vec![Cell::Null; shape.cols.len()];
+    let mut rescued = Map::new();
+    for ((field, slot), name) in rec.iter().zip(slots).zip(header) {
+        let Ok(s) = std::str::from_utf8(field) else {
+            return Err(format!("field `{name}` is not valid UTF-8"));
+        };
+        match slot {
+            Some(i) => match from_text(s, shape.cols[*i].ty) {
+                Some(c) => cells[*i] = c,
+                None if shape.rescue => {
+                    rescued.insert(name.clone(), Value::String(s.to_string()));
+                }
+                None => {
+                    return Err(format!(
+                        "`{name}`: {s:?} is not a {}",
+                        type_name(shape.cols[*i].ty)
+                    ))
+                }
+            },
+            None if shape.rescue => {
+                if !s.is_empty() {
+                    rescued.insert(name.clone(), Value::String(s.to_string()));
+                }
+            }
+            None => {
+                let ty = infer_text(s).unwrap_or(ColumnType::String);
+                let e = rows.unknown.entry(name.clone()).or_insert(ty);
+                *e = widen(*e, ty);
+            }
+        }
+    }
+    // (CSV has no null: an empty field of a required text column is as missing as any)
+    let empty_text = shape
+        .cols
+        .iter()
+        .zip(&cells)
+        .find(|(c, v)| c.required && matches!(v, Cell::Str(s) if s.trim().is_empty()))
+        .map(|(c, _)| c.name.as_str());
+    if let Some(name) = rows.missing_required(&cells).or(empty_text) {
+        return Err(format!("required field `{name}` is missing or empty"));
+    }
+    Ok((cells, rescued))
 }
 
 /// The header's columns with the types the first `limit` rows suggest.
@@ -201,13 +205,18 @@ mod tests {
     use ColumnType::*;
 
     fn cols() -> Vec<super::super::schema::Col> {
-        test_cols(&[("id", String, true), ("amount", Long, false), ("at", Timestamp, false)])
+        test_cols(&[
+            ("id", String, true),
+            ("amount", Long, false),
+            ("at", Timestamp, false),
+        ])
     }
 
     #[test]
     fn typed_rows_quoted_fields_and_a_last_line_without_newline() {
         let cols = cols();
-        let body = b"id,amount,at\n\"p,1\",100,2024-01-05T10:00:00Z\n\np2,,2024-01-05 11:00:00\np3,-7,";
+        let body =
+            b"id,amount,at\n\"p,1\",100,2024-01-05T10:00:00Z\n\np2,,2024-01-05 11:00:00\np3,-7,";
         let p = parse(body, &test_shape(&cols, false)).unwrap();
         assert!(p.rejects.is_empty(), "{:?}", p.rejects);
         assert_eq!(p.records, 3, "a blank line is not a record");
@@ -224,8 +233,11 @@ mod tests {
         let cols = cols();
         let body = b"id,amount,at\np1,ten,\n,5,\np3,1,2,3\np4,\xff1,\np5,1,\n";
         let p = parse(body, &test_shape(&cols, false)).unwrap();
-        let got: Vec<(Option<u64>, &str)> =
-            p.rejects.iter().map(|r| (r.line, r.reason.as_str())).collect();
+        let got: Vec<(Option<u64>, &str)> = p
+            .rejects
+            .iter()
+            .map(|r| (r.line, r.reason.as_str()))
+            .collect();
         assert_eq!(
             got,
             vec![
@@ -264,7 +276,10 @@ mod tests {
         shape.csv.header = false;
         shape.csv.delimiter = b';';
         let p = parse(b"p1;2;\n", &shape).unwrap();
-        assert_eq!((column(&p, "id"), column(&p, "amount")), (vec!["p1".into()], vec!["2".into()]));
+        assert_eq!(
+            (column(&p, "id"), column(&p, "amount")),
+            (vec!["p1".into()], vec!["2".into()])
+        );
     }
 
     #[test]
@@ -274,6 +289,10 @@ mod tests {
         shape.max_record_bytes = 10;
         let p = parse(b"id,amount,at\np1,1,\np-much-too-long,1,\n", &shape).unwrap();
         assert_eq!(column(&p, "id"), ["p1"]);
-        assert!(p.rejects[0].reason.contains("over `max_record_bytes`"), "{:?}", p.rejects);
+        assert!(
+            p.rejects[0].reason.contains("over `max_record_bytes`"),
+            "{:?}",
+            p.rejects
+        );
     }
 }

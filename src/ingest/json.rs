@@ -207,7 +207,11 @@ mod tests {
     use crate::config::pipeline::ingest::ColumnType::*;
 
     fn cols() -> Vec<Col> {
-        test_cols(&[("id", String, true), ("amount", Long, false), ("rate", Double, false)])
+        test_cols(&[
+            ("id", String, true),
+            ("amount", Long, false),
+            ("rate", Double, false),
+        ])
     }
 
     #[test]
@@ -237,7 +241,10 @@ mod tests {
             vec![
                 (Some(2), "not a JSON object (a array)".to_string()),
                 (Some(3), "malformed JSON".to_string()),
-                (Some(4), "required field `id` is missing or null".to_string()),
+                (
+                    Some(4),
+                    "required field `id` is missing or null".to_string()
+                ),
                 (Some(5), "`amount`".to_string()),
                 (Some(6), "not valid UTF-8 (at byte 0)".to_string()),
             ]
@@ -249,7 +256,8 @@ mod tests {
     #[test]
     fn rescue_and_unknown_fields() {
         let cols = cols();
-        let body = b"{\"id\": \"a\", \"amount\": \"lots\", \"note\": 1}\n{\"id\": \"b\", \"note\": 2.5}\n";
+        let body =
+            b"{\"id\": \"a\", \"amount\": \"lots\", \"note\": 1}\n{\"id\": \"b\", \"note\": 2.5}\n";
         let p = parse(body, &test_shape(&cols, true)).unwrap();
         assert!(p.rejects.is_empty(), "{:?}", p.rejects);
         assert_eq!(p.rescued, 2);
@@ -265,7 +273,11 @@ mod tests {
     #[test]
     fn inference_follows_the_producers_field_order() {
         let mut out = Vec::new();
-        infer(b"{\"z\": 1, \"a\": \"x\"}\n{\"z\": 1.5, \"m\": true}\n", 10, &mut out);
+        infer(
+            b"{\"z\": 1, \"a\": \"x\"}\n{\"z\": 1.5, \"m\": true}\n",
+            10,
+            &mut out,
+        );
         assert_eq!(
             out,
             vec![

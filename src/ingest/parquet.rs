@@ -54,95 +54,106 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                 break;
             }
         };
-        let n = batch.num_rows();
-        let opts = FormatOptions::default();
-        let mut columns: Vec<ArrayRef> = Vec::new();
-        let mut keep = vec![true; n];
-        let mut reasons: Vec<Option<String>> = vec![None; n];
-        let mut rescued: Vec<Map<String, Value>> = vec![Map::new(); n];
-        for col in shape.cols {
-            let target = arrow_type(col.ty);
-            let Some(src) = batch.column_by_name(&col.name) else {
-                columns.push(arrow::array::new_null_array(&target, n));
-                continue;
-            };
-            // A type that does not cast at all (a nested column into a number) fits no row.
-            let casted = exact_cast(src, &target)
-                .unwrap_or_else(|_| arrow::array::new_null_array(&target, n));
-            let shown = ArrayFormatter::try_new(src.as_ref(), &opts)?;
-            for i in 0..n {
-                if src.is_valid(i) && casted.is_null(i) {
-                    if shape.rescue {
-                        rescued[i]
-                            .insert(col.name.clone(), Value::String(shown.value(i).to_string()));
-                    } else if reasons[i].is_none() {
-                        keep[i] = false;
-                        reasons[i] = Some(format!(
-                            "`{}`: {} is not a {}",
-                            col.name,
-                            shown.value(i),
-                            type_name(col.ty)
-                        ));
-                    }
-                }
-                if col.required && casted.is_null(i) && reasons[i].is_none() {
-                    keep[i] = false;
-                    reasons[i] = Some(format!("required field `{}` is missing or null", col.name));
-                }
-            }
-            columns.push(casted);
-        }
-        for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
-            if shape.cols.iter().any(|c| c.name == *field.name()) {
-                continue;
-            }
-            if shape.rescue {
-                let shown = ArrayFormatter::try_new(array.as_ref(), &opts)?;
-                for (i, r) in rescued.iter_mut().enumerate() {
-                    if array.is_valid(i) {
-                        r.insert(
-                            field.name().clone(),
-                            Value::String(shown.value(i).to_string()),
-                        );
-                    }
-                }
-            } else {
-                let ty = from_arrow(field.data_type()).unwrap_or(ColumnType::String);
-                out.unknown.entry(field.name().clone()).or_insert(ty);
-            }
-        }
-        if shape.rescue {
-            let mut b = StringBuilder::new();
-            for r in &rescued {
-                if r.is_empty() {
-                    b.append_null();
-                } else {
-                    b.append_value(Value::Object(r.clone()).to_string());
-                }
-            }
-            out.rescued += rescued
-                .iter()
-                .zip(&keep)
-                .filter(|(r, k)| **k && !r.is_empty())
-                .count() as u64;
-            columns.push(Arc::new(b.finish()));
-        }
-        for (i, reason) in reasons.into_iter().enumerate() {
-            if let Some(reason) = reason {
-                out.rejects.push(Reject::new(
-                    Some(row_base + i as u64 + 1),
-                    row_text(&batch, i).as_bytes(),
-                    reason,
-                ));
-            }
-        }
-        let full = RecordBatch::try_new(schema.clone(), columns)?;
-        batches.push(filter_record_batch(&full, &BooleanArray::from(keep))?);
-        out.records += n as u64;
-        row_base += n as u64;
+        batches.push(kept_rows(&batch, shape, &schema, row_base, &mut out)?);
+        out.records += batch.num_rows() as u64;
+        row_base += batch.num_rows() as u64;
     }
     out.batch = arrow::compute::concat_batches(&schema, &batches)?;
     Ok(out)
+}
+
+/// One batch of the file cast to the schema: the rows that fit (rescuing what does not, when
+/// the pipeline does), the others rejected into `out` with their row number.
+fn kept_rows(
+    batch: &RecordBatch,
+    shape: &Shape<'_>,
+    schema: &arrow::datatypes::SchemaRef,
+    row_base: u64,
+    out: &mut Parsed,
+) -> Result<RecordBatch, arrow::error::ArrowError> {
+    let n = batch.num_rows();
+    let opts = FormatOptions::default();
+    let mut columns: Vec<ArrayRef> = Vec::new();
+    let mut keep = vec![true; n];
+    let mut reasons: Vec<Option<String>> = vec![None; n];
+    let mut rescued: Vec<Map<String, Value>> = vec![Map::new(); n];
+    for col in shape.cols {
+        let target = arrow_type(col.ty);
+        let Some(src) = batch.column_by_name(&col.name) else {
+            columns.push(arrow::array::new_null_array(&target, n));
+            continue;
+        };
+        // A type that does not cast at all (a nested column into a number) fits no row.
+        let casted =
+            exact_cast(src, &target).unwrap_or_else(|_| arrow::array::new_null_array(&target, n));
+        let shown = ArrayFormatter::try_new(src.as_ref(), &opts)?;
+        for i in 0..n {
+            if src.is_valid(i) && casted.is_null(i) {
+                if shape.rescue {
+                    rescued[i].insert(col.name.clone(), Value::String(shown.value(i).to_string()));
+                } else if reasons[i].is_none() {
+                    keep[i] = false;
+                    reasons[i] = Some(format!(
+                        "`{}`: {} is not a {}",
+                        col.name,
+                        shown.value(i),
+                        type_name(col.ty)
+                    ));
+                }
+            }
+            if col.required && casted.is_null(i) && reasons[i].is_none() {
+                keep[i] = false;
+                reasons[i] = Some(format!("required field `{}` is missing or null", col.name));
+            }
+        }
+        columns.push(casted);
+    }
+    for (field, array) in batch.schema().fields().iter().zip(batch.columns()) {
+        if shape.cols.iter().any(|c| c.name == *field.name()) {
+            continue;
+        }
+        if shape.rescue {
+            let shown = ArrayFormatter::try_new(array.as_ref(), &opts)?;
+            for (i, r) in rescued.iter_mut().enumerate() {
+                if array.is_valid(i) {
+                    r.insert(
+                        field.name().clone(),
+                        Value::String(shown.value(i).to_string()),
+                    );
+                }
+            }
+        } else {
+            let ty = from_arrow(field.data_type()).unwrap_or(ColumnType::String);
+            out.unknown.entry(field.name().clone()).or_insert(ty);
+        }
+    }
+    if shape.rescue {
+        let mut b = StringBuilder::new();
+        for r in &rescued {
+            if r.is_empty() {
+                b.append_null();
+            } else {
+                b.append_value(Value::Object(r.clone()).to_string());
+            }
+        }
+        out.rescued += rescued
+            .iter()
+            .zip(&keep)
+            .filter(|(r, k)| **k && !r.is_empty())
+            .count() as u64;
+        columns.push(Arc::new(b.finish()));
+    }
+    for (i, reason) in reasons.into_iter().enumerate() {
+        if let Some(reason) = reason {
+            out.rejects.push(Reject::new(
+                Some(row_base + i as u64 + 1),
+                row_text(batch, i).as_bytes(),
+                reason,
+            ));
+        }
+    }
+    let full = RecordBatch::try_new(schema.clone(), columns)?;
+    filter_record_batch(&full, &BooleanArray::from(keep))
 }
 
 /// `src` cast to `target`, with the values that would lose information null (they do not fit:
@@ -214,10 +225,17 @@ mod tests {
             &RecordBatch::try_from_iter([
                 (
                     "id",
-                    Arc::new(StringArray::from(vec![Some("a"), None, Some("c"), Some("d")]))
-                        as ArrayRef,
+                    Arc::new(StringArray::from(vec![
+                        Some("a"),
+                        None,
+                        Some("c"),
+                        Some("d"),
+                    ])) as ArrayRef,
                 ),
-                ("amount", Arc::new(Float64Array::from(vec![1.0, 2.0, 4.7, f64::NAN]))),
+                (
+                    "amount",
+                    Arc::new(Float64Array::from(vec![1.0, 2.0, 4.7, f64::NAN])),
+                ),
                 ("extra", Arc::new(Int64Array::from(vec![7, 8, 9, 10]))),
             ])
             .unwrap(),
@@ -226,14 +244,21 @@ mod tests {
 
     #[test]
     fn columns_are_cast_exactly_and_rows_that_do_not_fit_are_rejected() {
-        let cols = test_cols(&[("id", String, true), ("amount", Long, false), ("gone", Int, false)]);
+        let cols = test_cols(&[
+            ("id", String, true),
+            ("amount", Long, false),
+            ("gone", Int, false),
+        ]);
         let p = parse(landing(), &test_shape(&cols, false)).unwrap();
         assert_eq!(p.records, 4);
         assert_eq!(column(&p, "id"), ["a"]);
         assert_eq!(column(&p, "amount"), ["1"]);
         assert_eq!(column(&p, "gone"), ["-"], "a column the file lacks is null");
-        let got: Vec<(Option<u64>, &str)> =
-            p.rejects.iter().map(|r| (r.line, r.reason.as_str())).collect();
+        let got: Vec<(Option<u64>, &str)> = p
+            .rejects
+            .iter()
+            .map(|r| (r.line, r.reason.as_str()))
+            .collect();
         assert_eq!(
             got,
             vec![
@@ -262,7 +287,9 @@ mod tests {
         let p = parse(Bytes::from_static(b"id\na\n"), &test_shape(&cols, false)).unwrap();
         assert_eq!((p.records, p.batch.num_rows()), (1, 0));
         assert_eq!(p.rejects[0].line, None);
-        assert!(p.rejects[0].reason.starts_with("not a readable Parquet file"));
+        assert!(p.rejects[0]
+            .reason
+            .starts_with("not a readable Parquet file"));
         let mut out = Vec::new();
         infer(landing(), &mut out);
         assert_eq!(

@@ -115,7 +115,11 @@ mod tests {
         let record = HashMap::from([("a".to_string(), recorded(1)), ("b".into(), recorded(9))]);
         let plan = choose(listed.clone(), &record, &spec(""), false);
         assert_eq!((plan.listed, plan.skipped, plan.pending), (3, 1, 0));
-        assert_eq!(rels(&plan.files), vec!["c"], "a changed file is not read by default");
+        assert_eq!(
+            rels(&plan.files),
+            vec!["c"],
+            "a changed file is not read by default"
+        );
         assert_eq!(rels(&plan.changed), vec!["b"]);
         let plan = choose(listed, &record, &spec("on_file_change: reingest\n"), false);
         assert_eq!(rels(&plan.files), vec!["b", "c"]);
@@ -125,14 +129,29 @@ mod tests {
     #[test]
     fn the_limits_keep_the_oldest_files_and_leave_the_rest_pending() {
         let listed: Vec<_> = (0..5).map(|i| file(&format!("f{i}"), 100, i)).collect();
-        let plan = choose(listed.clone(), &HashMap::new(), &spec("max_files_per_run: 2\n"), false);
+        let plan = choose(
+            listed.clone(),
+            &HashMap::new(),
+            &spec("max_files_per_run: 2\n"),
+            false,
+        );
         assert_eq!(rels(&plan.files), vec!["f0", "f1"]);
         assert_eq!(plan.pending, 3);
-        let plan = choose(listed.clone(), &HashMap::new(), &spec("max_bytes_per_run: 250B\n"), false);
+        let plan = choose(
+            listed.clone(),
+            &HashMap::new(),
+            &spec("max_bytes_per_run: 250B\n"),
+            false,
+        );
         assert_eq!(rels(&plan.files), vec!["f0", "f1"]);
         assert_eq!(plan.pending, 3);
         // One file bigger than the byte limit is still taken alone: a run always progresses.
-        let plan = choose(listed, &HashMap::new(), &spec("max_bytes_per_run: 50B\n"), false);
+        let plan = choose(
+            listed,
+            &HashMap::new(),
+            &spec("max_bytes_per_run: 50B\n"),
+            false,
+        );
         assert_eq!((rels(&plan.files), plan.pending), (vec!["f0"], 4));
     }
 

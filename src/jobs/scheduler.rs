@@ -155,40 +155,11 @@ impl Scheduler {
         let now = self.clock.now();
         let mut states: Vec<JobState> = Vec::new();
         for job in &self.jobs {
-            let mut state = JobState {
-                job: job.clone(),
-                next: job.schedule.next_after(now),
-                running: None,
-            };
-            let missed = job
-                .schedule
-                .latest_at_or_before(now)
-                .filter(|f| last.get(&job.name).is_some_and(|l| f > l));
-            if let Some(fire) = missed {
-                let since = last.get(&job.name).copied().unwrap_or(fire);
-                let count = count_fires(&job.schedule, since, fire);
-                match job.catch_up {
-                    CatchUp::Latest => {
-                        info!(job = %job.name, scheduled_at = %utc(fire), missed = count, "catching up: running the latest fire missed while the scheduler was down");
-                        report.missed += count.saturating_sub(1);
-                        report.catch_ups += 1;
-                        self.launch(&mut state, fire, Trigger::CatchUp);
-                    }
-                    CatchUp::None => {
-                        info!(job = %job.name, latest_missed = %utc(fire), missed = count, "fires missed while the scheduler was down are not run (catch_up: none)");
-                        report.missed += count;
-                    }
-                }
-            }
-            if let Some(next) = state.next {
-                info!(job = %job.name, next = %utc(next), local = %local_label(next, job.schedule.timezone()), "scheduled");
-            }
-            states.push(state);
+            states.push(self.start(job, now, &last, &mut report));
         }
         if states.is_empty() {
             info!("no job with an UNPAUSED schedule; waiting for a stop signal");
         }
-
         loop {
             let wake = states.iter().filter_map(|s| s.next).min();
             let sleep = async {
@@ -204,54 +175,116 @@ impl Scheduler {
             }
             let now = self.clock.now();
             for state in states.iter_mut() {
-                let Some(due) = state.next.filter(|n| *n <= now) else {
-                    continue;
-                };
-                let schedule = state.job.schedule.clone();
-                let latest = schedule
-                    .latest_at_or_before(now)
-                    .filter(|l| *l >= due)
-                    .unwrap_or(due);
-                state.next = schedule.next_after(now);
-                let passed_over = count_fires(&schedule, due, latest);
-                if passed_over > 0 {
-                    warn!(job = %state.job.name, first = %utc(due), latest = %utc(latest), missed = passed_over, "fires passed while the scheduler was stalled; only the latest is considered");
-                    report.missed += passed_over;
-                }
-                let trigger = if now - latest <= MISFIRE_THRESHOLD {
-                    Trigger::Schedule
-                } else if state.job.catch_up == CatchUp::Latest {
-                    Trigger::CatchUp
-                } else {
-                    warn!(job = %state.job.name, scheduled_at = %utc(latest), "fire handled too late and not run (catch_up: none)");
-                    report.missed += 1;
-                    continue;
-                };
-                if let Some((previous, handle)) = &state.running {
-                    if !handle.is_finished() {
-                        let reason = format!(
-                            "the previous run (fire {}) is still running; max_concurrent_runs is 1",
-                            utc(*previous)
-                        );
-                        warn!(job = %state.job.name, scheduled_at = %utc(latest), previous_fire = %utc(*previous), "fire skipped: the previous run of the job is still running");
-                        report.skipped += 1;
-                        let fire = Fire {
-                            job: state.job.name.clone(),
-                            scheduled_at: latest,
-                            trigger,
-                        };
-                        side_tasks.push(tokio::spawn(self.executor.skip(fire, reason)));
-                        continue;
-                    }
-                }
-                match trigger {
-                    Trigger::CatchUp => report.catch_ups += 1,
-                    _ => report.fires += 1,
-                }
-                self.launch(state, latest, trigger);
+                self.fire_if_due(state, now, &mut report, &mut side_tasks);
             }
         }
+        self.drain(states, side_tasks, report).await
+    }
 
+    /// A job's state at start: its next fire, and the latest fire missed while the scheduler
+    /// was down run now (`catch_up: latest`) or counted as missed.
+    fn start(
+        &self,
+        job: &ScheduledJob,
+        now: DateTime<Utc>,
+        last: &std::collections::BTreeMap<String, DateTime<Utc>>,
+        report: &mut SchedulerReport,
+    ) -> JobState {
+        let mut state = JobState {
+            job: job.clone(),
+            next: job.schedule.next_after(now),
+            running: None,
+        };
+        let missed = job
+            .schedule
+            .latest_at_or_before(now)
+            .filter(|f| last.get(&job.name).is_some_and(|l| f > l));
+        if let Some(fire) = missed {
+            let since = last.get(&job.name).copied().unwrap_or(fire);
+            let count = count_fires(&job.schedule, since, fire);
+            match job.catch_up {
+                CatchUp::Latest => {
+                    info!(job = %job.name, scheduled_at = %utc(fire), missed = count, "catching up: running the latest fire missed while the scheduler was down");
+                    report.missed += count.saturating_sub(1);
+                    report.catch_ups += 1;
+                    self.launch(&mut state, fire, Trigger::CatchUp);
+                }
+                CatchUp::None => {
+                    info!(job = %job.name, latest_missed = %utc(fire), missed = count, "fires missed while the scheduler was down are not run (catch_up: none)");
+                    report.missed += count;
+                }
+            }
+        }
+        if let Some(next) = state.next {
+            info!(job = %job.name, next = %utc(next), local = %local_label(next, job.schedule.timezone()), "scheduled");
+        }
+        state
+    }
+
+    /// Handles a job's due fire, if it has one: only the latest of several passed over, run on
+    /// time or caught up (or counted as missed), skipped and recorded while the previous run
+    /// still runs.
+    fn fire_if_due(
+        &self,
+        state: &mut JobState,
+        now: DateTime<Utc>,
+        report: &mut SchedulerReport,
+        side_tasks: &mut Vec<JoinHandle<()>>,
+    ) {
+        let Some(due) = state.next.filter(|n| *n <= now) else {
+            return;
+        };
+        let schedule = state.job.schedule.clone();
+        let latest = schedule
+            .latest_at_or_before(now)
+            .filter(|l| *l >= due)
+            .unwrap_or(due);
+        state.next = schedule.next_after(now);
+        let passed_over = count_fires(&schedule, due, latest);
+        if passed_over > 0 {
+            warn!(job = %state.job.name, first = %utc(due), latest = %utc(latest), missed = passed_over, "fires passed while the scheduler was stalled; only the latest is considered");
+            report.missed += passed_over;
+        }
+        let trigger = if now - latest <= MISFIRE_THRESHOLD {
+            Trigger::Schedule
+        } else if state.job.catch_up == CatchUp::Latest {
+            Trigger::CatchUp
+        } else {
+            warn!(job = %state.job.name, scheduled_at = %utc(latest), "fire handled too late and not run (catch_up: none)");
+            report.missed += 1;
+            return;
+        };
+        if let Some((previous, handle)) = &state.running {
+            if !handle.is_finished() {
+                let reason = format!(
+                    "the previous run (fire {}) is still running; max_concurrent_runs is 1",
+                    utc(*previous)
+                );
+                warn!(job = %state.job.name, scheduled_at = %utc(latest), previous_fire = %utc(*previous), "fire skipped: the previous run of the job is still running");
+                report.skipped += 1;
+                let fire = Fire {
+                    job: state.job.name.clone(),
+                    scheduled_at: latest,
+                    trigger,
+                };
+                side_tasks.push(tokio::spawn(self.executor.skip(fire, reason)));
+                return;
+            }
+        }
+        match trigger {
+            Trigger::CatchUp => report.catch_ups += 1,
+            _ => report.fires += 1,
+        }
+        self.launch(state, latest, trigger);
+    }
+
+    /// Waits for the running jobs (and recorded skips) up to the grace period, then cancels them.
+    async fn drain(
+        &self,
+        states: Vec<JobState>,
+        mut side_tasks: Vec<JoinHandle<()>>,
+        mut report: SchedulerReport,
+    ) -> Result<SchedulerReport, JobsError> {
         let running: Vec<JoinHandle<()>> = states
             .into_iter()
             .filter_map(|s| s.running.map(|(_, h)| h))

@@ -99,48 +99,22 @@ pub async fn maintain(
     let version_before = table.version();
     let files_before = table.snapshot()?.log_data().num_files();
     let mut table = table;
-    let mut files_compacted = 0;
-    let mut files_purged = 0;
-    let mut files_written = 0;
-    let mut dv_files_released = Vec::new();
     let size = opts
         .target_file_size
         .and_then(NonZeroU64::new)
         .unwrap_or_else(|| config.target_file_size());
-    if opts.compact {
-        // Without keys (a table named by URI), files are concatenated in path order.
-        let keys = opts.cluster_keys.clone().unwrap_or_default();
-        let (done, version) =
-            super::compact_clustered(&table, &keys, size.get(), opts.row_group_rows, opts.dry_run)
-                .await?;
-        files_compacted = done.files_removed;
-        dv_files_released = done.dv_files_released;
-        files_purged = done.files_purged;
-        files_written = done.files_added;
-        if let Some(v) = version {
-            table.update_incremental(Some(v)).await?;
-        }
-    }
+    let done = match opts.compact {
+        true => compact(&mut table, opts, size.get()).await?,
+        false => Default::default(),
+    };
+    let (files_compacted, files_purged, files_written) =
+        (done.files_removed, done.files_purged, done.files_added);
+    let dv_files_released = done.dv_files_released;
     // A dry run predicts the versions the real run creates: one for the compaction's commit.
     let compaction_commits = u64::from(opts.dry_run && files_written + files_compacted > 0);
-    let checkpoint_version = if opts.dry_run {
-        table.version().map(|v| v + compaction_commits)
-    } else {
-        deltalake::checkpoints::create_checkpoint(&table, None).await?;
-        // Log files past `delta.logRetentionDuration` that the new checkpoint makes
-        // unnecessary go now, as Delta clients do after a checkpoint (hourly merges leave this
-        // to checkpoints: see `lake::cleanup_at_checkpoints`), unless the table turns it off.
-        if table
-            .snapshot()?
-            .table_config()
-            .enable_expired_log_cleanup()
-            && deltalake::checkpoints::cleanup_metadata(&table, None).await? > 0
-        {
-            // (the handle's log segment still names the deleted commits: read it again, from
-            // the new checkpoint)
-            table.load().await?;
-        }
-        table.version()
+    let checkpoint_version = match opts.dry_run {
+        true => table.version().map(|v| v + compaction_commits),
+        false => checkpoint(&mut table).await?,
     };
     // delta-rs lists expired tombstones whether or not their files still exist (after an
     // earlier vacuum or a hand clean-up): only files on disk are counted...
@@ -207,6 +181,40 @@ pub async fn maintain(
         files_unreferenced_within_retention,
         sample_vacuumed: deleted.into_iter().take(20).collect(),
     })
+}
+
+/// Compacts the table's files (clustered by the keys; without keys, a table named by URI, in
+/// path order), and moves the handle to the compaction's commit.
+async fn compact(
+    table: &mut DeltaTable,
+    opts: &MaintainOptions,
+    size: u64,
+) -> Result<super::Compacted, MaintainError> {
+    let keys = opts.cluster_keys.clone().unwrap_or_default();
+    let (done, version) =
+        super::compact_clustered(table, &keys, size, opts.row_group_rows, opts.dry_run).await?;
+    if let Some(v) = version {
+        table.update_incremental(Some(v)).await?;
+    }
+    Ok(done)
+}
+
+/// Writes a checkpoint; log files past `delta.logRetentionDuration` that it makes unnecessary
+/// go now, as Delta clients do after a checkpoint (hourly merges leave this to checkpoints: see
+/// `lake::cleanup_at_checkpoints`), unless the table turns it off. The checkpoint's version.
+async fn checkpoint(table: &mut DeltaTable) -> Result<Option<u64>, MaintainError> {
+    deltalake::checkpoints::create_checkpoint(table, None).await?;
+    if table
+        .snapshot()?
+        .table_config()
+        .enable_expired_log_cleanup()
+        && deltalake::checkpoints::cleanup_metadata(table, None).await? > 0
+    {
+        // (the handle's log segment still names the deleted commits: read it again, from the
+        // new checkpoint)
+        table.load().await?;
+    }
+    Ok(table.version())
 }
 
 /// Paths (relative to the table root, as delta-rs' vacuum names them) of every object under the

@@ -174,91 +174,13 @@ pub async fn profile(
     let uri = inputs.table_uri.as_str();
     let table = crate::lake::open_required(uri, inputs.role).await?;
     let df = scan::frame(&table, &ctx, uri).await?;
-    let names = column_names(&df);
-    let listed = names.join(", ");
-    let Some(event) = inputs.event_time.clone() else {
-        return Err(LatenessError::NoEventTime {
-            uri: uri.to_string(),
-            what: match &inputs.pipeline {
-                Some(p) => {
-                    format!("is the bronze of ingest pipeline `{p}`, which names no event time")
-                }
-                None => "is a table, not a pipeline".to_string(),
-            },
-            columns: format!(" (its columns: {listed})"),
-        });
-    };
-    let arrival = inputs.arrival.clone();
-    let check = |flag: &'static str, column: &str| -> Result<(), LatenessError> {
-        if names.iter().any(|n| n == column) {
-            return Ok(());
-        }
-        let hint = nearest(column, &names)
-            .map(|n| format!(" (did you mean `{n}`?)"))
-            .unwrap_or_default();
-        Err(LatenessError::NoSuchColumn {
-            flag,
-            column: column.to_string(),
-            uri: uri.to_string(),
-            hint,
-            columns: listed.clone(),
-        })
-    };
-    check("--event-time", &event)?;
-    check("--arrival", &arrival)?;
-    if let Some(by) = &opts.by {
-        check("--by", by)?;
-    }
-    if event == arrival {
-        return Err(LatenessError::SameColumn { column: event });
-    }
-    if let Some(by) = opts.by.as_ref().filter(|b| **b == event || **b == arrival) {
-        return Err(LatenessError::Usage(format!(
-            "--by {by} is one of the two clocks: group by another column (a source system, a client, a currency)"
-        )));
-    }
-    for (flag, column) in [("--event-time", &event), ("--arrival", &arrival)] {
-        let dt = column_type(&df, column).unwrap_or(arrow::datatypes::DataType::Null);
-        if !is_time(&dt) {
-            return Err(LatenessError::NotATime {
-                flag,
-                column: column.clone(),
-                uri: uri.to_string(),
-                data_type: dt.to_string(),
-            });
-        }
-    }
-    if let Some(by) = &opts.by {
-        let dt = column_type(&df, by).unwrap_or(arrow::datatypes::DataType::Null);
-        if !arrow::compute::can_cast_types(&dt, &arrow::datatypes::DataType::Utf8) {
-            return Err(LatenessError::NotAGroup {
-                column: by.clone(),
-                uri: uri.to_string(),
-                data_type: dt.to_string(),
-            });
-        }
-    }
+    let (event, arrival) = checked_columns(inputs, opts, &df)?;
 
     // `now`: given, else the latest arrival — from the log's statistics when they have it
     // (exact up to the millisecond they are truncated to; settled below), else read first.
     let mut notes = Vec::new();
-    let (provisional, exact) = match opts.now {
-        Some(now) => (Some(now.timestamp_micros()), true),
-        None => match crate::lake::max_from_stats(&table, &arrival) {
-            Ok(crate::lake::StatsMax::Max(p)) => (Some(p), false),
-            Ok(crate::lake::StatsMax::Empty) => (None, true),
-            _ => {
-                let arrivals = df
-                    .clone()
-                    .select_columns(&[arrival.as_str()])
-                    .map_err(|e| scan::query(uri, e))?;
-                notes.push(format!(
-                    "the log has no statistics for `{arrival}`: its latest value was read in a first pass"
-                ));
-                (scan::max_arrival(arrivals, uri).await?, true)
-            }
-        },
-    };
+    let (provisional, exact) =
+        provisional_now(opts, &table, &df, &arrival, uri, &mut notes).await?;
 
     let (window, window_note) = match (opts.settled, provisional) {
         (Some(w), _) => (w, None),
@@ -325,6 +247,111 @@ pub async fn profile(
         },
         scanned,
     ))
+}
+
+/// The two clocks (and `--by`) are columns of the table, distinct, times (and a group that
+/// reads as text): the event-time and arrival columns.
+fn checked_columns(
+    inputs: &LatenessInputs,
+    opts: &LatenessOptions,
+    df: &datafusion::prelude::DataFrame,
+) -> Result<(String, String), LatenessError> {
+    let uri = inputs.table_uri.as_str();
+    let names = column_names(df);
+    let listed = names.join(", ");
+    let Some(event) = inputs.event_time.clone() else {
+        return Err(LatenessError::NoEventTime {
+            uri: uri.to_string(),
+            what: match &inputs.pipeline {
+                Some(p) => {
+                    format!("is the bronze of ingest pipeline `{p}`, which names no event time")
+                }
+                None => "is a table, not a pipeline".to_string(),
+            },
+            columns: format!(" (its columns: {listed})"),
+        });
+    };
+    let arrival = inputs.arrival.clone();
+    let check = |flag: &'static str, column: &str| -> Result<(), LatenessError> {
+        if names.iter().any(|n| n == column) {
+            return Ok(());
+        }
+        let hint = nearest(column, &names)
+            .map(|n| format!(" (did you mean `{n}`?)"))
+            .unwrap_or_default();
+        Err(LatenessError::NoSuchColumn {
+            flag,
+            column: column.to_string(),
+            uri: uri.to_string(),
+            hint,
+            columns: listed.clone(),
+        })
+    };
+    check("--event-time", &event)?;
+    check("--arrival", &arrival)?;
+    if let Some(by) = &opts.by {
+        check("--by", by)?;
+    }
+    if event == arrival {
+        return Err(LatenessError::SameColumn { column: event });
+    }
+    if let Some(by) = opts.by.as_ref().filter(|b| **b == event || **b == arrival) {
+        return Err(LatenessError::Usage(format!(
+            "--by {by} is one of the two clocks: group by another column (a source system, a client, a currency)"
+        )));
+    }
+    for (flag, column) in [("--event-time", &event), ("--arrival", &arrival)] {
+        let dt = column_type(df, column).unwrap_or(arrow::datatypes::DataType::Null);
+        if !is_time(&dt) {
+            return Err(LatenessError::NotATime {
+                flag,
+                column: column.clone(),
+                uri: uri.to_string(),
+                data_type: dt.to_string(),
+            });
+        }
+    }
+    if let Some(by) = &opts.by {
+        let dt = column_type(df, by).unwrap_or(arrow::datatypes::DataType::Null);
+        if !arrow::compute::can_cast_types(&dt, &arrow::datatypes::DataType::Utf8) {
+            return Err(LatenessError::NotAGroup {
+                column: by.clone(),
+                uri: uri.to_string(),
+                data_type: dt.to_string(),
+            });
+        }
+    }
+
+    Ok((event, arrival))
+}
+
+/// The provisional `now` (µs) and whether it is exact: `--now`, else the latest arrival from
+/// the log's statistics (millisecond-truncated: not exact), else from a first pass.
+async fn provisional_now(
+    opts: &LatenessOptions,
+    table: &deltalake::DeltaTable,
+    df: &datafusion::prelude::DataFrame,
+    arrival: &str,
+    uri: &str,
+    notes: &mut Vec<String>,
+) -> Result<(Option<i64>, bool), LatenessError> {
+    Ok(match opts.now {
+        Some(now) => (Some(now.timestamp_micros()), true),
+        None => match crate::lake::max_from_stats(table, arrival) {
+            Ok(crate::lake::StatsMax::Max(p)) => (Some(p), false),
+            Ok(crate::lake::StatsMax::Empty) => (None, true),
+            _ => {
+                let arrivals = df
+                    .clone()
+                    .select_columns(&[arrival])
+                    .map_err(|e| scan::query(uri, e))?;
+                notes.push(format!(
+                    "the log has no statistics for `{arrival}`: its latest value was read in a first pass"
+                ));
+                (scan::max_arrival(arrivals, uri).await?, true)
+            }
+        },
+    })
 }
 
 /// The default settled window, or — when the log's statistics show that it holds less than a

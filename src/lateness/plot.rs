@@ -43,51 +43,13 @@ fn curve(p: &Profile, max: f64) -> Vec<(f64, f64)> {
 
 /// Renders the SVG.
 pub fn render(report: &LatenessReport) -> Result<String, String> {
-    let overall = &report.overall;
-    let rec = overall.recommendation.as_ref();
-    let mut longest = report.budget_s.max(60.0);
-    if let Some(o) = report.overlap_s {
-        longest = longest.max(o);
-    }
-    if let Some(r) = rec {
-        longest = longest.max(r.lookback_s as f64);
-    }
-    if let Some(m) = overall.percentiles_s.max {
-        longest = longest.max(m);
-    }
-    let max_x = longest * 1.5;
+    let max_x = longest(report) * 1.5;
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (960, 600)).into_drawing_area();
         root.fill(&WHITE).map_err(|e| e.to_string())?;
         let (title, body) = root.split_vertically(64);
-        let source = match &report.pipeline {
-            Some(p) => format!("pipeline {p}"),
-            None => report.table.clone(),
-        };
-        title
-            .draw(&Text::new(
-                format!(
-                    "Completeness of settled rows — {source} ({} by {})",
-                    report.arrival, report.event_time
-                ),
-                (16, 10),
-                ("sans-serif", 20).into_font(),
-            ))
-            .map_err(|e| e.to_string())?;
-        title
-            .draw(&Text::new(
-                format!(
-                    "events {}..{} before {}; {}",
-                    report.settled.from,
-                    report.settled.to,
-                    report.now.as_deref().unwrap_or("now"),
-                    report.sentence(overall)
-                ),
-                (16, 38),
-                ("sans-serif", 13).into_font(),
-            ))
-            .map_err(|e| e.to_string())?;
+        titles(&title, report)?;
         let keys: Vec<f64> = [
             1.0,
             10.0,
@@ -120,85 +82,9 @@ pub fn render(report: &LatenessReport) -> Result<String, String> {
             .y_label_formatter(&|y| format!("{y:.0}%"))
             .draw()
             .map_err(|e| e.to_string())?;
-        let mark = |chart: &mut ChartContext<'_, _, _>,
-                    x: f64,
-                    color: RGBColor,
-                    name: String|
-         -> Result<(), String> {
-            chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(x, 0.0), (x, 100.0)],
-                    6,
-                    4,
-                    color.stroke_width(2),
-                ))
-                .map_err(|e| e.to_string())?
-                .label(name)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-            Ok(())
-        };
-        mark(
-            &mut chart,
-            report.budget_s.max(1.0),
-            RGBColor(200, 30, 30),
-            format!("budget {}", report.budget),
-        )?;
-        if let (Some(o), Some(secs)) = (&report.overlap, report.overlap_s) {
-            mark(
-                &mut chart,
-                secs.max(1.0),
-                RGBColor(230, 140, 0),
-                format!("overlap {o}"),
-            )?;
-        }
-        for (i, g) in report.groups.iter().take(MAX_PLOTTED_GROUPS).enumerate() {
-            let color = Palette99::pick(i + 1).to_rgba();
-            let name = g.group.clone().unwrap_or_else(|| "(null)".into());
-            chart
-                .draw_series(LineSeries::new(
-                    curve(&g.profile, max_x),
-                    color.stroke_width(2),
-                ))
-                .map_err(|e| e.to_string())?
-                .label(format!(
-                    "{} = {name}",
-                    report.by.as_deref().unwrap_or("group")
-                ))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
-        }
-        chart
-            .draw_series(LineSeries::new(
-                curve(overall, max_x),
-                BLACK.stroke_width(3),
-            ))
-            .map_err(|e| e.to_string())?
-            .label("all rows")
-            .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
-        if let Some(r) = rec {
-            let x = (r.lookback_s as f64).max(1.0);
-            let blue = RGBColor(30, 90, 200);
-            chart
-                .draw_series(DashedLineSeries::new(
-                    vec![(1.0, r.target_pct), (x, r.target_pct), (x, 0.0)],
-                    3,
-                    3,
-                    blue.stroke_width(1),
-                ))
-                .map_err(|e| e.to_string())?;
-            chart
-                .draw_series(std::iter::once(Circle::new(
-                    (x, r.lookback_covers_pct),
-                    5,
-                    blue.filled(),
-                )))
-                .map_err(|e| e.to_string())?
-                .label(format!(
-                    "{} needs a lookback of {}",
-                    pct_text(r.target_pct),
-                    r.lookback
-                ))
-                .legend(move |(x, y)| Circle::new((x + 10, y), 4, blue.filled()));
-        }
+        marks(&mut chart, report)?;
+        curves(&mut chart, report, max_x)?;
+        recommendation(&mut chart, report)?;
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::LowerRight)
@@ -209,6 +95,147 @@ pub fn render(report: &LatenessReport) -> Result<String, String> {
         root.present().map_err(|e| e.to_string())?;
     }
     Ok(svg)
+}
+
+/// The longest lateness the x axis must show: the budget (at least a minute), the overlap, the
+/// recommended lookback, the latest row.
+fn longest(report: &LatenessReport) -> f64 {
+    let overall = &report.overall;
+    [
+        report.overlap_s,
+        overall.recommendation.as_ref().map(|r| r.lookback_s as f64),
+        overall.percentiles_s.max,
+    ]
+    .into_iter()
+    .flatten()
+    .fold(report.budget_s.max(60.0), f64::max)
+}
+
+/// The title and the line under it (the window, `now`, the recommendation's sentence).
+fn titles<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+    report: &LatenessReport,
+) -> Result<(), String> {
+    let source = match &report.pipeline {
+        Some(p) => format!("pipeline {p}"),
+        None => report.table.clone(),
+    };
+    area.draw(&Text::new(
+        format!(
+            "Completeness of settled rows — {source} ({} by {})",
+            report.arrival, report.event_time
+        ),
+        (16, 10),
+        ("sans-serif", 20).into_font(),
+    ))
+    .map_err(|e| e.to_string())?;
+    area.draw(&Text::new(
+        format!(
+            "events {}..{} before {}; {}",
+            report.settled.from,
+            report.settled.to,
+            report.now.as_deref().unwrap_or("now"),
+            report.sentence(&report.overall)
+        ),
+        (16, 38),
+        ("sans-serif", 13).into_font(),
+    ))
+    .map_err(|e| e.to_string())
+}
+
+/// The chart the curves are drawn on: lateness (log) by % arrived.
+type Chart<'a, 'b> = ChartContext<
+    'a,
+    SVGBackend<'b>,
+    Cartesian2d<
+        plotters::coord::combinators::WithKeyPoints<plotters::coord::combinators::LogCoord<f64>>,
+        plotters::coord::types::RangedCoordf64,
+    >,
+>;
+
+/// The budget and the overlap as dashed verticals.
+fn marks(chart: &mut Chart<'_, '_>, report: &LatenessReport) -> Result<(), String> {
+    let mut mark = |x: f64, color: RGBColor, name: String| -> Result<(), String> {
+        chart
+            .draw_series(DashedLineSeries::new(
+                vec![(x, 0.0), (x, 100.0)],
+                6,
+                4,
+                color.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?
+            .label(name)
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+        Ok(())
+    };
+    mark(
+        report.budget_s.max(1.0),
+        RGBColor(200, 30, 30),
+        format!("budget {}", report.budget),
+    )?;
+    if let (Some(o), Some(secs)) = (&report.overlap, report.overlap_s) {
+        mark(secs.max(1.0), RGBColor(230, 140, 0), format!("overlap {o}"))?;
+    }
+    Ok(())
+}
+
+/// A curve per group (the first [`MAX_PLOTTED_GROUPS`]), then the whole table's on top.
+fn curves(chart: &mut Chart<'_, '_>, report: &LatenessReport, max_x: f64) -> Result<(), String> {
+    for (i, g) in report.groups.iter().take(MAX_PLOTTED_GROUPS).enumerate() {
+        let color = Palette99::pick(i + 1).to_rgba();
+        let name = g.group.clone().unwrap_or_else(|| "(null)".into());
+        chart
+            .draw_series(LineSeries::new(
+                curve(&g.profile, max_x),
+                color.stroke_width(2),
+            ))
+            .map_err(|e| e.to_string())?
+            .label(format!(
+                "{} = {name}",
+                report.by.as_deref().unwrap_or("group")
+            ))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color));
+    }
+    chart
+        .draw_series(LineSeries::new(
+            curve(&report.overall, max_x),
+            BLACK.stroke_width(3),
+        ))
+        .map_err(|e| e.to_string())?
+        .label("all rows")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], BLACK.stroke_width(3)));
+    Ok(())
+}
+
+/// The recommended lookback: a dashed guide from the target completeness, and its point.
+fn recommendation(chart: &mut Chart<'_, '_>, report: &LatenessReport) -> Result<(), String> {
+    let Some(r) = report.overall.recommendation.as_ref() else {
+        return Ok(());
+    };
+    let x = (r.lookback_s as f64).max(1.0);
+    let blue = RGBColor(30, 90, 200);
+    chart
+        .draw_series(DashedLineSeries::new(
+            vec![(1.0, r.target_pct), (x, r.target_pct), (x, 0.0)],
+            3,
+            3,
+            blue.stroke_width(1),
+        ))
+        .map_err(|e| e.to_string())?;
+    chart
+        .draw_series(std::iter::once(Circle::new(
+            (x, r.lookback_covers_pct),
+            5,
+            blue.filled(),
+        )))
+        .map_err(|e| e.to_string())?
+        .label(format!(
+            "{} needs a lookback of {}",
+            pct_text(r.target_pct),
+            r.lookback
+        ))
+        .legend(move |(x, y)| Circle::new((x + 10, y), 4, blue.filled()));
+    Ok(())
 }
 
 /// Draws the report's curve into `path`, atomically: a temporary file in the same directory,

@@ -203,7 +203,8 @@ async fn target_rows(
             uri: target_uri.to_string(),
             count: duplicates,
             first: first_duplicate.unwrap_or_default(),
-        }.into());
+        }
+        .into());
     }
     Ok(out)
 }

@@ -40,6 +40,7 @@ use crate::lake::storage::cast_to;
 use crate::run::render::{render_key, render_value};
 use crate::run::Phase;
 use crate::run::{Engine, RunError};
+use deltalake::DeltaTable;
 
 /// What the caller asked for.
 #[derive(Debug, Clone)]
@@ -166,55 +167,7 @@ pub async fn reconcile(
         .await
         .map_err(RunError::from)?;
     let mut notes = Vec::new();
-
-    // Which source version to compare with. The one the target's last run read, when the source
-    // only appended since (rows that landed later are not "missing"); the current one when the
-    // source was rewritten or replaced since — rows another writer deleted upstream must show as
-    // differences, not be compared away.
-    let latest = source.version().unwrap_or(0);
-    let recorded = lake::record::read(&target, &p.app_id())
-        .await
-        .map_err(RunError::delta(Phase::Reconcile, &m.target_uri))?;
-    let table_id = lake::record::table_id(&source)
-        .map_err(RunError::delta(Phase::Reconcile, &m.source_uri))?;
-    let mut basis = "latest";
-    let replaced = recorded
-        .table
-        .is_some_and(|t| t != lake::record::table_fingerprint(&table_id));
-    if replaced {
-        notes.push(format!("the source is not the table the target was built from (its table id is now {table_id}): it was recreated or replaced since the target's last run; compared with its latest version"));
-    }
-    match recorded.version {
-        Some(v) if replaced || v < 0 => {}
-        Some(v) if (v as u64) == latest => basis = "recorded by the target's last run",
-        Some(v) if (v as u64) < latest => {
-            let since = lake::files_added_between(&source, v as u64, latest).await;
-            match since {
-                Ok(added) if added.complete && added.rewrites.is_empty() => {
-                    match source.load_version(v as u64).await {
-                        Ok(()) => basis = "recorded by the target's last run",
-                        Err(e) => {
-                            source = lake::open_required(&m.source_uri, "source")
-                                .await
-                                .map_err(RunError::from)?;
-                            notes.push(format!("the source version the target's last run read ({v}) cannot be loaded ({e}); compared with the latest version, so rows landed since that run show as missing"));
-                        }
-                    }
-                }
-                Ok(added) if !added.rewrites.is_empty() => {
-                    for r in &added.rewrites {
-                        notes.push(format!("source commit {} ({}) removed {} data file(s) after version {v}, which the target's last run read: the source is no longer append-only, so the target is compared with the latest version; only `--full-reload` brings it back in line", r.version, r.operation.as_deref().unwrap_or("unknown"), r.files_removed));
-                    }
-                }
-                _ => notes.push(format!("the source commits after version {v} (read by the target's last run) are no longer in the log, so whether they only appended cannot be checked; compared with the latest version, so rows landed since that run show as missing")),
-            }
-        }
-        Some(v) => notes.push(format!(
-            "the target records source version {v} for {}, which the source does not have; compared with the latest version",
-            p.app_id()
-        )),
-        None => notes.push(format!("the target records no source version for {} (not written by this pipeline?); compared with the latest source version", p.app_id())),
-    }
+    let basis = compared_version(p, m, &target, &mut source, &mut notes).await?;
     let source_version = source.version().unwrap_or(0);
 
     // Expected: exactly what a full reload would write.
@@ -247,57 +200,8 @@ pub async fn reconcile(
         &rules,
         guard.as_ref(),
     )?;
-    let sorted = split
-        .valid
-        .select(roles.canonical_exprs())
-        .and_then(|df| df.sort(roles.dedup_sort()))
-        .map_err(q(Phase::Reconcile))?
-        .execute_stream()
-        .await
-        .map_err(q(Phase::Reconcile))?;
-    let deduper = Deduper::new(&roles).map_err(arrow_err)?;
-    let canonical = roles.canonical.clone();
-    let hard = roles.hard_deletes();
-    let source_uri = m.source_uri.clone();
-    let sorted = sorted.map(move |batch| {
-        let batch = batch.map_err(RunError::scan(Phase::Reconcile, &source_uri))?;
-        cast_to(&batch, &canonical).map_err(arrow_err)
-    });
-    let expected: BatchStream = Box::pin(dedup_winners(sorted, deduper, None, arrow_err).map(
-        move |winners: Result<RecordBatch, ReconcileError>| {
-            let winners = winners?;
-            if hard {
-                live_only(&winners).map_err(arrow_err)
-            } else {
-                Ok(winners)
-            }
-        },
-    ));
-
-    // Actual: the target, sorted by key.
-    let target_provider = target.table_provider().await.map_err(q(Phase::Reconcile))?;
-    if let Some(diff) = roles.target_schema_diff(&target_provider.schema()) {
-        return Err(RunError::SchemaDrift {
-            uri: m.target_uri.clone(),
-            message: format!(
-                "{diff}; the target cannot be compared column by column. If the pipeline changed on purpose, rebuild with `--full-reload`"
-            ),
-        }
-        .into());
-    }
-    let actual = ctx
-        .read_table(target_provider)
-        .and_then(|df| df.select(roles.target_exprs()))
-        .and_then(|df| df.sort(roles.key_sort()))
-        .map_err(q(Phase::Reconcile))?
-        .execute_stream()
-        .await
-        .map_err(q(Phase::Reconcile))?;
-    let canonical = roles.canonical.clone();
-    let actual: BatchStream = Box::pin(actual.map(move |batch| {
-        let batch = batch.map_err(q(Phase::Reconcile))?;
-        cast_to(&batch, &canonical).map_err(arrow_err)
-    }));
+    let expected = expected(split.valid, &roles, &m.source_uri).await?;
+    let actual = actual(&ctx, &target, &roles, &m.target_uri).await?;
 
     let mut join = Join::new(&roles, m, opts.limit, &mut notes).map_err(arrow_err)?;
     join.run(expected, actual).await?;
@@ -314,4 +218,133 @@ pub async fn reconcile(
         opts.limit,
         notes,
     ))
+}
+
+/// Which source version to compare with (loaded into `source`), and why: the one the target's
+/// last run read, when the source only appended since (rows that landed later are not
+/// "missing"); the current one when the source was rewritten or replaced since — rows another
+/// writer deleted upstream must show as differences, not be compared away.
+async fn compared_version(
+    p: &Pipeline,
+    m: &CdcMerge,
+    target: &DeltaTable,
+    source: &mut DeltaTable,
+    notes: &mut Vec<String>,
+) -> Result<&'static str, ReconcileError> {
+    let latest = source.version().unwrap_or(0);
+    let recorded = lake::record::read(target, &p.app_id())
+        .await
+        .map_err(RunError::delta(Phase::Reconcile, &m.target_uri))?;
+    let table_id =
+        lake::record::table_id(source).map_err(RunError::delta(Phase::Reconcile, &m.source_uri))?;
+    let mut basis = "latest";
+    let replaced = recorded
+        .table
+        .is_some_and(|t| t != lake::record::table_fingerprint(&table_id));
+    if replaced {
+        notes.push(format!("the source is not the table the target was built from (its table id is now {table_id}): it was recreated or replaced since the target's last run; compared with its latest version"));
+    }
+    match recorded.version {
+        Some(v) if replaced || v < 0 => {}
+        Some(v) if (v as u64) == latest => basis = "recorded by the target's last run",
+        Some(v) if (v as u64) < latest => {
+            let since = lake::files_added_between(source, v as u64, latest).await;
+            match since {
+                Ok(added) if added.complete && added.rewrites.is_empty() => {
+                    match source.load_version(v as u64).await {
+                        Ok(()) => basis = "recorded by the target's last run",
+                        Err(e) => {
+                            *source = lake::open_required(&m.source_uri, "source")
+                                .await
+                                .map_err(RunError::from)?;
+                            notes.push(format!("the source version the target's last run read ({v}) cannot be loaded ({e}); compared with the latest version, so rows landed since that run show as missing"));
+                        }
+                    }
+                }
+                Ok(added) if !added.rewrites.is_empty() => {
+                    for r in &added.rewrites {
+                        notes.push(format!("source commit {} ({}) removed {} data file(s) after version {v}, which the target's last run read: the source is no longer append-only, so the target is compared with the latest version; only `--full-reload` brings it back in line", r.version, r.operation.as_deref().unwrap_or("unknown"), r.files_removed));
+                    }
+                }
+                _ => notes.push(format!("the source commits after version {v} (read by the target's last run) are no longer in the log, so whether they only appended cannot be checked; compared with the latest version, so rows landed since that run show as missing")),
+            }
+        }
+        Some(v) => notes.push(format!(
+            "the target records source version {v} for {}, which the source does not have; compared with the latest version",
+            p.app_id()
+        )),
+        None => notes.push(format!("the target records no source version for {} (not written by this pipeline?); compared with the latest source version", p.app_id())),
+    }
+    Ok(basis)
+}
+
+/// The newest row per key of the valid source rows, in key order (live rows only with hard
+/// deletes), cast to the canonical columns.
+async fn expected(
+    valid: datafusion::prelude::DataFrame,
+    roles: &ColumnRoles,
+    source_uri: &str,
+) -> Result<BatchStream, ReconcileError> {
+    let q = RunError::query;
+    let sorted = valid
+        .select(roles.canonical_exprs())
+        .and_then(|df| df.sort(roles.dedup_sort()))
+        .map_err(q(Phase::Reconcile))?
+        .execute_stream()
+        .await
+        .map_err(q(Phase::Reconcile))?;
+    let deduper = Deduper::new(roles).map_err(arrow_err)?;
+    let canonical = roles.canonical.clone();
+    let hard = roles.hard_deletes();
+    let source_uri = source_uri.to_string();
+    let sorted = sorted.map(move |batch| {
+        let batch = batch.map_err(RunError::scan(Phase::Reconcile, &source_uri))?;
+        cast_to(&batch, &canonical).map_err(arrow_err)
+    });
+    Ok(Box::pin(
+        dedup_winners(sorted, deduper, None, arrow_err).map(
+            move |winners: Result<RecordBatch, ReconcileError>| {
+                let winners = winners?;
+                if hard {
+                    live_only(&winners).map_err(arrow_err)
+                } else {
+                    Ok(winners)
+                }
+            },
+        ),
+    ))
+}
+
+/// The target's rows in key order, cast to the canonical columns (a target whose columns no
+/// longer match the pipeline's cannot be compared).
+async fn actual(
+    ctx: &datafusion::prelude::SessionContext,
+    target: &DeltaTable,
+    roles: &ColumnRoles,
+    target_uri: &str,
+) -> Result<BatchStream, ReconcileError> {
+    let q = RunError::query;
+    let target_provider = target.table_provider().await.map_err(q(Phase::Reconcile))?;
+    if let Some(diff) = roles.target_schema_diff(&target_provider.schema()) {
+        return Err(RunError::SchemaDrift {
+            uri: target_uri.to_string(),
+            message: format!(
+                "{diff}; the target cannot be compared column by column. If the pipeline changed on purpose, rebuild with `--full-reload`"
+            ),
+        }
+        .into());
+    }
+    let actual = ctx
+        .read_table(target_provider)
+        .and_then(|df| df.select(roles.target_exprs()))
+        .and_then(|df| df.sort(roles.key_sort()))
+        .map_err(q(Phase::Reconcile))?
+        .execute_stream()
+        .await
+        .map_err(q(Phase::Reconcile))?;
+    let canonical = roles.canonical.clone();
+    Ok(Box::pin(actual.map(move |batch| {
+        let batch = batch.map_err(q(Phase::Reconcile))?;
+        cast_to(&batch, &canonical).map_err(arrow_err)
+    })))
 }

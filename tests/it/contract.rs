@@ -307,7 +307,12 @@ fn the_ledger_keeps_each_kinds_counters() {
     let var = format!("lake={}", lake.display());
     let rows = held::ledger(
         tidemark_in(dir.path(), now),
-        [OsStr::new("--var"), OsStr::new(&var), OsStr::new("--bundle"), bundle.as_os_str()],
+        [
+            OsStr::new("--var"),
+            OsStr::new(&var),
+            OsStr::new("--bundle"),
+            bundle.as_os_str(),
+        ],
     );
     let by_task = |task: &str| {
         rows.iter()

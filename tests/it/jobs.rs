@@ -48,7 +48,6 @@ fn up(id: &str, seq: i64, val: i64) -> Change {
     Change::upsert(id, seq, seq + MIN, val)
 }
 
-
 /// (task, attempt, trigger, status, error_class) of ledger rows, oldest first.
 fn attempts(rows: &[Value]) -> Vec<(String, i64, String, String, String)> {
     let mut v: Vec<_> = rows
@@ -83,8 +82,6 @@ fn tuple(
         class.into(),
     )
 }
-
-
 
 // ---------------------------------------------------------------------------------------------
 // bundle validate / summary
@@ -647,7 +644,9 @@ async fn a_killed_run_s_lease_is_taken_over() {
         .stderr(Stdio::null())
         .spawn()
         .expect("spawn");
-    held::wait_for("the victim's lease", || held::newest_lease(d, "j").is_some());
+    held::wait_for("the victim's lease", || {
+        held::newest_lease(d, "j").is_some()
+    });
     victim.kill().expect("kill -9");
     victim.wait().expect("reap");
     let lease = held::newest_lease(d, "j").expect("lease");

@@ -13,8 +13,6 @@ use serde_json::Value;
 
 const NOW: i64 = T0 + 12 * HOUR;
 
-
-
 fn send(child: &Child, signal: libc::c_int) {
     let pid = libc::pid_t::try_from(child.id()).expect("pid");
     // SAFETY: sends a signal to the child this test spawned and has not reaped yet.

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-use super::raw::{RawJob, RawTask};
+use super::raw::{RawJob, RawJobCluster, RawSchedule, RawTask};
 use super::source::{normalize, Diags, Source};
 use super::{compute, Diagnostic, Job, Schedule, Task};
 use crate::config::location::{line_of_key_from, line_of_text_from, nearest};
@@ -65,42 +65,76 @@ impl JobCtx<'_> {
                 1
             }
         };
-        let schedule = raw.schedule.as_ref().and_then(|s| {
-            let line = self.line("schedule");
-            let expr = self.sub("quartz_cron_expression", &s.quartz_cron_expression, line)?;
-            let tz = self.sub("timezone_id", &s.timezone_id, line)?;
-            match QuartzSchedule::parse(&expr, &tz) {
-                Ok(cron) => {
-                    if cron.observes_dst() && (cron.may_fire_in_hour(1) || cron.may_fire_in_hour(2)) {
-                        let line = line_of_key_from(&self.src.text, "quartz_cron_expression", line);
-                        self.d.warning(&self.src.path, line, format!(
-                            "`{expr}` fires between 01:00 and 03:00 local time in {tz}, where DST changes the clock: on the spring-forward day a fire time that does not exist runs once at the end of the gap, and on the fall-back day a repeated time runs once (the first); use timezone_id UTC for strictly periodic runs"
-                        ));
-                    }
-                    Some(Schedule { cron, pause_status: s.pause_status })
-                }
-                Err(e) => {
-                    let key = match e {
-                        crate::config::schedule::CronError::TimeZone { .. } => "timezone_id",
-                        _ => "quartz_cron_expression",
-                    };
-                    let tz_line = line_of_key_from(&self.src.text, key, line);
-                    self.error(tz_line, e.to_string());
-                    // A bad time zone must not hide a bad expression: check it alone too.
-                    if key == "timezone_id" {
-                        if let Err(e) = QuartzSchedule::parse(&expr, "UTC") {
-                            let line =
-                                line_of_key_from(&self.src.text, "quartz_cron_expression", line);
-                            self.error(line, e.to_string());
-                        }
-                    }
-                    None
-                }
-            }
-        });
+        let schedule = raw.schedule.as_ref().and_then(|s| self.schedule(s));
+        let clusters = self.clusters(&raw.job_clusters);
+        let tasks = self.tasks(name, &raw.tasks, &clusters);
+        self.unused_clusters(name, &raw.tasks, &clusters);
+        let order = self.task_order(name, &raw.tasks);
+        if self.d.errors.len() > errors_before {
+            return None;
+        }
+        let mut by_key: BTreeMap<String, Task> =
+            tasks.into_iter().map(|t| (t.key.clone(), t)).collect();
+        let tasks = order.iter().filter_map(|k| by_key.remove(k)).collect();
+        Some(Job {
+            name: name.to_string(),
+            description: raw.description,
+            file: self.src.path.clone(),
+            line: self.job_line,
+            schedule,
+            max_concurrent_runs,
+            timeout: raw
+                .timeout_seconds
+                .filter(|s| *s > 0)
+                .map(Duration::from_secs),
+            catch_up: raw.catch_up.unwrap_or_default(),
+            clusters,
+            tasks,
+        })
+    }
 
+    /// The job's schedule, checked (its expression and zone; a warning for fires in the DST
+    /// hours).
+    fn schedule(&mut self, s: &RawSchedule) -> Option<Schedule> {
+        let line = self.line("schedule");
+        let expr = self.sub("quartz_cron_expression", &s.quartz_cron_expression, line)?;
+        let tz = self.sub("timezone_id", &s.timezone_id, line)?;
+        match QuartzSchedule::parse(&expr, &tz) {
+            Ok(cron) => {
+                if cron.observes_dst() && (cron.may_fire_in_hour(1) || cron.may_fire_in_hour(2)) {
+                    let line = line_of_key_from(&self.src.text, "quartz_cron_expression", line);
+                    self.d.warning(&self.src.path, line, format!(
+                        "`{expr}` fires between 01:00 and 03:00 local time in {tz}, where DST changes the clock: on the spring-forward day a fire time that does not exist runs once at the end of the gap, and on the fall-back day a repeated time runs once (the first); use timezone_id UTC for strictly periodic runs"
+                    ));
+                }
+                Some(Schedule {
+                    cron,
+                    pause_status: s.pause_status,
+                })
+            }
+            Err(e) => {
+                let key = match e {
+                    crate::config::schedule::CronError::TimeZone { .. } => "timezone_id",
+                    _ => "quartz_cron_expression",
+                };
+                let tz_line = line_of_key_from(&self.src.text, key, line);
+                self.error(tz_line, e.to_string());
+                // A bad time zone must not hide a bad expression: check it alone too.
+                if key == "timezone_id" {
+                    if let Err(e) = QuartzSchedule::parse(&expr, "UTC") {
+                        let line = line_of_key_from(&self.src.text, "quartz_cron_expression", line);
+                        self.error(line, e.to_string());
+                    }
+                }
+                None
+            }
+        }
+    }
+
+    /// The job's clusters, each checked once (a duplicate key is an error).
+    fn clusters(&mut self, raw: &[RawJobCluster]) -> BTreeMap<String, compute::Compute> {
         let mut clusters = BTreeMap::new();
-        for c in &raw.job_clusters {
+        for c in raw {
             let line = line_of_text_from(
                 &self.src.text,
                 &format!("job_cluster_key: {}", c.job_cluster_key),
@@ -137,8 +171,17 @@ impl JobCtx<'_> {
             }
             clusters.insert(c.job_cluster_key.clone(), compute);
         }
+        clusters
+    }
 
-        if raw.tasks.is_empty() {
+    /// The job's tasks, each checked (at least one, each key once).
+    fn tasks(
+        &mut self,
+        name: &str,
+        raw: &[RawTask],
+        clusters: &BTreeMap<String, compute::Compute>,
+    ) -> Vec<Task> {
+        if raw.is_empty() {
             let line = self.line("tasks");
             self.error(
                 line,
@@ -147,7 +190,7 @@ impl JobCtx<'_> {
         }
         let mut tasks = Vec::new();
         let mut seen = BTreeSet::new();
-        for t in &raw.tasks {
+        for t in raw {
             let line = self.task_line(&t.task_key);
             if !seen.insert(t.task_key.clone()) {
                 self.error(
@@ -156,12 +199,21 @@ impl JobCtx<'_> {
                 );
                 continue;
             }
-            if let Some(task) = self.task(t, line, &clusters) {
+            if let Some(task) = self.task(t, line, clusters) {
                 tasks.push(task);
             }
         }
+        tasks
+    }
+
+    /// Warns about clusters no task uses.
+    fn unused_clusters(
+        &mut self,
+        name: &str,
+        raw: &[RawTask],
+        clusters: &BTreeMap<String, compute::Compute>,
+    ) {
         let used: BTreeSet<&str> = raw
-            .tasks
             .iter()
             .filter_map(|t| t.job_cluster_key.as_deref())
             .collect();
@@ -179,8 +231,12 @@ impl JobCtx<'_> {
                 );
             }
         }
-        let known: BTreeSet<&str> = raw.tasks.iter().map(|t| t.task_key.as_str()).collect();
-        for t in &raw.tasks {
+    }
+
+    /// The tasks in dependency order (empty after an error: an unknown task or a cycle).
+    fn task_order(&mut self, name: &str, raw: &[RawTask]) -> Vec<String> {
+        let known: BTreeSet<&str> = raw.iter().map(|t| t.task_key.as_str()).collect();
+        for t in raw {
             for dep in &t.depends_on {
                 if !known.contains(dep.task_key.as_str()) {
                     let line =
@@ -198,7 +254,7 @@ impl JobCtx<'_> {
                 }
             }
         }
-        let order = match topological_order(&raw.tasks) {
+        match topological_order(raw) {
             Ok(order) => order,
             Err(cycle) => {
                 let line = self.task_line(&cycle[0]);
@@ -211,28 +267,7 @@ impl JobCtx<'_> {
                 );
                 Vec::new()
             }
-        };
-        if self.d.errors.len() > errors_before {
-            return None;
         }
-        let mut by_key: BTreeMap<String, Task> =
-            tasks.into_iter().map(|t| (t.key.clone(), t)).collect();
-        let tasks = order.iter().filter_map(|k| by_key.remove(k)).collect();
-        Some(Job {
-            name: name.to_string(),
-            description: raw.description,
-            file: self.src.path.clone(),
-            line: self.job_line,
-            schedule,
-            max_concurrent_runs,
-            timeout: raw
-                .timeout_seconds
-                .filter(|s| *s > 0)
-                .map(Duration::from_secs),
-            catch_up: raw.catch_up.unwrap_or_default(),
-            clusters,
-            tasks,
-        })
     }
 
     fn task_line(&self, key: &str) -> usize {

@@ -7,7 +7,7 @@ use std::str::FromStr;
 use chrono_tz::Tz;
 use serde::Deserialize;
 
-use super::common::{overlapping, Ctx};
+use super::common::Ctx;
 use super::expect::parse_expression;
 use crate::config::{ConfigError, Vars};
 
@@ -223,8 +223,66 @@ impl Ctx<'_> {
                 "`measures:` is empty; list at least one, like `{ name: payments, agg: count }`",
             ));
         }
-        let mut names: Vec<String> = raw.group_by.clone();
-        for g in &raw.group_by {
+        let measures = self.measures(raw.measures, &raw.group_by, raw.after_close)?;
+        if let Some(w) = &raw.where_sql {
+            if let Err(why) = parse_expression(w) {
+                return Err(self.invalid(
+                    "where",
+                    format!("`where: {w}` is not a SQL condition ({why}); write one a counted row meets, like `amount_cents IS NOT NULL`"),
+                ));
+            }
+        }
+        let recompute = raw.recompute.unwrap_or_default();
+        let (lookback_days, max_lookback_days) = self.windows(&recompute)?;
+        let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
+        let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
+        let beside = |suffix: &str| format!("{}_{suffix}", target_uri.trim_end_matches('/'));
+        let status_uri = match &raw.status {
+            Some(s) => self.substitute("status.uri", &s.uri, vars)?,
+            None => beside("status"),
+        };
+        let adjustments_uri = match &raw.adjustments {
+            Some(s) => self.substitute("adjustments.uri", &s.uri, vars)?,
+            None => beside("adjustments"),
+        };
+        self.separate(&[
+            ("source.uri", &source_uri),
+            ("target.uri", &target_uri),
+            ("status.uri", &status_uri),
+            ("adjustments.uri", &adjustments_uri),
+        ])?;
+        let lookups = self.lookups(raw.lookups, vars)?;
+        Ok(Aggregate {
+            source_uri,
+            target_uri,
+            status_uri,
+            adjustments_uri,
+            event_date: raw.event_date.column,
+            time_zone,
+            group_by: raw.group_by,
+            measures,
+            where_sql: raw.where_sql,
+            data_as_of: raw
+                .data_as_of
+                .unwrap_or_else(|| crate::config::pipeline::ingest::INGESTED_AT.to_string()),
+            lookback_days,
+            touched: recompute.touched,
+            max_lookback_days,
+            after_close: raw.after_close,
+            lookups,
+        })
+    }
+
+    /// The measures: each named once (beside the group columns), plainly, with a column
+    /// unless counted, a filter that parses, and additive when closed days are adjusted.
+    fn measures(
+        &self,
+        raw: Vec<RawMeasure>,
+        group_by: &[String],
+        after_close: AfterClose,
+    ) -> Result<Vec<Measure>, ConfigError> {
+        let mut names: Vec<String> = group_by.to_vec();
+        for g in group_by {
             if RESERVED.contains(&g.as_str()) {
                 return Err(self.invalid_at_text(
                     g,
@@ -233,7 +291,7 @@ impl Ctx<'_> {
             }
         }
         let mut measures = Vec::new();
-        for m in raw.measures {
+        for m in raw {
             let plain = !m.name.is_empty()
                 && m.name
                     .chars()
@@ -269,7 +327,7 @@ impl Ctx<'_> {
                     ));
                 }
             }
-            if raw.after_close == AfterClose::Adjust && !m.agg.additive() {
+            if after_close == AfterClose::Adjust && !m.agg.additive() {
                 return Err(self.invalid_at_text(
                     &m.name,
                     format!("measure `{}` is {}, which cannot be adjusted: a late row's effect on it is not a difference to book. With `after_close: adjust` use count or sum measures only, or `after_close: restate`", m.name, m.agg.as_str()),
@@ -282,15 +340,11 @@ impl Ctx<'_> {
                 filter: m.filter,
             });
         }
-        if let Some(w) = &raw.where_sql {
-            if let Err(why) = parse_expression(w) {
-                return Err(self.invalid(
-                    "where",
-                    format!("`where: {w}` is not a SQL condition ({why}); write one a counted row meets, like `amount_cents IS NOT NULL`"),
-                ));
-            }
-        }
-        let recompute = raw.recompute.unwrap_or_default();
+        Ok(measures)
+    }
+
+    /// `recompute.lookback` and `max_lookback`, in days (the cap at least the lookback).
+    fn windows(&self, recompute: &RawRecompute) -> Result<(u32, u32), ConfigError> {
         let lookback_days = match &recompute.lookback {
             Some(v) => self.days("lookback", v)?,
             None => DEFAULT_LOOKBACK_DAYS,
@@ -305,53 +359,7 @@ impl Ctx<'_> {
                 format!("`recompute.max_lookback` ({max_lookback_days}d) is shorter than `lookback` ({lookback_days}d); it caps how far back a late row reopens a final day, so give at least the lookback"),
             ));
         }
-        let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
-        let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
-        let beside = |suffix: &str| format!("{}_{suffix}", target_uri.trim_end_matches('/'));
-        let status_uri = match &raw.status {
-            Some(s) => self.substitute("status.uri", &s.uri, vars)?,
-            None => beside("status"),
-        };
-        let adjustments_uri = match &raw.adjustments {
-            Some(s) => self.substitute("adjustments.uri", &s.uri, vars)?,
-            None => beside("adjustments"),
-        };
-        let tables = [
-            ("source", &source_uri),
-            ("target", &target_uri),
-            ("status", &status_uri),
-            ("adjustments", &adjustments_uri),
-        ];
-        for (i, (key, uri)) in tables.iter().enumerate() {
-            for (other_key, other) in &tables[..i] {
-                if overlapping(uri, other) {
-                    return Err(self.invalid(
-                        key,
-                        format!("`{key}.uri` ({uri}) is the same table as `{other_key}.uri` ({other}), or inside it; give each its own location"),
-                    ));
-                }
-            }
-        }
-        let lookups = self.lookups(raw.lookups, vars)?;
-        Ok(Aggregate {
-            source_uri,
-            target_uri,
-            status_uri,
-            adjustments_uri,
-            event_date: raw.event_date.column,
-            time_zone,
-            group_by: raw.group_by,
-            measures,
-            where_sql: raw.where_sql,
-            data_as_of: raw
-                .data_as_of
-                .unwrap_or_else(|| crate::config::pipeline::ingest::INGESTED_AT.to_string()),
-            lookback_days,
-            touched: recompute.touched,
-            max_lookback_days,
-            after_close: raw.after_close,
-            lookups,
-        })
+        Ok((lookback_days, max_lookback_days))
     }
 
     /// `lookups:`: each dimension resolved (a pipeline beside this file: its table, key and
@@ -452,5 +460,31 @@ impl Ctx<'_> {
             return Err(bad());
         }
         Ok((secs / 86_400) as u32)
+    }
+}
+
+impl super::Settings for Aggregate {
+    fn target_uri(&self) -> &str {
+        &self.target_uri
+    }
+    fn source_uri(&self) -> &str {
+        &self.source_uri
+    }
+    /// The source holds the event day and the arrival (`data_as_of`): how late that runs is what
+    /// the lookback has to cover.
+    fn clocks(&self) -> super::Clocks<'_> {
+        super::Clocks {
+            table: &self.source_uri,
+            role: "source",
+            event_time: Some(&self.event_date),
+            arrival: Some(&self.data_as_of),
+            overlap: None,
+        }
+    }
+    /// A row of gold is a day and its groups.
+    fn row_keys(&self) -> Vec<String> {
+        std::iter::once(EVENT_DATE.to_string())
+            .chain(self.group_by.iter().cloned())
+            .collect()
     }
 }

@@ -2,28 +2,15 @@
 //! and the key.
 
 use super::common::Ctx;
-use super::raw::{Kind, RawPipeline, RawTag};
-use super::{Pipeline, Spec};
+use super::raw::RawTag;
+use super::{Kind, Pipeline};
 use crate::config::location::{explain_serde_message, lines_of_key, nearest};
 use crate::config::{ConfigError, Vars};
 
 impl Ctx<'_> {
     /// Parses the file as the kind it declares and validates it.
     pub(super) fn pipeline(&self, vars: &Vars) -> Result<Pipeline, ConfigError> {
-        let (name, spec) = match self.raw()? {
-            RawPipeline::CdcMerge(raw) => {
-                (raw.name.clone(), Spec::CdcMerge(self.cdc_merge(raw, vars)?))
-            }
-            RawPipeline::Ingest(raw) => (raw.name.clone(), Spec::Ingest(self.ingest(raw, vars)?)),
-            RawPipeline::Aggregate(raw) => (
-                raw.name.clone(),
-                Spec::Aggregate(self.aggregate(raw, vars)?),
-            ),
-            RawPipeline::Dimension(raw) => (
-                raw.name.clone(),
-                Spec::Dimension(self.dimension(raw, vars)?),
-            ),
-        };
+        let (name, spec) = self.spec(self.kind()?, vars)?;
         if name.is_empty()
             || !name
                 .chars()
@@ -42,8 +29,8 @@ impl Ctx<'_> {
         })
     }
 
-    /// The file as its kind's raw struct: the tag first, then the whole file as that kind.
-    fn raw(&self) -> Result<RawPipeline, ConfigError> {
+    /// The kind the file declares (it is then parsed again as that kind's raw struct).
+    fn kind(&self) -> Result<Kind, ConfigError> {
         let tag: RawTag = self.parse_as()?;
         let Some(kind) = tag.kind else {
             return Err(ConfigError::Invalid {
@@ -56,10 +43,7 @@ impl Ctx<'_> {
             });
         };
         match Kind::from_name(kind.trim()) {
-            Some(Kind::CdcMerge) => Ok(RawPipeline::CdcMerge(self.parse_as()?)),
-            Some(Kind::Ingest) => Ok(RawPipeline::Ingest(self.parse_as()?)),
-            Some(Kind::Aggregate) => Ok(RawPipeline::Aggregate(self.parse_as()?)),
-            Some(Kind::Dimension) => Ok(RawPipeline::Dimension(self.parse_as()?)),
+            Some(k) => Ok(k),
             None => {
                 let hint = nearest(kind.trim(), Kind::ALL.iter().map(|k| k.as_str()))
                     .map(|n| format!(" (did you mean `{n}`?)"))

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::common::{overlapping, Ctx, RawColumns, RawQuarantine, RawSource};
+use super::common::{Ctx, RawColumns, RawQuarantine, RawSource};
 use super::{
     Apply, Quarantine, SchemaChange, SourceRecreate, DEFAULT_ROW_GROUP_ROWS,
     DEFAULT_TARGET_FILE_SIZE,
@@ -186,23 +186,9 @@ impl Ctx<'_> {
             Some(v) => self.duration("max_future_skew", v)?,
             None => DEFAULT_MAX_FUTURE_SKEW,
         };
-        let deletes = raw
-            .deletes
-            .map(|d| self.deletes(d, vars))
-            .transpose()?;
-        let exclude = raw
-            .columns
-            .map(|c| c.exclude)
-            .unwrap_or_default();
+        let deletes = raw.deletes.map(|d| self.deletes(d, vars)).transpose()?;
+        let exclude = raw.columns.map(|c| c.exclude).unwrap_or_default();
         self.merge_excludes(&raw.keys, &raw.sequence_by, &raw.tie_breakers, &exclude)?;
-        if let Some(f) = raw.quarantine.max_fraction {
-            if !(0.0..=1.0).contains(&f) {
-                return Err(self.invalid(
-                    "max_fraction",
-                    format!("`quarantine.max_fraction: {f}` must be between 0 and 1"),
-                ));
-            }
-        }
         let reconcile = self.reconcile(raw.reconcile, &raw.sequence_by)?;
         let expectations = self.expectations(raw.expectations)?;
         let (target_file_size, target_row_group_rows) = self.merge_layout(&raw.target)?;
@@ -214,11 +200,7 @@ impl Ctx<'_> {
             target_row_group_rows,
             target_apply: raw.target.apply,
             change_data_feed: raw.target.change_data_feed,
-            quarantine: Quarantine {
-                uri: self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?,
-                max_rows: raw.quarantine.max_rows,
-                max_fraction: raw.quarantine.max_fraction,
-            },
+            quarantine: self.quarantine(raw.quarantine, vars)?,
             keys: raw.keys,
             sequence_by: raw.sequence_by,
             tie_breakers: raw.tie_breakers,
@@ -233,7 +215,8 @@ impl Ctx<'_> {
         // Removed tombstones are recorded beside the target unless told where.
         let target = m.target_uri.trim_end_matches('/').to_string();
         if let Some(d) = m.deletes.as_mut().filter(|d| d.retain.is_some()) {
-            d.removed_keys.get_or_insert_with(|| format!("{target}_removed_keys"));
+            d.removed_keys
+                .get_or_insert_with(|| format!("{target}_removed_keys"));
         }
         self.merge_locations(&m)?;
         Ok(m)
@@ -350,30 +333,15 @@ impl Ctx<'_> {
 
     /// No table the merge writes lies inside another it reads or writes.
     fn merge_locations(&self, m: &CdcMerge) -> Result<(), ConfigError> {
-        let (source, target, quarantine) = (&m.source_uri, &m.target_uri, &m.quarantine.uri);
-        let mut pairs = vec![
-            ("target", target, "source", source),
-            ("quarantine", quarantine, "source", source),
-            ("quarantine", quarantine, "target", target),
+        let mut locations = vec![
+            ("source.uri", m.source_uri.as_str()),
+            ("target.uri", &m.target_uri),
+            ("quarantine.uri", &m.quarantine.uri),
         ];
         if let Some(removed) = m.deletes.as_ref().and_then(|d| d.removed_keys.as_ref()) {
-            pairs.extend([
-                ("removed_keys", removed, "source", source),
-                ("removed_keys", removed, "target", target),
-                ("removed_keys", removed, "quarantine", quarantine),
-            ]);
+            locations.push(("deletes.removed_keys", removed));
         }
-        let setting = |k: &str| match k {
-            "removed_keys" => "deletes.removed_keys".to_string(),
-            k => format!("{k}.uri"),
-        };
-        match pairs.into_iter().find(|(_, uri, _, other)| overlapping(uri, other)) {
-            Some((key, uri, other_key, other)) => Err(self.invalid(
-                key,
-                format!("`{}` ({uri}) is the same table as `{}` ({other}), or inside it: writing it would overwrite or mix with the {other_key}. Give each table its own location", setting(key), setting(other_key)),
-            )),
-            None => Ok(()),
-        }
+        self.separate(&locations)
     }
 
     /// The `reconcile:` block with its default (day = the sequence column, nothing else). Its
@@ -412,6 +380,28 @@ impl Ctx<'_> {
             sum: raw.sum,
             count_by: raw.count_by,
         })
+    }
+}
+
+impl super::Settings for CdcMerge {
+    fn target_uri(&self) -> &str {
+        &self.target_uri
+    }
+    fn source_uri(&self) -> &str {
+        &self.source_uri
+    }
+    /// The source (bronze) holds both clocks: its event time is the sequence.
+    fn clocks(&self) -> super::Clocks<'_> {
+        super::Clocks {
+            table: &self.source_uri,
+            role: "source",
+            event_time: Some(&self.sequence_by),
+            arrival: None,
+            overlap: Some(self.overlap),
+        }
+    }
+    fn row_keys(&self) -> Vec<String> {
+        self.keys.clone()
     }
 }
 

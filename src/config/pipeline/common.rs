@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::{Pipeline, SourceRecreate};
+use super::{Pipeline, Quarantine, SourceRecreate};
 use crate::config::location::{line_of_key, line_of_text};
 use crate::config::{ConfigError, Vars};
 
@@ -111,6 +111,55 @@ impl Ctx<'_> {
             line: line_of_text(self.text, fragment),
             message: message.into(),
         }
+    }
+}
+
+impl Ctx<'_> {
+    /// The `quarantine:` block: its location substituted, its limits checked.
+    pub(super) fn quarantine(
+        &self,
+        raw: RawQuarantine,
+        vars: &Vars,
+    ) -> Result<Quarantine, ConfigError> {
+        if let Some(f) = raw.max_fraction {
+            if !(0.0..=1.0).contains(&f) {
+                return Err(self.invalid(
+                    "max_fraction",
+                    format!("`quarantine.max_fraction: {f}` must be between 0 and 1"),
+                ));
+            }
+        }
+        Ok(Quarantine {
+            uri: self.substitute("quarantine.uri", &raw.uri, vars)?,
+            max_rows: raw.max_rows,
+            max_fraction: raw.max_fraction,
+        })
+    }
+
+    /// No two of a pipeline's locations (`(setting, uri)`: what it reads, what it writes) the same
+    /// or one inside the other; the error is at the later setting's line.
+    pub(super) fn separate(&self, locations: &[(&str, &str)]) -> Result<(), ConfigError> {
+        // (an ingest's landing is a folder of files: its places are locations, others tables)
+        let noun = match locations.iter().any(|(s, _)| s.starts_with("landing")) {
+            true => "location",
+            false => "table",
+        };
+        for (i, (setting, uri)) in locations.iter().enumerate() {
+            for (other_setting, other) in &locations[..i] {
+                if overlapping(uri, other) {
+                    // (`target.uri` is written under `target:`, `deletes.removed_keys` as `removed_keys:`)
+                    let key = match setting.strip_suffix(".uri") {
+                        Some(block) => block,
+                        None => setting.rsplit('.').next().unwrap_or(setting),
+                    };
+                    return Err(self.invalid(
+                        key,
+                        format!("`{setting}` ({uri}) is the same {noun} as `{other_setting}` ({other}), or inside it: writing it would overwrite or mix with what is there. Give each its own location"),
+                    ));
+                }
+            }
+        }
+        Ok(())
     }
 }
 

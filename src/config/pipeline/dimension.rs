@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use super::common::{overlapping, Ctx, RawColumns, RawQuarantine, RawSource};
+use super::common::{Ctx, RawColumns, RawQuarantine, RawSource};
 use super::Quarantine;
 use crate::config::{ConfigError, Vars};
 
@@ -149,80 +149,10 @@ impl Ctx<'_> {
         raw: RawDimension,
         vars: &Vars,
     ) -> Result<Dimension, ConfigError> {
-        if raw.keys.is_empty() {
-            return Err(self.invalid(
-                "keys",
-                "`keys` is empty; list the business key column(s), e.g. [merchant_id]",
-            ));
-        }
-        let mut roles: Vec<&String> = raw.keys.iter().collect();
-        roles.push(&raw.sequence_by);
-        roles.extend(&raw.tie_breakers);
-        let mut seen = std::collections::BTreeSet::new();
-        for c in &roles {
-            if !seen.insert(c.as_str()) {
-                return Err(self.invalid(
-                    "keys",
-                    format!("column `{c}` is named twice among keys, sequence_by and tie_breakers; each has one role"),
-                ));
-            }
-            if ADDED.contains(&c.as_str()) {
-                return Err(self.invalid_at_text(
-                    c,
-                    format!("column `{c}` is one the dimension adds itself ({}); rename it in the source", ADDED.join(", ")),
-                ));
-            }
-        }
-        let only_given = raw.track_history.is_some();
-        let tracked = match (raw.track_history, raw.track_history_except) {
-            (Some(_), Some(_)) => {
-                return Err(self.invalid(
-                    "track_history_except",
-                    "give `track_history` (the columns that open a version) or `track_history_except` (all but these), not both",
-                ))
-            }
-            (Some(_), None) | (None, Some(_)) if raw.history == HistoryMode::Scd1 => {
-                let key = if only_given {
-                    "track_history"
-                } else {
-                    "track_history_except"
-                };
-                return Err(self.invalid(
-                    "history",
-                    format!("`{key}` chooses which changes open a new version, and `history: scd1` keeps no versions; remove it, or use `history: scd2`"),
-                ));
-            }
-            (Some(cols), None) if cols.is_empty() => {
-                return Err(self.invalid(
-                    "track_history",
-                    "`track_history` is empty: no change would open a version; list the columns whose changes do (e.g. [segment]), or remove it to track every column",
-                ))
-            }
-            (Some(cols), None) => Tracked::Only(cols),
-            (None, Some(cols)) => Tracked::Except(cols),
-            (None, None) => Tracked::All,
-        };
+        let roles = self.dimension_roles(&raw)?;
         let exclude = raw.columns.map(|c| c.exclude).unwrap_or_default();
-        if let Tracked::Only(cols) | Tracked::Except(cols) = &tracked {
-            let key = match &tracked {
-                Tracked::Only(_) => "track_history",
-                _ => "track_history_except",
-            };
-            for c in cols {
-                if roles.contains(&c) {
-                    return Err(self.invalid(
-                        key,
-                        format!("`{key}` lists `{c}`, a key, sequence or tie-breaker column: it is not an attribute whose history is tracked"),
-                    ));
-                }
-                if exclude.contains(c) {
-                    return Err(self.invalid(
-                        key,
-                        format!("`{key}` lists `{c}`, which `columns.exclude` leaves out of the table: a version would open on a change the table does not show; track it or exclude it, not both"),
-                    ));
-                }
-            }
-        }
+        let tracked = self.tracked(raw.track_history, raw.track_history_except, raw.history)?;
+        self.tracked_are_attributes(&tracked, &roles, &exclude)?;
         let deletes = match raw.deletes {
             Some(d) if d.values.is_empty() => {
                 return Err(self.invalid("values", "`deletes.values` is empty; list the values of `deletes.column` that mean deleted, e.g. [D]"));
@@ -230,37 +160,20 @@ impl Ctx<'_> {
             Some(d) => Some((d.column, d.values)),
             None => None,
         };
-        for c in &exclude {
-            if roles.contains(&c) {
-                return Err(self.invalid(
-                    "exclude",
-                    format!("`columns.exclude` lists `{c}`, which the dimension needs (key, sequence or tie-breaker)"),
-                ));
-            }
-        }
-        if let Some(f) = raw.quarantine.max_fraction {
-            if !(0.0..=1.0).contains(&f) {
-                return Err(self.invalid(
-                    "max_fraction",
-                    format!("`quarantine.max_fraction: {f}` must be between 0 and 1"),
-                ));
-            }
+        if let Some(c) = exclude.iter().find(|c| roles.contains(c)) {
+            return Err(self.invalid(
+                "exclude",
+                format!("`columns.exclude` lists `{c}`, which the dimension needs (key, sequence or tie-breaker)"),
+            ));
         }
         let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
         let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
-        let quarantine_uri = self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?;
-        for (key, uri, other_key, other) in [
-            ("target", &target_uri, "source", &source_uri),
-            ("quarantine", &quarantine_uri, "source", &source_uri),
-            ("quarantine", &quarantine_uri, "target", &target_uri),
-        ] {
-            if overlapping(uri, other) {
-                return Err(self.invalid(
-                    key,
-                    format!("`{key}.uri` ({uri}) is the same table as `{other_key}.uri` ({other}), or inside it: writing it would overwrite or mix with the {other_key}. Give each table its own location"),
-                ));
-            }
-        }
+        let quarantine = self.quarantine(raw.quarantine, vars)?;
+        self.separate(&[
+            ("source.uri", &source_uri),
+            ("target.uri", &target_uri),
+            ("quarantine.uri", &quarantine.uri),
+        ])?;
         if raw.source.on_recreate != super::SourceRecreate::Fail {
             return Err(self.invalid(
                 "on_recreate",
@@ -269,7 +182,7 @@ impl Ctx<'_> {
         }
         let infer = self.infer(
             &raw.keys,
-            &roles_owned(&roles),
+            &roles,
             raw.infer_from,
             raw.placeholder,
             raw.alert_after,
@@ -287,13 +200,104 @@ impl Ctx<'_> {
             exclude,
             history: raw.history,
             tracked,
-            quarantine: Quarantine {
-                uri: quarantine_uri,
-                max_rows: raw.quarantine.max_rows,
-                max_fraction: raw.quarantine.max_fraction,
-            },
+            quarantine,
             infer,
         })
+    }
+
+    /// Keys, sequence and tie-breakers: each column one role, none a column the dimension adds.
+    fn dimension_roles(&self, raw: &RawDimension) -> Result<Vec<String>, ConfigError> {
+        if raw.keys.is_empty() {
+            return Err(self.invalid(
+                "keys",
+                "`keys` is empty; list the business key column(s), e.g. [merchant_id]",
+            ));
+        }
+        let roles: Vec<String> = raw
+            .keys
+            .iter()
+            .chain(std::iter::once(&raw.sequence_by))
+            .chain(&raw.tie_breakers)
+            .cloned()
+            .collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for c in &roles {
+            if !seen.insert(c.as_str()) {
+                return Err(self.invalid(
+                    "keys",
+                    format!("column `{c}` is named twice among keys, sequence_by and tie_breakers; each has one role"),
+                ));
+            }
+            if ADDED.contains(&c.as_str()) {
+                return Err(self.invalid_at_text(
+                    c,
+                    format!("column `{c}` is one the dimension adds itself ({}); rename it in the source", ADDED.join(", ")),
+                ));
+            }
+        }
+        Ok(roles)
+    }
+
+    /// Which changes open a version: `track_history` or `track_history_except` (not both, and
+    /// neither under `history: scd1`), or every column.
+    fn tracked(
+        &self,
+        only: Option<Vec<String>>,
+        except: Option<Vec<String>>,
+        history: HistoryMode,
+    ) -> Result<Tracked, ConfigError> {
+        let key = if only.is_some() {
+            "track_history"
+        } else {
+            "track_history_except"
+        };
+        match (only, except) {
+            (Some(_), Some(_)) => Err(self.invalid(
+                "track_history_except",
+                "give `track_history` (the columns that open a version) or `track_history_except` (all but these), not both",
+            )),
+            (Some(_), None) | (None, Some(_)) if history == HistoryMode::Scd1 => Err(self.invalid(
+                "history",
+                format!("`{key}` chooses which changes open a new version, and `history: scd1` keeps no versions; remove it, or use `history: scd2`"),
+            )),
+            (Some(cols), None) if cols.is_empty() => Err(self.invalid(
+                "track_history",
+                "`track_history` is empty: no change would open a version; list the columns whose changes do (e.g. [segment]), or remove it to track every column",
+            )),
+            (Some(cols), None) => Ok(Tracked::Only(cols)),
+            (None, Some(cols)) => Ok(Tracked::Except(cols)),
+            (None, None) => Ok(Tracked::All),
+        }
+    }
+
+    /// The tracked columns are attributes the table shows: no key, sequence or tie-breaker,
+    /// nothing `columns.exclude` leaves out.
+    fn tracked_are_attributes(
+        &self,
+        tracked: &Tracked,
+        roles: &[String],
+        exclude: &[String],
+    ) -> Result<(), ConfigError> {
+        let (key, cols) = match tracked {
+            Tracked::Only(cols) => ("track_history", cols),
+            Tracked::Except(cols) => ("track_history_except", cols),
+            Tracked::All => return Ok(()),
+        };
+        for c in cols {
+            if roles.contains(c) {
+                return Err(self.invalid(
+                    key,
+                    format!("`{key}` lists `{c}`, a key, sequence or tie-breaker column: it is not an attribute whose history is tracked"),
+                ));
+            }
+            if exclude.contains(c) {
+                return Err(self.invalid(
+                    key,
+                    format!("`{key}` lists `{c}`, which `columns.exclude` leaves out of the table: a version would open on a change the table does not show; track it or exclude it, not both"),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// `infer_from`, `placeholder`, `alert_after`, `fail_after`.
@@ -395,6 +399,29 @@ impl Ctx<'_> {
     }
 }
 
-fn roles_owned(roles: &[&String]) -> Vec<String> {
-    roles.iter().map(|s| s.to_string()).collect()
+impl super::Settings for Dimension {
+    fn target_uri(&self) -> &str {
+        &self.target_uri
+    }
+    fn source_uri(&self) -> &str {
+        &self.source_uri
+    }
+    /// The source is change records: the event time is the sequence.
+    fn clocks(&self) -> super::Clocks<'_> {
+        super::Clocks {
+            table: &self.source_uri,
+            role: "source",
+            event_time: Some(&self.sequence_by),
+            arrival: None,
+            overlap: None,
+        }
+    }
+    /// A version of a key (SCD2: with its `valid_from`).
+    fn row_keys(&self) -> Vec<String> {
+        let mut keys = self.keys.clone();
+        if self.history == HistoryMode::Scd2 {
+            keys.push(VALID_FROM.to_string());
+        }
+        keys
+    }
 }

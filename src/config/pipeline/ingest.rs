@@ -4,7 +4,7 @@
 
 use serde::Deserialize;
 
-use super::common::{overlapping, Ctx, RawQuarantine};
+use super::common::{Ctx, RawQuarantine};
 use super::{Quarantine, SchemaChange};
 use crate::config::size::parse_size;
 use crate::config::{ConfigError, Vars};
@@ -184,9 +184,9 @@ pub(super) struct RawIngestTarget {
 }
 
 impl Ctx<'_> {
-    /// Checks an `ingest` file: formats, schema, limits and locations.
-    pub(super) fn ingest(&self, raw: RawIngest, vars: &Vars) -> Result<Ingest, ConfigError> {
-        let csv = match (raw.format, raw.csv) {
+    /// The `csv:` block, only for `format: csv`.
+    fn csv_options(&self, format: Format, raw: Option<RawCsv>) -> Result<CsvOptions, ConfigError> {
+        Ok(match (format, raw) {
             (Format::Csv, Some(c)) => CsvOptions {
                 header: c.header.unwrap_or(true),
                 delimiter: self.one_byte("delimiter", c.delimiter, b',')?,
@@ -198,12 +198,31 @@ impl Ctx<'_> {
                     "csv",
                     format!(
                         "`csv:` options apply to `format: csv`; this pipeline reads `{}` files",
-                        format_name(raw.format)
+                        format_name(format)
                     ),
                 ))
             }
             (_, None) => CsvOptions::default(),
-        };
+        })
+    }
+
+    /// A size limit (more than zero bytes), when given.
+    fn ingest_size(&self, key: &str, v: &Option<String>) -> Result<Option<u64>, ConfigError> {
+        match v {
+            None => Ok(None),
+            Some(v) => match parse_size(v) {
+                Some(n) if n > 0 => Ok(Some(n)),
+                _ => Err(self.invalid(
+                    key,
+                    format!("`{key}: {v}` is not a size; write it like 512MiB or 1GB"),
+                )),
+            },
+        }
+    }
+
+    /// Checks an `ingest` file: formats, schema, limits and locations.
+    pub(super) fn ingest(&self, raw: RawIngest, vars: &Vars) -> Result<Ingest, ConfigError> {
+        let csv = self.csv_options(raw.format, raw.csv)?;
         let schema = match raw.schema {
             Some(m) => self.declared(m)?,
             None => Vec::new(),
@@ -229,55 +248,23 @@ impl Ctx<'_> {
                 "`max_files_per_run: 0` would ingest nothing; give 1 or more, or leave it out",
             ));
         }
-        let size = |key: &str, v: &Option<String>| -> Result<Option<u64>, ConfigError> {
-            match v {
-                None => Ok(None),
-                Some(v) => match parse_size(v) {
-                    Some(n) if n > 0 => Ok(Some(n)),
-                    _ => Err(self.invalid(
-                        key,
-                        format!("`{key}: {v}` is not a size; write it like 512MiB or 1GB"),
-                    )),
-                },
-            }
-        };
-        let max_bytes_per_run = size("max_bytes_per_run", &raw.max_bytes_per_run)?;
-        let max_record_bytes =
-            size("max_record_bytes", &raw.max_record_bytes)?.unwrap_or(DEFAULT_MAX_RECORD_BYTES);
-        if let Some(f) = raw.quarantine.max_fraction {
-            if !(0.0..=1.0).contains(&f) {
-                return Err(self.invalid(
-                    "max_fraction",
-                    format!("`quarantine.max_fraction: {f}` must be between 0 and 1"),
-                ));
-            }
-        }
+        let max_bytes_per_run = self.ingest_size("max_bytes_per_run", &raw.max_bytes_per_run)?;
+        let max_record_bytes = self
+            .ingest_size("max_record_bytes", &raw.max_record_bytes)?
+            .unwrap_or(DEFAULT_MAX_RECORD_BYTES);
         let landing_uri = self.substitute("landing.uri", &raw.landing.uri, vars)?;
         let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
-        let quarantine_uri = self.substitute("quarantine.uri", &raw.quarantine.uri, vars)?;
+        let quarantine = self.quarantine(raw.quarantine, vars)?;
         let record_uri = match &raw.target.record {
             Some(r) => self.substitute("target.record", r, vars)?,
             None => format!("{}_ingest_record", target_uri.trim_end_matches('/')),
         };
-        for (key, uri, other_key, other) in [
-            ("target", &target_uri, "landing", &landing_uri),
-            ("quarantine", &quarantine_uri, "landing", &landing_uri),
-            ("quarantine", &quarantine_uri, "target", &target_uri),
-            ("record", &record_uri, "landing", &landing_uri),
-            ("record", &record_uri, "target", &target_uri),
-            ("record", &record_uri, "quarantine", &quarantine_uri),
-        ] {
-            if overlapping(uri, other) {
-                let name = |k: &str| match k {
-                    "record" => "target.record".to_string(),
-                    k => format!("{k}.uri"),
-                };
-                return Err(self.invalid(
-                    key,
-                    format!("`{}` ({uri}) is the same location as `{}` ({other}), or inside it; give each its own location", name(key), name(other_key)),
-                ));
-            }
-        }
+        self.separate(&[
+            ("landing.uri", &landing_uri),
+            ("target.uri", &target_uri),
+            ("quarantine.uri", &quarantine.uri),
+            ("target.record", &record_uri),
+        ])?;
         Ok(Ingest {
             landing_uri,
             glob: raw.landing.glob,
@@ -292,11 +279,7 @@ impl Ctx<'_> {
             max_files_per_run: raw.max_files_per_run,
             max_bytes_per_run,
             max_record_bytes,
-            quarantine: Quarantine {
-                uri: quarantine_uri,
-                max_rows: raw.quarantine.max_rows,
-                max_fraction: raw.quarantine.max_fraction,
-            },
+            quarantine,
         })
     }
 
@@ -360,6 +343,17 @@ fn format_name(f: Format) -> &'static str {
         Format::Json => "json",
         Format::Csv => "csv",
         Format::Parquet => "parquet",
+    }
+}
+
+/// An ingest writes the table with both clocks: its arrival is `_ingested_at`, its event time a
+/// column of the records (the default [`super::Settings::clocks`]).
+impl super::Settings for Ingest {
+    fn target_uri(&self) -> &str {
+        &self.target_uri
+    }
+    fn source_uri(&self) -> &str {
+        &self.landing_uri
     }
 }
 

@@ -3,9 +3,10 @@
 //! One file per kind (`cdc_merge.rs`, `ingest.rs`, `aggregate.rs`, `dimension.rs`) holds the
 //! kind's raw struct as written, its validated settings and the checks between them;
 //! `common.rs` what the kinds share (the file being checked, the `source`, `columns` and
-//! `quarantine` blocks); `raw.rs` the `kind:` tag and `build.rs` the parse that picks the kind
-//! and builds the validated [`Pipeline`]: a header every kind shares (name, file) and a
-//! [`Spec`] per kind. This module keeps the settings more than one kind uses.
+//! `quarantine` blocks); `kinds.rs` the list of kinds (one line each: the [`Kind`], the [`Spec`]
+//! variant, the parse as that kind); `raw.rs` the `kind:` tag and `build.rs` the parse that
+//! builds the validated [`Pipeline`]: a header every kind shares (name, file) and a [`Spec`].
+//! This module keeps the settings more than one kind uses.
 
 pub mod aggregate;
 mod build;
@@ -14,6 +15,7 @@ mod common;
 pub mod dimension;
 pub mod expect;
 pub mod ingest;
+mod kinds;
 mod raw;
 
 use std::path::{Path, PathBuf};
@@ -25,7 +27,8 @@ pub use aggregate::Aggregate;
 pub use cdc_merge::{CdcMerge, DeleteMode, Deletes, ReconcileSpec, DEFAULT_MAX_FUTURE_SKEW};
 pub use dimension::Dimension;
 pub use ingest::Ingest;
-pub use raw::Kind;
+pub(crate) use kinds::with_spec;
+pub use kinds::{Clocks, Kind, Settings, Spec};
 
 use super::location::line_of_key;
 use super::{ConfigError, PipelineChoices, Vars};
@@ -90,18 +93,6 @@ pub struct Quarantine {
     pub uri: String,
     pub max_rows: Option<u64>,
     pub max_fraction: Option<f64>,
-}
-
-/// What a pipeline does, by kind: the one place a new kind is added (with its file in this
-/// folder, its tag in `raw.rs`, and its run in its own module).
-#[derive(Debug, Clone)]
-// One per pipeline, loaded once per run: boxing the larger variant would buy nothing.
-#[allow(clippy::large_enum_variant)]
-pub enum Spec {
-    CdcMerge(CdcMerge),
-    Ingest(Ingest),
-    Aggregate(Aggregate),
-    Dimension(Dimension),
 }
 
 /// A validated pipeline: the header every kind shares and what this kind does.
@@ -203,32 +194,17 @@ impl Pipeline {
 
     /// The kind of this pipeline.
     pub fn kind(&self) -> Kind {
-        match &self.spec {
-            Spec::CdcMerge(_) => Kind::CdcMerge,
-            Spec::Ingest(_) => Kind::Ingest,
-            Spec::Aggregate(_) => Kind::Aggregate,
-            Spec::Dimension(_) => Kind::Dimension,
-        }
+        self.spec.kind()
     }
 
     /// The table this pipeline writes (what `history`, `restore` and `maintain` act on).
     pub fn target_uri(&self) -> &str {
-        match &self.spec {
-            Spec::CdcMerge(m) => &m.target_uri,
-            Spec::Ingest(i) => &i.target_uri,
-            Spec::Aggregate(a) => &a.target_uri,
-            Spec::Dimension(d) => &d.target_uri,
-        }
+        with_spec!(&self.spec, k => k.target_uri())
     }
 
     /// What this pipeline reads: a table, or a landing location for `ingest`.
     pub fn source_uri(&self) -> &str {
-        match &self.spec {
-            Spec::CdcMerge(m) => &m.source_uri,
-            Spec::Ingest(i) => &i.landing_uri,
-            Spec::Aggregate(a) => &a.source_uri,
-            Spec::Dimension(d) => &d.source_uri,
-        }
+        with_spec!(&self.spec, k => k.source_uri())
     }
 
     /// The merge's settings when this is a `cdc_merge` pipeline, else an error for `command`

@@ -68,7 +68,9 @@ mod tests {
     fn the_schema_follows_the_row_type() {
         let schema = schema();
         for name in TIME_FIELDS {
-            let f = schema.field_with_name(name).expect("a time field is a column");
+            let f = schema
+                .field_with_name(name)
+                .expect("a time field is a column");
             assert_eq!(f.data_type(), &ts_type());
         }
         let field = |n: &str| schema.field_with_name(n).unwrap().clone();
@@ -76,14 +78,23 @@ mod tests {
         assert_eq!(field("attempt").data_type(), &DataType::Int32);
         assert!(field("scheduled_at").is_nullable());
         assert!(!field("started_at").is_nullable());
-        assert_eq!(field("num_inserted"), Field::new("num_inserted", DataType::Int64, true));
-        assert_eq!(field("counters"), Field::new("counters", DataType::Utf8, true));
+        assert_eq!(
+            field("num_inserted"),
+            Field::new("num_inserted", DataType::Int64, true)
+        );
+        assert_eq!(
+            field("counters"),
+            Field::new("counters", DataType::Utf8, true)
+        );
         // every non-time column is a string or an integer: a time field missing from the list
         // would show up here as text
         for f in schema.fields() {
             if !TIME_FIELDS.contains(&f.name().as_str()) {
                 assert!(
-                    matches!(f.data_type(), DataType::Utf8 | DataType::Int32 | DataType::Int64),
+                    matches!(
+                        f.data_type(),
+                        DataType::Utf8 | DataType::Int32 | DataType::Int64
+                    ),
                     "{f:?}"
                 );
                 assert!(!f.name().ends_with("_at"), "{} looks like a time", f.name());

@@ -465,7 +465,10 @@ mod tests {
             ("status", s(&old.status)),
             ("host", s(&old.host)),
             ("pipeline", s("p")),
-            ("source_version", Arc::new(Int64Array::from(vec![3])) as ArrayRef),
+            (
+                "source_version",
+                Arc::new(Int64Array::from(vec![3])) as ArrayRef,
+            ),
             ("num_source_rows_read", Arc::new(Int64Array::from(vec![10]))),
             ("num_spill_files", Arc::new(Int64Array::from(vec![0]))),
             ("duration_ms", Arc::new(Int64Array::from(vec![1000]))),

@@ -120,7 +120,8 @@ pub(super) async fn probe_all(
                     } else {
                         format!("{key} (in {} and {})", listed[prev].path, file.path)
                     },
-                }.into());
+                }
+                .into());
             }
             p.found[i] = match m {
                 Match::Older => Found::Older,
