@@ -8,12 +8,11 @@ use arrow::array::RecordBatch;
 use datafusion::logical_expr::Expr;
 use datafusion::prelude::{ident, DataFrame};
 
-use super::compare::{self, changed_keys};
+use super::compare;
 use super::fold::{self, Layout};
 use super::infer;
 use super::plan::Scope;
 use super::Run;
-use crate::config::pipeline::dimension::{INFERRED_AT, IS_INFERRED};
 use crate::lake;
 use crate::lake::datafile::FastPath;
 use crate::run::quarantine::REASON_COLUMN;
@@ -22,26 +21,26 @@ use deltalake::DeltaTable;
 
 /// What the plan found: the tables, the source's rows and schema, the fold's layout, and the
 /// keys to rebuild.
-struct Planned {
-    target: Option<DeltaTable>,
-    df: DataFrame,
-    schema: arrow::datatypes::Schema,
-    layout: Layout,
-    out_schema: arrow::datatypes::SchemaRef,
-    storage_schema: arrow::datatypes::SchemaRef,
-    scope: Scope,
+pub(super) struct Planned {
+    pub(super) target: Option<DeltaTable>,
+    pub(super) df: DataFrame,
+    pub(super) schema: arrow::datatypes::Schema,
+    pub(super) layout: Layout,
+    pub(super) out_schema: arrow::datatypes::SchemaRef,
+    pub(super) storage_schema: arrow::datatypes::SchemaRef,
+    pub(super) scope: Scope,
 }
 
 /// What the compare decided: the rows to write, the keys they replace, and how.
-struct Compared {
-    fresh: RecordBatch,
-    replaced: HashSet<String>,
-    partial: bool,
-    changed: u64,
+pub(super) struct Compared {
+    pub(super) fresh: RecordBatch,
+    pub(super) replaced: HashSet<String>,
+    pub(super) partial: bool,
+    pub(super) changed: u64,
 }
 
 impl Run<'_, '_> {
-    fn end_phase(&mut self, phase: Phase) -> Result<(), RunError> {
+    pub(super) fn end_phase(&mut self, phase: Phase) -> Result<(), RunError> {
         self.a.end_phase(phase)
     }
 
@@ -200,215 +199,6 @@ impl Run<'_, '_> {
         Ok(valid)
     }
 
-    /// Folds the keys' records into rows, adds placeholders for keys the facts name first, and
-    /// compares them with the table's rows of those keys.
-    async fn compare(&mut self, plan: &Planned, valid: &RecordBatch) -> Result<Compared, RunError> {
-        let d = self.d;
-        let rebuilt = rebuilt_keys(&plan.scope, &d.keys)?;
-        let all = matches!(plan.scope, Scope::All);
-        let partial = self.partial(plan, all)?;
-        let held = self.held(plan, partial).await?;
-        let inferred = infer::inferred_keys(&held, &d.keys)?;
-        // Placeholders the table held for the rebuilt keys (to count those completed now).
-        let was_pending: HashSet<String> =
-            infer::pending(&held.iter().collect::<Vec<_>>(), &d.keys)?
-                .into_iter()
-                .map(|(k, _)| k)
-                .collect();
-        let held = if self.relayout { Vec::new() } else { held };
-        let before = compare::as_one(&held, &plan.storage_schema)?;
-        let others = match (&plan.target, &d.infer) {
-            (Some(t), Some(_)) if partial => self.other_keys(t, &rebuilt).await?,
-            _ => Vec::new(),
-        };
-        let mut fresh = self.fold(plan, valid, &inferred, &was_pending)?;
-        self.c.num_keys_read = match all {
-            true => distinct_keys(valid, &d.keys)?,
-            false => rebuilt.len() as u64,
-        };
-        let mut new_keys: Vec<String> = Vec::new();
-        if let Some(infer) = &d.infer {
-            new_keys = self
-                .placeholders(plan, infer, &others, &mut fresh, &inferred, &was_pending)
-                .await?;
-        }
-        let changed = changed_keys(&before, &fresh, &d.keys)?;
-        self.count_rows(plan, &before, &fresh, partial, changed);
-        self.end_phase(Phase::Compare)?;
-        Ok(Compared {
-            fresh,
-            replaced: rebuilt.iter().chain(new_keys.iter()).cloned().collect(),
-            partial,
-            changed,
-        })
-    }
-
-    /// Whether the run reads and rewrites only the rebuilt keys' rows (replace-where on the
-    /// keys: only the files holding them are written again) rather than every row. (The
-    /// fallback's replace-where names one key column: a composite key needs the direct path,
-    /// else every key is rebuilt.)
-    fn partial(&self, plan: &Planned, all: bool) -> Result<bool, RunError> {
-        let d = self.d;
-        let direct = match &plan.target {
-            Some(t) => FastPath::check(t)
-                .map_err(RunError::delta(Phase::Compare, &d.target_uri))?
-                .is_some(),
-            None => false,
-        };
-        Ok(!all && !self.relayout && plan.target.is_some() && (direct || d.keys.len() == 1))
-    }
-
-    /// The table's rows the run compares with: the rebuilt keys' (partial), none (nothing to
-    /// rebuild, or no table), or all.
-    async fn held(&self, plan: &Planned, partial: bool) -> Result<Vec<RecordBatch>, RunError> {
-        let d = self.d;
-        let ctx = &self.a.ctx;
-        match (&plan.target, &plan.scope) {
-            (Some(t), Scope::Keys(batches, _)) if partial => {
-                let wanted = Some(batches.clone());
-                compare::held_rows(ctx, t, &d.target_uri, &d.keys, wanted).await
-            }
-            (Some(_), Scope::Nothing) | (None, _) => Ok(Vec::new()),
-            (Some(t), _) => compare::held_rows(ctx, t, &d.target_uri, &d.keys, None).await,
-        }
-    }
-
-    /// The other keys' rows, for inference: their keys and whether they are placeholders.
-    async fn other_keys(
-        &self,
-        target: &DeltaTable,
-        rebuilt: &HashSet<String>,
-    ) -> Result<Vec<RecordBatch>, RunError> {
-        let d = self.d;
-        let mut cols: Vec<Expr> = d.keys.iter().map(ident).collect();
-        cols.push(ident(IS_INFERRED));
-        cols.push(ident(INFERRED_AT));
-        let rows = crate::run::frame(&self.a.ctx, target, &d.target_uri, Phase::Compare)
-            .await?
-            .select(cols)
-            .map_err(RunError::query(Phase::Compare))?
-            .collect()
-            .await
-            .map_err(|e| RunError::TargetRead {
-                uri: d.target_uri.clone(),
-                source: Box::new(deltalake::DeltaTableError::from(e)),
-            })?;
-        let mut kept = Vec::new();
-        for b in rows {
-            let text = fold::key_text(&b, &d.keys).map_err(RunError::arrow(Phase::Compare))?;
-            let mask: arrow::array::BooleanArray =
-                text.iter().map(|k| Some(!rebuilt.contains(k))).collect();
-            kept.push(
-                arrow::compute::filter_record_batch(&b, &mask)
-                    .map_err(RunError::arrow(Phase::Compare))?,
-            );
-        }
-        Ok(kept)
-    }
-
-    /// The keys' records folded into the table's rows (in its storage types), counting the
-    /// in-place updates and the placeholders completed.
-    fn fold(
-        &mut self,
-        plan: &Planned,
-        valid: &RecordBatch,
-        inferred: &std::collections::HashMap<String, i64>,
-        was_pending: &HashSet<String>,
-    ) -> Result<RecordBatch, RunError> {
-        let arrow = RunError::arrow(Phase::Compare);
-        let (fresh, folded) = fold::fold(valid, &plan.layout, &plan.out_schema, inferred)
-            .map_err(RunError::arrow(Phase::Compare))?;
-        let fresh = lake::storage::storage_batch(&fresh)
-            .and_then(|b| lake::storage::cast_to(&b, &plan.storage_schema))
-            .map_err(arrow)?;
-        self.c.num_updated_in_place = folded.updated_in_place;
-        self.c.num_inferred_completed = match was_pending.is_empty() {
-            true => 0,
-            false => fold::key_text(&fresh, &self.d.keys)
-                .map_err(RunError::arrow(Phase::Compare))?
-                .into_iter()
-                .filter(|k| was_pending.contains(k))
-                .collect::<HashSet<_>>()
-                .len() as u64,
-        };
-        Ok(fresh)
-    }
-
-    /// Adds placeholder rows for the keys the facts name that no row holds yet (to `fresh`),
-    /// counts the pending and overdue ones, and returns the new placeholders' keys.
-    async fn placeholders(
-        &mut self,
-        plan: &Planned,
-        infer: &crate::config::pipeline::dimension::Infer,
-        others: &[RecordBatch],
-        fresh: &mut RecordBatch,
-        inferred: &std::collections::HashMap<String, i64>,
-        was_pending: &HashSet<String>,
-    ) -> Result<Vec<String>, RunError> {
-        let d = self.d;
-        let (layout, out_schema, storage_schema) =
-            (&plan.layout, &plan.out_schema, &plan.storage_schema);
-        let mut rows: Vec<&RecordBatch> = others.iter().collect();
-        rows.push(fresh);
-        let (new, newest_arrival) = self.infer(infer, &plan.df, &rows, inferred).await?;
-        let rows =
-            fold::placeholders(&new, layout, out_schema, &infer.placeholder).map_err(|col| {
-                self.p.error_at(
-                    "placeholder",
-                    format!(
-                        "`placeholder.{col}` is not a value column `{col}` can hold (its type: {})",
-                        out_schema
-                            .field_with_name(&col)
-                            .map(|f| f.data_type().to_string())
-                            .unwrap_or_default()
-                    ),
-                )
-            })?;
-        let rows = lake::storage::storage_batch(&rows)
-            .and_then(|b| lake::storage::cast_to(&b, storage_schema))
-            .map_err(RunError::arrow(Phase::Compare))?;
-        // (a placeholder the table already held is not new: a reload writes it again)
-        self.c.num_inferred_new =
-            new.iter().filter(|(k, _)| !was_pending.contains(k)).count() as u64;
-        *fresh = arrow::compute::concat_batches(storage_schema, [&*fresh, &rows])
-            .map_err(RunError::arrow(Phase::Compare))?;
-        let mut rows: Vec<&RecordBatch> = others.iter().collect();
-        rows.push(fresh);
-        let pending = infer::pending(&rows, &d.keys)?;
-        let overdue = infer::check(self.p, infer, &pending, self.now, newest_arrival)?;
-        self.c.num_inferred_pending = overdue.pending;
-        self.c.num_inferred_overdue = overdue.overdue;
-        if let Some(w) = overdue.warning {
-            self.warn(w);
-        }
-        Ok(new.into_iter().map(|(k, _)| k).collect())
-    }
-
-    /// The row counts before and after (of the whole table, from its statistics, when only some
-    /// keys' rows were read).
-    fn count_rows(
-        &mut self,
-        plan: &Planned,
-        before: &RecordBatch,
-        fresh: &RecordBatch,
-        partial: bool,
-        changed: u64,
-    ) {
-        self.c.num_keys_changed = changed;
-        self.c.num_rows_before = before.num_rows() as u64;
-        self.c.num_rows_after = fresh.num_rows() as u64;
-        self.c.num_rows_total = if partial {
-            let total = plan
-                .target
-                .as_ref()
-                .and_then(|t| lake::row_count_from_stats(t).ok().flatten())
-                .unwrap_or_default();
-            (total + fresh.num_rows() as u64).saturating_sub(before.num_rows() as u64)
-        } else {
-            fresh.num_rows() as u64
-        };
-    }
-
     /// One commit: the rebuilt keys' rows replaced (an incremental run), or the whole table.
     async fn write(&mut self, plan: Planned, compared: Compared) -> Result<(), RunError> {
         let d = self.d;
@@ -548,7 +338,7 @@ impl Run<'_, '_> {
     /// The keys the facts name that the dimension knows nothing of — no record in the source,
     /// no row in the table (`rows`) — with when each was first inferred (now, or when an earlier
     /// placeholder for it was written).
-    async fn infer(
+    pub(super) async fn infer(
         &self,
         infer: &crate::config::pipeline::dimension::Infer,
         source: &datafusion::prelude::DataFrame,
@@ -602,24 +392,4 @@ impl Run<'_, '_> {
         self.a
             .commit_properties(&self.c, extra, &record, Vec::new())
     }
-}
-
-/// The keys a run rebuilds, as text (none for a whole rebuild: every key is).
-fn rebuilt_keys(scope: &Scope, keys: &[String]) -> Result<HashSet<String>, RunError> {
-    let mut set = HashSet::new();
-    if let Scope::Keys(batches, _) = scope {
-        for b in batches {
-            set.extend(fold::key_text(b, keys).map_err(RunError::arrow(Phase::Compare))?);
-        }
-    }
-    Ok(set)
-}
-
-/// How many distinct keys the rows hold.
-fn distinct_keys(rows: &RecordBatch, keys: &[String]) -> Result<u64, RunError> {
-    Ok(fold::key_text(rows, keys)
-        .map_err(RunError::arrow(Phase::Compare))?
-        .into_iter()
-        .collect::<HashSet<_>>()
-        .len() as u64)
 }

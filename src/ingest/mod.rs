@@ -24,6 +24,11 @@ mod plan;
 pub mod record;
 mod rows;
 pub mod schema;
+mod schema_of;
+#[cfg(test)]
+mod test_support;
+#[cfg(test)]
+pub(crate) use test_support::{test_cols, test_column, test_shape};
 
 use std::collections::BTreeMap;
 
@@ -54,43 +59,6 @@ pub struct Shape<'a> {
     pub rescue: bool,
     pub max_record_bytes: u64,
     pub csv: CsvOptions,
-}
-
-/// A shape for the readers' tests: `cols` as `(name, type, required)`, the default CSV options
-/// and record limit.
-#[cfg(test)]
-pub(crate) fn test_shape(cols: &[Col], rescue: bool) -> Shape<'_> {
-    Shape {
-        cols,
-        rescue,
-        max_record_bytes: crate::config::pipeline::ingest::DEFAULT_MAX_RECORD_BYTES,
-        csv: CsvOptions::default(),
-    }
-}
-
-/// Columns for the readers' tests, from `(name, type, required)`.
-#[cfg(test)]
-pub(crate) fn test_cols(spec: &[(&str, ColumnType, bool)]) -> Vec<Col> {
-    spec.iter()
-        .map(|(name, ty, required)| Col {
-            name: name.to_string(),
-            ty: *ty,
-            required: *required,
-        })
-        .collect()
-}
-
-/// A column of a parsed batch as text (null as `-`), for the readers' tests.
-#[cfg(test)]
-pub(crate) fn test_column(p: &rows::Parsed, name: &str) -> Vec<String> {
-    use arrow::array::Array;
-    let col = p.batch.column_by_name(name).expect("a column of the batch");
-    let f = arrow::util::display::ArrayFormatter::try_new(
-        col.as_ref(),
-        &arrow::util::display::FormatOptions::default().with_null("-"),
-    )
-    .expect("displayable");
-    (0..col.len()).map(|i| f.value(i).to_string()).collect()
 }
 
 impl RunKind for Ingest {
@@ -497,89 +465,6 @@ impl Run<'_, '_> {
         self.a.summary.num_files_removed = written.files_removed;
         self.end_phase(write_phase)?;
         Ok(())
-    }
-
-    /// The columns records are parsed into: bronze's (plus declared ones it lacks, when
-    /// allowed), else the declared schema, else inferred from the first files.
-    async fn columns(
-        &mut self,
-        bronze: Option<&arrow::datatypes::Schema>,
-        landing: &Landing,
-        files: &[LandingFile],
-    ) -> Result<Vec<Col>, RunError> {
-        let spec = self.spec;
-        let schema_err = |message: String| IngestError::Schema {
-            pipeline: self.p.path.display().to_string(),
-            message,
-        };
-        if let Some(bronze) = bronze {
-            let mut cols = Vec::new();
-            for f in bronze.fields() {
-                if schema::is_bookkeeping(f.name()) {
-                    continue;
-                }
-                let Some(ty) = schema::from_arrow(f.data_type()) else {
-                    return Err(schema_err(format!("bronze column `{}` has type {}, which ingest cannot parse records into (it parses string, long, int, double, boolean, timestamp and date)", f.name(), f.data_type())).into());
-                };
-                let declared = spec.schema.iter().find(|d| d.name == *f.name());
-                if let Some(d) = declared {
-                    if d.ty != ty {
-                        return Err(schema_err(format!("`schema:` declares `{}` as {}, but bronze has it as {}; declare the type bronze has (a column's type cannot change in place)", d.name, schema::type_name(d.ty), schema::type_name(ty))).into());
-                    }
-                }
-                cols.push(Col {
-                    name: f.name().clone(),
-                    ty,
-                    required: declared.is_some_and(|d| d.required),
-                });
-            }
-            let missing: Vec<&crate::config::pipeline::ingest::DeclaredColumn> = spec
-                .schema
-                .iter()
-                .filter(|d| bronze.field_with_name(&d.name).is_err())
-                .collect();
-            if !missing.is_empty() {
-                let names: Vec<String> = missing.iter().map(|d| format!("`{}`", d.name)).collect();
-                if spec.on_schema_change != SchemaChange::AddNewColumns {
-                    return Err(schema_err(format!("`schema:` declares {} that bronze does not have; add them with `on_schema_change: add_new_columns`, or remove them from `schema:`", names.join(", "))).into());
-                }
-                for d in missing {
-                    cols.push(Col::from(d));
-                    self.c.columns_added.push(d.name.clone());
-                }
-            }
-            return Ok(cols);
-        }
-        if !spec.schema.is_empty() {
-            return Ok(spec.schema.iter().map(Col::from).collect());
-        }
-        let mut found: Vec<(String, Option<ColumnType>)> = Vec::new();
-        let shape = self.shape(&[]);
-        for f in files.iter().take(5) {
-            let body = landing.read(f).await?;
-            match spec.format {
-                Format::Json => json::infer(&body, INFER_RECORDS, &mut found),
-                Format::Csv => csv::infer(&body, &shape, INFER_RECORDS, &mut found),
-                Format::Parquet => parquet::infer(body, &mut found),
-            }
-        }
-        let cols: Vec<Col> = found
-            .into_iter()
-            .filter(|(n, _)| !n.is_empty() && !schema::is_bookkeeping(n))
-            .map(|(name, ty)| Col {
-                name,
-                ty: ty.unwrap_or(ColumnType::String),
-                required: false,
-            })
-            .collect();
-        if cols.is_empty() {
-            return Err(schema_err("no columns could be inferred from the first landing files (empty, or no record parses); declare them with `schema:`".to_string()).into());
-        }
-        info!(
-            columns = cols.len(),
-            "schema inferred from the first landing files"
-        );
-        Ok(cols)
     }
 
     fn shape<'c>(&self, cols: &'c [Col]) -> Shape<'c> {
