@@ -534,13 +534,8 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
     );
 
     // one time format: ledger JSON, job report JSON, run summary, history
-    let out = exec(
-        tidemark_default_logs(NOW)
-            .args(["runs", "--output", "json", "--bundle"])
-            .arg(&bundle),
-    );
-    let rows = one_json(&out.stdout);
-    for r in rows.as_array().expect("rows") {
+    let rows = held::bundle_ledger(tidemark_default_logs(NOW), &bundle);
+    for r in &rows {
         for f in ["started_at", "ended_at", "watermark_after"] {
             if let Some(s) = r[f].as_str() {
                 assert!(is_micros_z(s), "ledger {f} {s:?}");
