@@ -326,6 +326,28 @@ fn table_or_pipeline_target(name: &str, from: &PipelineVars) -> Result<String, A
     }
 }
 
+/// The lake root where the run ledger lives: `--var lake=`, else the bundle's `lake` for the
+/// selected target. `what` names the command or flag in the message when there is neither.
+pub(crate) fn ledger_lake(
+    vars: &[String],
+    bundle: &std::path::Path,
+    target: Option<&str>,
+    what: &str,
+) -> Result<String, AppError> {
+    let cli = crate::config::Vars::from_args(vars).map_err(ConfigError::BadVarArg)?;
+    if let Some(lake) = cli.get("lake") {
+        return Ok(cli.locate(lake));
+    }
+    if !crate::config::bundle::bundle_file(bundle).is_file() {
+        return Err(AppError::Usage(format!(
+            "{what} needs the lake holding the run ledger (_tidemark/runs): pass --var lake=DIR, or --bundle DIR (no bundle at {})",
+            bundle.display()
+        )));
+    }
+    let loaded = crate::config::bundle::Bundle::load(bundle, target, &cli)?;
+    Ok(loaded.bundle.lake())
+}
+
 /// The compute a command was given on its command line (`--threads`, `--memory-limit`,
 /// `--spill-dir`: the same settings a bundle's `job_clusters` declare, checked by the same rules).
 pub(crate) fn engine_of(args: &EngineArgs) -> Result<Engine, AppError> {

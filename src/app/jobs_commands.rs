@@ -447,14 +447,28 @@ const RUNS_WIDTH: usize = 120;
 
 /// `tidemark runs`.
 pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
-    let bundle = load_bundle(&args.select)?;
-    let ledger = Ledger::for_lake(&bundle.lake());
+    // A bundle gives the lake and the jobs; without one, `--var lake=` is enough.
+    let sel = &args.select;
+    let bundle = match crate::config::bundle::bundle_file(&sel.bundle).is_file() {
+        true => Some(load_bundle(sel)?),
+        false => None,
+    };
+    let lake = match &bundle {
+        Some(b) => b.lake(),
+        None => super::ledger_lake(
+            &sel.vars,
+            &sel.bundle,
+            sel.target.as_deref(),
+            "`tidemark runs`",
+        )?,
+    };
+    let ledger = Ledger::for_lake(&lake);
     let rows = ledger.recent(args.job.as_deref(), args.limit).await?;
     if args.output == OutputFormat::Json {
         return Ok(serde_json::to_string(&rows).unwrap_or_default() + "\n");
     }
     if rows.is_empty() {
-        return no_runs(&args, &bundle, &ledger).await;
+        return no_runs(&args, bundle.as_ref(), &ledger).await;
     }
     let mut t = Table::new();
     t.load_preset(UTF8_BORDERS_ONLY);
@@ -472,19 +486,20 @@ pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
 /// What `runs` says when the ledger has no row to show (for this job, or at all).
 async fn no_runs(
     args: &RunsArgs,
-    bundle: &crate::config::Bundle,
+    bundle: Option<&crate::config::Bundle>,
     ledger: &Ledger,
 ) -> Result<String, AppError> {
     Ok(match &args.job {
         Some(job) if !ledger.recent(None, 1).await?.is_empty() => {
-            let hint = if bundle.jobs.contains_key(job) {
-                String::new()
-            } else {
-                let known: Vec<&str> = bundle.jobs.keys().map(String::as_str).collect();
-                format!(
-                    " (the bundle has no job `{job}`; its jobs: {})",
-                    known.join(", ")
-                )
+            let hint = match bundle {
+                Some(b) if !b.jobs.contains_key(job) => {
+                    let known: Vec<&str> = b.jobs.keys().map(String::as_str).collect();
+                    format!(
+                        " (the bundle has no job `{job}`; its jobs: {})",
+                        known.join(", ")
+                    )
+                }
+                _ => String::new(),
             };
             format!(
                 "no runs of job `{job}` recorded in {}{hint}; other jobs have runs: `tidemark runs` lists them\n",

@@ -2,10 +2,9 @@
 //! `--runs`) into [`crate::lateness`]'s inputs; the work is there.
 
 use super::{load_pipeline, AppError};
-use crate::cli::{LatenessArgs, OutputFormat, PipelineVars};
+use crate::cli::{LatenessArgs, OutputFormat};
 use crate::config::pipeline::ingest::INGESTED_AT;
 use crate::config::pipeline::{with_spec, Settings};
-use crate::config::{ConfigError, Vars};
 
 /// `tidemark lateness`: a pipeline's source (event time = its `sequence_by`, with its overlap)
 /// or a table URI; the work is in [`crate::lateness`].
@@ -48,7 +47,16 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
                 args.table
             )));
         };
-        let trend = l::runs_trend(&lake_of(&args.from)?, pipeline).await?;
+        let trend = l::runs_trend(
+            &super::ledger_lake(
+                &args.from.vars,
+                &args.from.bundle,
+                args.from.target.as_deref(),
+                "--runs",
+            )?,
+            pipeline,
+        )
+        .await?;
         return Ok(match args.output {
             OutputFormat::Json => trend.to_json() + "\n",
             OutputFormat::Text => trend.to_text(),
@@ -80,21 +88,4 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
             text
         }
     })
-}
-
-/// The lake root (where the run ledger lives): `--var lake=`, else the bundle's `lake` for the
-/// selected target.
-fn lake_of(from: &PipelineVars) -> Result<String, AppError> {
-    let cli = Vars::from_args(&from.vars).map_err(ConfigError::BadVarArg)?;
-    if let Some(lake) = cli.get("lake") {
-        return Ok(cli.locate(lake));
-    }
-    if !crate::config::bundle::bundle_file(&from.bundle).is_file() {
-        return Err(AppError::Usage(format!(
-            "--runs needs the lake holding the run ledger (_tidemark/runs): pass --var lake=DIR, or --bundle DIR (no bundle at {})",
-            from.bundle.display()
-        )));
-    }
-    let loaded = crate::config::bundle::Bundle::load(&from.bundle, from.target.as_deref(), &cli)?;
-    Ok(loaded.bundle.lake())
 }

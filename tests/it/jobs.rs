@@ -380,6 +380,18 @@ async fn job_run_runs_tasks_in_dependency_order_and_records_every_attempt() {
         "{}",
         out.stdout
     );
+    // Without a bundle, `--var lake=` finds the same ledger; with neither, the message says so.
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let lake = format!("lake={}", d.join("lake").display());
+    let mut cmd = tidemark_at(NOW);
+    cmd.current_dir(elsewhere.path());
+    assert_eq!(
+        held::ledger(cmd, ["--var", lake.as_str()]),
+        held::bundle_ledger(tidemark_at(NOW), &bundle)
+    );
+    let out = exec(tidemark_at(NOW).current_dir(elsewhere.path()).arg("runs"));
+    assert_eq!(out.code, 64, "{}", out.stderr);
+    assert!(out.stderr.contains("--var lake=DIR"), "{}", out.stderr);
 }
 
 #[tokio::test]
