@@ -223,6 +223,14 @@ pub fn rfc3339_opt<S: serde::Serializer>(
     }
 }
 
+/// `n` with `row` or `rows`, as a count reads: "1 row", "0 rows", "5 rows".
+pub fn rows(n: u64) -> String {
+    match n {
+        1 => "1 row".to_string(),
+        n => format!("{n} rows"),
+    }
+}
+
 /// A time in a summary line, `-` when there is none.
 pub fn fmt_time(t: &Option<DateTime<Utc>>) -> String {
     t.map(|t| rfc3339(&t)).unwrap_or_else(|| "-".to_string())

@@ -41,7 +41,7 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
                 rows.reject(Reject::new(
                     line_no,
                     line,
-                    format!("not a JSON object (a {})", kind(&other)),
+                    format!("not a JSON object ({})", kind(&other)),
                 ));
                 continue;
             }
@@ -132,11 +132,11 @@ fn wrong_type(col: &Col, v: &Value) -> String {
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
-        Value::Bool(_) => "boolean",
-        Value::Number(_) => "number",
-        Value::String(_) => "string",
-        Value::Array(_) => "array",
-        Value::Object(_) => "object",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
     }
 }
 
@@ -239,7 +239,7 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (Some(2), "not a JSON object (a array)".to_string()),
+                (Some(2), "not a JSON object (an array)".to_string()),
                 (Some(3), "malformed JSON".to_string()),
                 (
                     Some(4),

@@ -155,15 +155,15 @@ impl LatenessReport {
             p.percentile_precision_s
         ));
         out.push_str(&format!(
-            "beyond the budget ({}): {} rows ({})\n",
+            "beyond the budget ({}): {} ({})\n",
             self.budget,
-            count(p.beyond_budget.rows),
+            rows_text(p.beyond_budget.rows),
             pct_text(p.beyond_budget.pct)
         ));
         if let (Some(o), Some(b)) = (&self.overlap, &p.beyond_overlap) {
             out.push_str(&format!(
-                "beyond the overlap ({o}): {} rows ({})\n",
-                count(b.rows),
+                "beyond the overlap ({o}): {} ({})\n",
+                rows_text(b.rows),
                 pct_text(b.pct)
             ));
         }
@@ -176,10 +176,10 @@ impl LatenessReport {
             self.settled.end.as_deref().unwrap_or("-")
         );
         out.push_str(&format!(
-            "completeness of settled rows: event times {}..{} before now ({window}): {} rows{}\n",
+            "completeness of settled rows: event times {}..{} before now ({window}): {}{}\n",
             self.settled.from,
             self.settled.to,
-            count(p.settled_rows),
+            rows_text(p.settled_rows),
             if p.settled_negative_rows > 0 {
                 format!(
                     " ({} more arrived before their event: left out)",
@@ -337,4 +337,9 @@ pub(super) fn days_table(points: &[DayPoint]) -> String {
         }
     }
     format!("{t}\n")
+}
+
+/// A row count with its separators and `row`/`rows`.
+fn rows_text(n: u64) -> String {
+    format!("{} row{}", count(n), if n == 1 { "" } else { "s" })
 }

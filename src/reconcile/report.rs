@@ -397,7 +397,7 @@ fn value_text(v: &Value) -> String {
 }
 
 fn describe(a: &Aggregates) -> String {
-    let mut parts = vec![format!("{} rows", a.rows)];
+    let mut parts = vec![crate::report::rows(a.rows)];
     if a.deleted > 0 {
         parts.push(format!("{} deleted", a.deleted));
     }

@@ -90,8 +90,8 @@ pub async fn stage(
         });
     }
     let warning = format!(
-        "{} rows failed validation ({} {} in {})",
-        outcome.rejected,
+        "{} failed validation ({} {} in {})",
+        crate::report::rows(outcome.rejected),
         outcome.new,
         if dry_run {
             "would be newly quarantined (dry run: nothing written)"

@@ -316,7 +316,7 @@ async fn bad_records_are_quarantined_once_with_file_line_and_reason() {
         got[2],
         (5, "required field `id` is missing or null".to_string())
     );
-    assert_eq!(got[3], (6, "not a JSON object (a array)".to_string()));
+    assert_eq!(got[3], (6, "not a JSON object (an array)".to_string()));
     // The limits apply to the run's records.
     std::fs::write(
         landing(d).join("b.jsonl"),
