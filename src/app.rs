@@ -463,6 +463,7 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
         limit: args.limit,
         var_args: var_args.clone(),
     };
+    // (the engine's spill directory goes when it is dropped, however the comparison ends)
     let engine = engine_of(&args.engine)?;
     let report = reconcile::reconcile(
         &pipeline,
@@ -471,9 +472,7 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
         clock,
         &engine,
     )
-    .await;
-    engine.remove_spill_dir();
-    let report = report?;
+    .await?;
     let rendered = match args.output {
         OutputFormat::Json => report.to_json() + "\n",
         OutputFormat::Text => report.to_text(),

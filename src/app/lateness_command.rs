@@ -70,11 +70,9 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
         by: args.by.clone(),
         unit: args.unit,
     };
-    // (dropping the engine, however the profile ends, removes its spill directory)
+    // (the engine's spill directory goes when it is dropped, however the profile ends)
     let engine = super::engine_of(&args.engine)?;
-    let report = l::profile(&inputs, &opts, engine.context()).await;
-    engine.remove_spill_dir();
-    let report = report?;
+    let report = l::profile(&inputs, &opts, engine.context()).await?;
     if let Some(path) = &args.plot {
         l::write_plot(&report, path)?;
     }

@@ -200,7 +200,7 @@ pub fn infer(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{test_cols, test_column as column, test_shape};
+    use super::super::{test_cols, test_column as column, test_rejects, test_shape};
     use super::*;
     use ColumnType::*;
 
@@ -233,11 +233,7 @@ mod tests {
         let cols = cols();
         let body = b"id,amount,at\np1,ten,\n,5,\np3,1,2,3\np4,\xff1,\np5,1,\n";
         let p = parse(body, &test_shape(&cols, false)).unwrap();
-        let got: Vec<(Option<u64>, &str)> = p
-            .rejects
-            .iter()
-            .map(|r| (r.line, r.reason.as_str()))
-            .collect();
+        let got = test_rejects(&p);
         assert_eq!(
             got,
             vec![

@@ -202,7 +202,7 @@ fn raw_field(line: &[u8], name: &str) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{test_cols, test_column as column, test_shape};
+    use super::super::{test_cols, test_column as column, test_rejects, test_shape};
     use super::*;
     use crate::config::pipeline::ingest::ColumnType::*;
 
@@ -231,22 +231,18 @@ mod tests {
         let cols = cols();
         let body = b"{\"id\": \"a\"}\n[1]\n{\"id\": \"b\",\n{\"amount\": 1}\n{\"id\": \"e\", \"amount\": 1.5}\n\xff\n{\"id\": \"ok\"}\n";
         let p = parse(body, &test_shape(&cols, false)).unwrap();
-        let got: Vec<(Option<u64>, std::string::String)> = p
-            .rejects
-            .iter()
-            .map(|r| (r.line, r.reason.split(':').next().unwrap_or("").to_string()))
+        let got: Vec<(Option<u64>, &str)> = test_rejects(&p)
+            .into_iter()
+            .map(|(line, reason)| (line, reason.split(':').next().unwrap_or("")))
             .collect();
         assert_eq!(
             got,
             vec![
-                (Some(2), "not a JSON object (an array)".to_string()),
-                (Some(3), "malformed JSON".to_string()),
-                (
-                    Some(4),
-                    "required field `id` is missing or null".to_string()
-                ),
-                (Some(5), "`amount`".to_string()),
-                (Some(6), "not valid UTF-8 (at byte 0)".to_string()),
+                (Some(2), "not a JSON object (an array)"),
+                (Some(3), "malformed JSON"),
+                (Some(4), "required field `id` is missing or null"),
+                (Some(5), "`amount`"),
+                (Some(6), "not valid UTF-8 (at byte 0)"),
             ]
         );
         assert_eq!(column(&p, "id"), ["a", "ok"]);

@@ -28,7 +28,7 @@ mod schema_of;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
-pub(crate) use test_support::{test_cols, test_column, test_shape};
+pub(crate) use test_support::{test_cols, test_column, test_rejects, test_shape};
 
 use std::collections::BTreeMap;
 

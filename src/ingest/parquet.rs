@@ -207,7 +207,7 @@ pub fn infer(body: Bytes, out: &mut Vec<(String, Option<ColumnType>)>) {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{test_cols, test_column as column, test_shape};
+    use super::super::{test_cols, test_column as column, test_rejects, test_shape};
     use super::*;
     use arrow::array::{Float64Array, Int64Array, StringArray};
     use ColumnType::*;
@@ -254,11 +254,7 @@ mod tests {
         assert_eq!(column(&p, "id"), ["a"]);
         assert_eq!(column(&p, "amount"), ["1"]);
         assert_eq!(column(&p, "gone"), ["-"], "a column the file lacks is null");
-        let got: Vec<(Option<u64>, &str)> = p
-            .rejects
-            .iter()
-            .map(|r| (r.line, r.reason.as_str()))
-            .collect();
+        let got = test_rejects(&p);
         assert_eq!(
             got,
             vec![

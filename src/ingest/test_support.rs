@@ -5,8 +5,8 @@ use super::schema::Col;
 use super::Shape;
 use crate::config::pipeline::ingest::{ColumnType, CsvOptions};
 
-/// A shape for the readers' tests: `cols` as `(name, type, required)`, the default CSV options
-/// and record limit.
+/// A shape for the readers' tests: `cols` (see [`test_cols`]), the default CSV options and
+/// record limit.
 pub(crate) fn test_shape(cols: &[Col], rescue: bool) -> Shape<'_> {
     Shape {
         cols,
@@ -37,4 +37,12 @@ pub(crate) fn test_column(p: &Parsed, name: &str) -> Vec<String> {
     )
     .expect("displayable");
     (0..col.len()).map(|i| f.value(i).to_string()).collect()
+}
+
+/// The rejects of a parse as (line, reason), for the readers' tests.
+pub(crate) fn test_rejects(p: &Parsed) -> Vec<(Option<u64>, &str)> {
+    p.rejects
+        .iter()
+        .map(|r| (r.line, r.reason.as_str()))
+        .collect()
 }
