@@ -31,7 +31,7 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
-    /// The process exit code for this class; documented in the README and stable.
+    /// The process exit code for this class; documented in docs/operations/exit-codes.md and stable.
     pub fn exit_code(self) -> i32 {
         match self {
             ErrorClass::Usage => 64,

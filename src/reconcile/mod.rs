@@ -78,7 +78,7 @@ pub enum ReconcileError {
     NoTarget { target: String, pipeline: String },
     /// The target is not what a full reload of its source would write. `stdout` holds the
     /// rendered report, which the binary prints before this message.
-    #[error("target {target} differs from the newest row per key of its source: {keys} key(s) differ ({detail}) and {buckets} day/group bucket(s) disagree. Find the last good version with `tidemark history {target}` and `tidemark restore {target} --version N`, or rebuild the target with `tidemark run {pipeline} --full-reload` (README: Runbook)")]
+    #[error("target {target} differs from the newest row per key of its source: {keys} key(s) differ ({detail}) and {buckets} day/group bucket(s) disagree. Find the last good version with `tidemark history {target}` and `tidemark restore {target} --version N`, or rebuild the target with `tidemark run {pipeline} --full-reload` (docs/operations/runbook.md)")]
     Differs {
         target: String,
         pipeline: String,

@@ -15,6 +15,7 @@ mod commit_facts;
 mod contract;
 mod deletion_vectors;
 mod dimension;
+mod docs_walkthrough;
 mod expectations;
 mod faults;
 mod foreign;

@@ -1,7 +1,10 @@
-//! The README's examples, checked so they cannot go stale: every `tidemark …` command line in
-//! its shell, systemd and Kubernetes examples parses with today's CLI; the pipeline reference
-//! loads as a pipeline; the `bundle validate` transcript is what the binary prints; every field
-//! of the run-summary table is in a real run's JSON summary; every path of the layout exists.
+//! The README's and the book's (`docs/`) examples, checked so they cannot go stale: every
+//! `tidemark …` command line in their shell, systemd and Kubernetes examples parses with today's
+//! CLI; each kind's reference loads, runs, and names every key the config types accept; the
+//! `bundle validate` transcript is what the binary prints; every field of the run-summary table
+//! is in a real run's JSON summary; every path of the layout exists; every link resolves and
+//! every page is in the book's table of contents. The README's five steps and the tutorial run
+//! as a script (`docs_walkthrough.rs`).
 
 use crate::common;
 
@@ -18,8 +21,38 @@ fn readme() -> String {
     std::fs::read_to_string(root().join("README.md")).expect("README.md")
 }
 
+/// A page of the book, by its path under `docs/`.
+fn page(path: &str) -> String {
+    let path = root().join("docs").join(path);
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The README and every Markdown page under `docs/`: (path, text).
+pub(crate) fn all_pages() -> Vec<(PathBuf, String)> {
+    let mut paths = vec![root().join("README.md")];
+    let mut dirs = vec![root().join("docs")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).expect("docs dir").flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "md") {
+                paths.push(path);
+            }
+        }
+    }
+    paths.sort();
+    paths
+        .into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).expect("page");
+            (p, text)
+        })
+        .collect()
+}
+
 /// The fenced blocks of the README: (info string, body).
-fn blocks(text: &str) -> Vec<(String, String)> {
+pub(crate) fn blocks(text: &str) -> Vec<(String, String)> {
     let mut out = Vec::new();
     let mut current: Option<(String, String)> = None;
     for line in text.lines() {
@@ -49,10 +82,10 @@ fn parses(args: &[String]) {
 }
 
 #[test]
-fn every_command_line_in_the_readme_parses() {
-    let text = readme();
+fn every_command_line_in_the_readme_and_the_book_parses() {
     let mut checked = 0;
-    for (info, body) in blocks(&text) {
+    let pages = all_pages();
+    for (info, body) in pages.iter().flat_map(|(_, text)| blocks(text)) {
         for line in body.lines() {
             let line = line.trim();
             if info == "sh" && line.starts_with("tidemark ") {
@@ -82,12 +115,15 @@ fn every_command_line_in_the_readme_parses() {
             }
         }
     }
-    assert!(checked >= 12, "only {checked} README command lines found");
+    assert!(
+        checked >= 40,
+        "only {checked} command lines found in the docs"
+    );
 }
 
 #[test]
 fn the_pipeline_reference_loads() {
-    let text = readme();
+    let text = page("kinds/cdc_merge.md");
     let (_, yaml) = blocks(&text)
         .into_iter()
         .find(|(info, body)| info == "yaml" && body.contains("kind: cdc_merge"))
@@ -104,7 +140,7 @@ fn the_pipeline_reference_loads() {
 
 #[test]
 fn the_bundle_validate_transcript_is_what_the_binary_prints() {
-    let text = readme();
+    let text = page("bundle.md");
     let lines: Vec<&str> = text.lines().collect();
     let mut checked = 0;
     for (i, line) in lines.iter().enumerate() {
@@ -138,7 +174,7 @@ fn the_bundle_validate_transcript_is_what_the_binary_prints() {
 
 #[test]
 fn the_layout_names_real_paths() {
-    let text = readme();
+    let text = page("contributing.md");
     let (_, layout) = blocks(&text)
         .into_iter()
         .find(|(_, body)| body.starts_with("src/main.rs"))
@@ -157,11 +193,11 @@ fn the_layout_names_real_paths() {
 /// The first column of the run-summary table: every field a person may look for.
 fn summary_fields(text: &str) -> Vec<String> {
     let start = text
-        .find("### The run summary")
+        .find("## The run summary")
         .expect("run summary section");
     let mut fields = Vec::new();
     for line in text[start..].lines().skip(1) {
-        if line.starts_with("###") || line.starts_with("## ") {
+        if line.starts_with('#') {
             break;
         }
         let Some(first) = line.strip_prefix("| ").and_then(|l| l.split(" |").next()) else {
@@ -182,7 +218,7 @@ fn summary_fields(text: &str) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_field_of_the_run_summary_table_is_in_the_json_summary() {
-    let fields = summary_fields(&readme());
+    let fields = summary_fields(&page("run.md"));
     assert!(fields.len() >= 20, "{fields:?}");
     let dir = tempfile::tempdir().expect("tempdir");
     let pipeline = write_pipeline(dir.path(), "15m", "soft", "");
@@ -208,7 +244,7 @@ async fn every_field_of_the_run_summary_table_is_in_the_json_summary() {
 
 #[test]
 fn the_ingest_reference_loads_and_runs_and_names_real_summary_fields() {
-    let text = readme();
+    let text = page("kinds/ingest.md");
     let (_, yaml) = blocks(&text)
         .into_iter()
         .find(|(info, body)| info == "yaml" && body.contains("kind: ingest"))
@@ -258,7 +294,7 @@ fn the_ingest_reference_loads_and_runs_and_names_real_summary_fields() {
 
 #[test]
 fn the_aggregate_reference_loads_and_runs_and_names_real_summary_fields() {
-    let text = readme();
+    let text = page("kinds/aggregate.md");
     let (_, yaml) = blocks(&text)
         .into_iter()
         .find(|(info, body)| info == "yaml" && body.contains("kind: aggregate"))
@@ -326,7 +362,7 @@ fn the_aggregate_reference_loads_and_runs_and_names_real_summary_fields() {
 /// from the checkout, where `payments` names `pipelines/payments.yml`).
 #[test]
 fn the_json_failure_example_is_what_the_binary_prints() {
-    let text = readme();
+    let text = page("operations/exit-codes.md");
     let prompt = "$ tidemark run payments --var lake=/nowhere --output json";
     let body = blocks(&text)
         .into_iter()
@@ -351,7 +387,7 @@ fn the_json_failure_example_is_what_the_binary_prints() {
 /// the README names are in the run's JSON summary.
 #[test]
 fn the_dimension_reference_loads_and_runs_and_names_real_summary_fields() {
-    let text = readme();
+    let text = page("kinds/dimension.md");
     let (_, yaml) = blocks(&text)
         .into_iter()
         .find(|(info, body)| info == "yaml" && body.contains("kind: dimension"))
@@ -443,4 +479,215 @@ fn the_dimension_reference_loads_and_runs_and_names_real_summary_fields() {
         }
     }
     assert_eq!(named, 10, "{sentence}");
+}
+
+/// The keys a mapping of a pipeline file may hold, as the config types say: the loader's
+/// "valid keys here" list for an unknown key planted in that mapping. `None` for a mapping whose
+/// keys are the user's own names (`schema:`'s columns, a placeholder's attributes).
+fn valid_keys_at(dir: &Path, doc: &serde_yaml::Value, path: &[PathStep]) -> Option<Vec<String>> {
+    let mut probe = doc.clone();
+    let mut at = &mut probe;
+    for step in path {
+        at = match step {
+            PathStep::Key(k) => at.get_mut(k.as_str()).expect("key on the path"),
+            PathStep::First => at.get_mut(0).expect("first item on the path"),
+        };
+    }
+    at.as_mapping_mut()
+        .expect("a mapping")
+        .insert("zz_probe".into(), 1.into());
+    let file = dir.join("probe.yml");
+    std::fs::write(&file, serde_yaml::to_string(&probe).expect("yaml")).expect("write");
+    let mut vars = tidemark::config::Vars::new();
+    vars.set("lake", &dir.join("lake").display().to_string());
+    // (a mapping that takes any key loads: its keys are checked against the data at run time)
+    let err = tidemark::config::Pipeline::load(&file, &vars)
+        .err()?
+        .to_string();
+    let list = err.split("valid keys here: ").nth(1)?;
+    Some(
+        list.split([',', ' ', ')', ';'])
+            .map(str::trim)
+            .filter(|k| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+            .map(str::to_string)
+            .collect(),
+    )
+}
+
+#[derive(Debug, Clone)]
+enum PathStep {
+    Key(String),
+    First,
+}
+
+/// Every mapping of a YAML document, by its path (into the first item of a list of mappings).
+fn mapping_paths(value: &serde_yaml::Value, path: Vec<PathStep>, out: &mut Vec<Vec<PathStep>>) {
+    match value {
+        serde_yaml::Value::Mapping(m) => {
+            out.push(path.clone());
+            for (k, v) in m {
+                if let Some(k) = k.as_str() {
+                    let mut p = path.clone();
+                    p.push(PathStep::Key(k.to_string()));
+                    mapping_paths(v, p, out);
+                }
+            }
+        }
+        serde_yaml::Value::Sequence(items) => {
+            if let Some(first) = items.first() {
+                let mut p = path;
+                p.push(PathStep::First);
+                mapping_paths(first, p, out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Each kind's reference names every key its config types accept, at every level it shows (the
+/// types are the truth: a key added to them and not to the page fails here), and loads (a key
+/// the page names that the types do not accept fails `*_reference_loads*`).
+#[test]
+fn every_kind_reference_names_every_key_the_config_types_accept() {
+    for (page_path, kind) in [
+        ("kinds/cdc_merge.md", "cdc_merge"),
+        ("kinds/ingest.md", "ingest"),
+        ("kinds/aggregate.md", "aggregate"),
+        ("kinds/dimension.md", "dimension"),
+    ] {
+        let text = page(page_path);
+        let (_, yaml) = blocks(&text)
+            .into_iter()
+            .find(|(info, body)| info == "yaml" && body.contains(&format!("kind: {kind}")))
+            .unwrap_or_else(|| panic!("{page_path}: no reference block"));
+        let doc: serde_yaml::Value = serde_yaml::from_str(&yaml).expect("the reference is YAML");
+        let mut paths = Vec::new();
+        mapping_paths(&doc, Vec::new(), &mut paths);
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut checked = 0;
+        for path in &paths {
+            for key in valid_keys_at(dir.path(), &doc, path).unwrap_or_default() {
+                assert!(
+                    yaml.contains(&format!("{key}:")),
+                    "{page_path}: the reference does not name `{key}`, which the config accepts at {path:?}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 15, "{page_path}: only {checked} keys checked");
+    }
+}
+
+/// Every relative link of the README and the book leads to a file that exists and, with an
+/// `#anchor`, to a heading of that page (mdBook's and GitHub's slugs agree for these headings).
+#[test]
+fn every_link_in_the_docs_resolves() {
+    let pages = all_pages();
+    let mut checked = 0;
+    for (path, text) in &pages {
+        let mut fence = false;
+        for (n, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with("```") {
+                fence = !fence;
+            }
+            if fence {
+                continue;
+            }
+            for target in link_targets(line) {
+                if target.starts_with("http") || target.starts_with("mailto:") {
+                    continue;
+                }
+                let (file, anchor) = target.split_once('#').unwrap_or((target, ""));
+                let resolved = if file.is_empty() {
+                    path.clone()
+                } else {
+                    path.parent().expect("dir").join(file)
+                };
+                assert!(
+                    resolved.exists(),
+                    "{}:{}: link to {target}, which does not exist",
+                    path.display(),
+                    n + 1
+                );
+                if !anchor.is_empty() && (file.is_empty() || file.ends_with(".md")) {
+                    let body = std::fs::read_to_string(&resolved).expect("linked page");
+                    assert!(
+                        headings(&body).iter().any(|h| slug(h) == anchor),
+                        "{}:{}: link to {target}: no heading with that anchor",
+                        path.display(),
+                        n + 1
+                    );
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(checked >= 60, "only {checked} links checked");
+}
+
+fn link_targets(line: &str) -> Vec<&str> {
+    line.match_indices("](")
+        .filter_map(|(i, _)| {
+            let rest = &line[i + 2..];
+            rest.find(')').map(|end| &rest[..end])
+        })
+        .filter(|t| !t.contains(' '))
+        .collect()
+}
+
+fn headings(text: &str) -> Vec<String> {
+    let mut fence = false;
+    let mut out = Vec::new();
+    for line in text.lines() {
+        if line.trim_start().starts_with("```") {
+            fence = !fence;
+        } else if !fence && line.starts_with('#') {
+            out.push(line.trim_start_matches('#').trim().to_string());
+        }
+    }
+    out
+}
+
+/// A heading's anchor as mdBook and GitHub make it: lower case, spaces to `-`, other
+/// punctuation dropped.
+fn slug(heading: &str) -> String {
+    heading
+        .to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The book's table of contents lists every page under `docs/`, and every page it lists exists.
+#[test]
+fn the_book_lists_every_page() {
+    let summary = page("SUMMARY.md");
+    let listed: Vec<&str> = summary.lines().flat_map(link_targets).collect();
+    for target in &listed {
+        assert!(
+            root().join("docs").join(target).is_file(),
+            "SUMMARY.md lists {target}"
+        );
+    }
+    for (path, _) in all_pages() {
+        let Ok(rel) = path.strip_prefix(root().join("docs")) else {
+            continue;
+        };
+        let rel = rel.to_string_lossy().replace('\\', "/");
+        if rel == "SUMMARY.md" || rel.starts_with("src/") {
+            continue;
+        }
+        assert!(
+            listed.contains(&rel.as_str()),
+            "docs/{rel} is not in the book's table of contents (docs/SUMMARY.md)"
+        );
+    }
+    assert!(
+        readme().lines().count() <= 200,
+        "the README is the front door: at most 200 lines"
+    );
 }

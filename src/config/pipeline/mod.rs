@@ -36,7 +36,7 @@ use super::{ConfigError, PipelineChoices, Vars};
 /// Default `delta.targetFileSize` for targets tidemark creates. An hourly run rewrites every file
 /// holding a changed key (row groups without one are copied as bytes), so a touched file costs
 /// its size: 2 MiB halved the bytes and the time of a 10M-payment hour against 8 MiB, while the
-/// file count stays in the hundreds (README, "Target layout"). On an object store it was also the
+/// file count stays in the hundreds (docs/operations/table-layout.md). On an object store it was also the
 /// best of 2–128 MiB in both apply modes (BENCHMARKS.md, "The file size on object storage").
 pub const DEFAULT_TARGET_FILE_SIZE: u64 = 2 * 1024 * 1024;
 
