@@ -3,6 +3,7 @@
 
 mod changes_command;
 mod demo;
+mod fit;
 mod jobs_commands;
 mod lateness_command;
 mod status_command;

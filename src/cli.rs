@@ -237,8 +237,8 @@ pub struct RunsArgs {
     /// How many rows (task attempts), newest first; at least 1.
     #[arg(long, default_value_t = 20, value_parser = parse_limit)]
     pub limit: usize,
-    /// Every column (trigger, fire time, mode, target version) and whole error messages; the
-    /// default table fits 120 columns.
+    /// Every column (trigger, fire time, mode, target version) on one line each; the default
+    /// table fits 100 columns, wrapping long errors.
     #[arg(long)]
     pub wide: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
@@ -452,6 +452,10 @@ pub struct StatusArgs {
     /// Days listed, newest first (JSON lists every day).
     #[arg(long, default_value_t = 14, value_parser = parse_limit)]
     pub days: usize,
+    /// Every column (groups, when each day was last recomputed) at full width; the default
+    /// table fits 100 columns.
+    #[arg(long)]
+    pub wide: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

@@ -154,13 +154,54 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
         out.push_str(&merchants_story(&dim, by_segment.as_deref(), &silver).await?);
     }
     if text && result.failure.is_none() {
-        out.push_str(&format!(
-            "\nRun `{demo_again}` again to land the next hour, ingest it and merge it incrementally; `tidemark runs{bundle_flag}` shows the ledger; `tidemark lateness {}{bundle_flag}` shows how late the data runs (add `--plot lateness.svg` for the curve).\n",
+        let lateness = format!(
+            "tidemark lateness {}{bundle_flag}",
             lateness_target.display()
+        );
+        out.push_str(&format!(
+            "\nNext:\n{}{}{}",
+            suggest(
+                &demo_again,
+                "the next hour: land it, ingest it, merge it incrementally"
+            ),
+            suggest(
+                &format!("tidemark runs{bundle_flag}"),
+                "the run ledger: every task attempt"
+            ),
+            suggest(
+                &lateness,
+                "how late the data runs (add --plot lateness.svg for the curve)"
+            ),
         ));
     }
-    result.stdout = out;
+    // Everything fits 100 columns, like `status` and `runs`.
+    result.stdout = match text {
+        true => super::fit::wrap(&out),
+        false => out,
+    };
     Ok(result)
+}
+
+/// A command to run next, on lines a shell takes as one when pasted (a long one is continued
+/// with `\` before its flags), and what it does.
+fn suggest(command: &str, what: &str) -> String {
+    let width = super::fit::WIDTH as usize - 2;
+    let mut lines = vec![String::from("  ")];
+    for (i, word) in command.split(" --").enumerate() {
+        let word = if i == 0 {
+            word.to_string()
+        } else {
+            format!(" --{word}")
+        };
+        let last = lines.last_mut().expect("one line");
+        if last.len() + word.len() > width && !last.trim().is_empty() {
+            last.push_str(" \\");
+            lines.push(format!("     {}", word.trim_start()));
+        } else {
+            last.push_str(&word);
+        }
+    }
+    format!("{}\n      # {what}\n", lines.join("\n"))
 }
 
 /// How a step of the demo ended: done, or stopped by a signal.
@@ -321,7 +362,7 @@ async fn gold_story(
 ) -> Result<String, AppError> {
     let days = crate::aggregate::day_status(spec).await?;
     let mut out = String::from("\n");
-    out.push_str(&super::status_command::render(name, spec, &days, 7));
+    out.push_str(&super::status_command::render(name, spec, &days, 7, false));
     let adjustments = match lake::open_if_exists(&spec.adjustments_uri).await? {
         Some(t) => lake::row_count_from_stats(&t).ok().flatten().unwrap_or(0),
         None => 0,

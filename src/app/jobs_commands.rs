@@ -5,7 +5,6 @@ use std::fmt::Write as _;
 use std::sync::Arc;
 
 use chrono::{DateTime, Utc};
-use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
@@ -442,8 +441,9 @@ pub async fn scheduler(args: SchedulerArgs, clock: Arc<dyn Clock>) -> Result<Str
     ))
 }
 
-/// Width of `tidemark runs`' default table.
-const RUNS_WIDTH: usize = 120;
+/// How much of an error the default `runs` table shows (wrapped over a few lines; `--wide` and
+/// `--output json` show it whole): its first words, which say what failed.
+const ERROR_CHARS: usize = 160;
 
 /// `tidemark runs`.
 pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
@@ -470,17 +470,91 @@ pub async fn runs(args: RunsArgs) -> Result<String, AppError> {
     if rows.is_empty() {
         return no_runs(&args, bundle.as_ref(), &ledger).await;
     }
-    let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY);
-    t.set_header(runs_header(args.wide));
-    let mut cells: Vec<Vec<String>> = rows.iter().map(|r| runs_row(r, args.wide)).collect();
-    if !args.wide {
-        fit_errors(&t, &mut cells);
+    Ok(match args.wide {
+        true => runs_wide(&rows),
+        false => runs_narrow(&rows),
+    })
+}
+
+/// `runs --wide`: every column, errors whole.
+fn runs_wide(rows: &[crate::jobs::LedgerRow]) -> String {
+    let mut t = super::fit::table(true);
+    t.set_header(WIDE_HEADER);
+    for r in rows {
+        t.add_row(wide_row(r));
     }
-    for row in cells {
-        t.add_row(row);
+    format!("{t}\n")
+}
+
+/// `runs`: within 100 columns, newest first in execution order. The job column goes when every
+/// row is of one job (it is named above the table instead); an error is not squeezed into a
+/// column: its row says `failed [n]` and note `[n]` below the table gives the error's first
+/// words, wrapped.
+fn runs_narrow(rows: &[crate::jobs::LedgerRow]) -> String {
+    let one_job = rows.iter().all(|r| r.job == rows[0].job);
+    let mut out = String::new();
+    if one_job {
+        out.push_str(&format!("job {} (newest first)\n", rows[0].job));
     }
-    Ok(format!("{t}\n"))
+    let mut t = super::fit::table(false);
+    let mut header = vec![
+        "started (UTC)",
+        "job",
+        "task",
+        "try",
+        "status",
+        "in/upd/del",
+        "ms",
+    ];
+    if one_job {
+        header.remove(1);
+    }
+    t.set_header(header);
+    let mut notes = Vec::new();
+    for r in rows {
+        let mut status = r.status.clone();
+        if let Some(error) = error_text(r) {
+            notes.push(format!(
+                "[{}] {}, try {}: {}",
+                notes.len() + 1,
+                r.task,
+                r.attempt,
+                first_words(&error)
+            ));
+            status = format!("{status} [{}]", notes.len());
+        }
+        let mut cells = vec![
+            r.started_at.format("%Y-%m-%d %H:%M:%S").to_string(),
+            r.job.clone(),
+            r.task.clone(),
+            r.attempt.to_string(),
+            status,
+            counts(r),
+            r.duration_ms.to_string(),
+        ];
+        if one_job {
+            cells.remove(1);
+        }
+        t.add_row(cells);
+    }
+    out.push_str(&format!("{t}\n"));
+    for n in notes {
+        out.push_str(&super::fit::wrap(&n));
+        out.push('\n');
+    }
+    out
+}
+
+/// An error's first [`ERROR_CHARS`] characters, on one line.
+fn first_words(error: &str) -> String {
+    let flat = error.split_whitespace().collect::<Vec<_>>().join(" ");
+    match flat.chars().count() > ERROR_CHARS {
+        true => {
+            let cut: String = flat.chars().take(ERROR_CHARS - 1).collect();
+            format!("{cut}… (--wide or --output json: whole)")
+        }
+        false => flat,
+    }
 }
 
 /// What `runs` says when the ledger has no row to show (for this job, or at all).
@@ -510,113 +584,55 @@ async fn no_runs(
     })
 }
 
-/// The ledger table's header (`--wide`: every column).
-fn runs_header(wide: bool) -> Vec<&'static str> {
-    if wide {
-        vec![
-            "started (UTC)",
-            "job",
-            "task",
-            "try",
-            "trigger",
-            "status",
-            "scheduled (UTC)",
-            "mode",
-            "rows in/upd/del",
-            "target v",
-            "ms",
-            "error",
-        ]
-    } else {
-        vec![
-            "started (UTC)",
-            "job",
-            "task",
-            "try",
-            "status",
-            "in/upd/del",
-            "ms",
-            "error",
-        ]
-    }
-}
+/// The ledger table's columns with `--wide`.
+const WIDE_HEADER: [&str; 12] = [
+    "started (UTC)",
+    "job",
+    "task",
+    "try",
+    "trigger",
+    "status",
+    "scheduled (UTC)",
+    "mode",
+    "rows in/upd/del",
+    "target v",
+    "ms",
+    "error",
+];
 
-/// One ledger row's cells.
-fn runs_row(r: &crate::jobs::LedgerRow, wide: bool) -> Vec<String> {
-    let counts = match (r.num_inserted, r.num_updated, r.num_deleted) {
+/// A ledger row's counts as `in/upd/del` (blank for a task that records none).
+fn counts(r: &crate::jobs::LedgerRow) -> String {
+    match (r.num_inserted, r.num_updated, r.num_deleted) {
         (Some(i), Some(u), Some(d)) => format!("{i}/{u}/{d}"),
         _ => String::new(),
-    };
-    let error = r
-        .error_message
-        .as_deref()
-        .map(|m| {
-            let class = r
-                .error_class
-                .as_deref()
-                .map(|c| format!("[{c}] "))
-                .unwrap_or_default();
-            format!("{class}{m}")
-        })
-        .unwrap_or_default();
-    if wide {
-        vec![
-            utc(r.started_at),
-            r.job.clone(),
-            r.task.clone(),
-            r.attempt.to_string(),
-            r.trigger.clone(),
-            r.status.clone(),
-            r.scheduled_at.map(utc).unwrap_or_default(),
-            r.mode.clone().unwrap_or_default(),
-            counts,
-            r.target_version.map(|v| v.to_string()).unwrap_or_default(),
-            r.duration_ms.to_string(),
-            error,
-        ]
-    } else {
-        vec![
-            utc(r.started_at),
-            r.job.clone(),
-            r.task.clone(),
-            r.attempt.to_string(),
-            r.status.clone(),
-            counts,
-            r.duration_ms.to_string(),
-            error,
-        ]
     }
 }
 
-/// Cuts the error column to what the others leave of 120 columns (at least 10), with an
-/// ellipsis; `--wide` or `--output json` show it whole. Measured, not computed: the table
-/// rendered with the error column at its header's width.
-fn fit_errors(t: &Table, cells: &mut [Vec<String>]) {
-    let mut probe = Table::new();
-    probe.load_preset(UTF8_BORDERS_ONLY);
-    if let Some(h) = t.header() {
-        probe.set_header(h.cell_iter().map(|c| c.content()).collect::<Vec<_>>());
-    }
-    for row in cells.iter() {
-        let mut row = row.clone();
-        if let Some(e) = row.last_mut() {
-            e.clear();
-        }
-        probe.add_row(row);
-    }
-    let probe_width = probe
-        .to_string()
-        .lines()
-        .map(|l| l.chars().count())
-        .max()
-        .unwrap_or(0);
-    let used = probe_width.saturating_sub("error".len());
-    let room = RUNS_WIDTH.saturating_sub(used).max(10);
-    for row in cells.iter_mut() {
-        if let Some(e) = row.last_mut() {
-            if e.chars().count() > room {
-                *e = e.chars().take(room - 1).collect::<String>() + "…";
-            }
-        }
-    }
+/// A ledger row's error with its class, `[class] message`.
+fn error_text(r: &crate::jobs::LedgerRow) -> Option<String> {
+    let m = r.error_message.as_deref()?;
+    let class = r
+        .error_class
+        .as_deref()
+        .map(|c| format!("[{c}] "))
+        .unwrap_or_default();
+    Some(format!("{class}{m}"))
+}
+
+/// One ledger row's cells with `--wide`.
+fn wide_row(r: &crate::jobs::LedgerRow) -> Vec<String> {
+    vec![
+        utc(r.started_at),
+        r.job.clone(),
+        r.task.clone(),
+        r.attempt.to_string(),
+        r.trigger.clone(),
+        r.status.clone(),
+        r.scheduled_at.map(utc).unwrap_or_default(),
+        r.mode.clone().unwrap_or_default(),
+        counts(r),
+        r.target_version.map(|v| v.to_string()).unwrap_or_default(),
+        r.duration_ms.to_string(),
+        error_text(r).unwrap_or_default(),
+    ]
 }

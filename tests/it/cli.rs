@@ -1019,8 +1019,20 @@ fn demo_bootstraps_then_runs_incrementally() {
     assert!(text.contains("payments incremental run"), "{text}");
     // ... and ends with gold's day status: open days, final days.
     assert!(text.contains("daily_payments: day status"), "{text}");
-    assert!(text.contains("open (may change)"), "{text}");
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with('│') && l.contains(" open ")),
+        "{text}"
+    );
     assert!(text.contains("final"), "{text}");
+    // ... and, like `status` and `runs`, fits 100 columns.
+    for line in text.lines() {
+        assert!(
+            line.chars().count() <= 100,
+            "the demo prints a line of {} columns: {line}",
+            line.chars().count()
+        );
+    }
     let job = one_json(&demo("json"));
     let third = &job["tasks"][2]["attempts"][0]["summary"];
     assert_eq!(third["mode"], "incremental", "{third}");

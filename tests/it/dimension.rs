@@ -960,28 +960,36 @@ fn the_demo_infers_merchants_and_completes_them() {
         assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
         last = out.stdout;
     }
-    let line = last
-        .lines()
-        .find(|l| l.starts_with("merchants (SCD2"))
+    let line = paragraph(&last, "merchants (SCD2")
         .unwrap_or_else(|| panic!("no merchants story:\n{last}"));
     assert!(line.contains("placeholder(s) pending"), "{line}");
     assert!(
         line.contains("is valid from 1900-01-01"),
         "a completed merchant: {line}"
     );
-    let segments = last
-        .lines()
-        .find(|l| l.starts_with("payments of "))
-        .unwrap_or_else(|| panic!("no segments line:\n{last}"));
+    let segments =
+        paragraph(&last, "payments of ").unwrap_or_else(|| panic!("no segments line:\n{last}"));
     assert!(segments.contains("unknown"), "{segments}");
-    let late = last
-        .lines()
-        .find(|l| l.starts_with("a late payment: "))
+    let late = paragraph(&last, "a late payment: ")
         .unwrap_or_else(|| panic!("no late payment example:\n{last}"));
     assert!(
         late.contains("the segment") && late.contains("had then"),
         "{late}"
     );
+}
+
+/// The paragraph of `out` whose first line starts with `start`: that line and the indented lines
+/// that continue it (the demo wraps its prose at 100 columns), joined by spaces.
+fn paragraph(out: &str, start: &str) -> Option<String> {
+    let mut lines = out.lines().skip_while(|l| !l.starts_with(start));
+    let first = lines.next()?;
+    let rest = lines.take_while(|l| l.starts_with("  ")).map(str::trim);
+    Some(
+        std::iter::once(first)
+            .chain(rest)
+            .collect::<Vec<_>>()
+            .join(" "),
+    )
 }
 
 /// `tidemark generate --merchants` writes the merchants feed the bundle's dimension reads, and

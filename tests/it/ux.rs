@@ -461,7 +461,7 @@ fn is_micros_z(s: &str) -> bool {
 }
 
 #[tokio::test]
-async fn runs_fits_120_columns_and_times_have_one_format() {
+async fn runs_fits_100_columns_and_times_have_one_format() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let bundle = write_bundle(
@@ -512,14 +512,26 @@ async fn runs_fits_120_columns_and_times_have_one_format() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     for line in out.stdout.lines() {
         assert!(
-            line.chars().count() <= 120,
+            line.chars().count() <= 100,
             "{} columns: {line}",
             line.chars().count()
         );
     }
+    // the failed try points at a note under the table with the error's first words, whole
+    assert!(out.stdout.contains("failed [1]"), "{}", out.stdout);
+    let note = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("[1] the_only_task_of_this_job, try 1: ["))
+        .unwrap_or_else(|| panic!("no error note in {}", out.stdout));
+    assert!(note.len() > 60, "{note}");
     assert!(
-        out.stdout.contains('…'),
-        "the long error is cut: {}",
+        out.stdout
+            .lines()
+            .next()
+            .unwrap_or("")
+            .starts_with("job j "),
+        "{}",
         out.stdout
     );
     let wide = exec(

@@ -157,12 +157,7 @@ fn demo_works_from_any_directory() {
     assert!(dir.path().join("mine/silver/payments/_delta_log").exists());
     let demo_out = out.stdout.clone();
     // the command it suggests works from here
-    let runs = out
-        .stdout
-        .lines()
-        .find_map(|l| l.split('`').find(|s| s.starts_with("tidemark runs")))
-        .unwrap_or_else(|| panic!("no runs hint: {}", out.stdout))
-        .to_string();
+    let runs = suggested(&out.stdout, "tidemark runs");
     let args: Vec<&str> = runs.split_whitespace().skip(1).collect();
     let out = exec(
         tidemark_default_logs(now)
@@ -172,11 +167,7 @@ fn demo_works_from_any_directory() {
     assert_eq!(out.code, 0, "`{runs}`: {}", out.stderr);
     assert!(out.stdout.contains("payments_hourly"), "{}", out.stdout);
     // and so does the lateness profile it suggests, on the lake it wrote
-    let lateness = demo_out
-        .lines()
-        .find_map(|l| l.split('`').find(|s| s.starts_with("tidemark lateness")))
-        .unwrap_or_else(|| panic!("no lateness hint: {demo_out}"))
-        .to_string();
+    let lateness = suggested(&demo_out, "tidemark lateness");
     let args: Vec<&str> = lateness.split_whitespace().skip(1).collect();
     let out = exec(
         tidemark_default_logs(now)
@@ -281,4 +272,25 @@ async fn the_wrong_kind_of_pipeline_is_a_usage_error_for_every_command() {
             out.stderr
         );
     }
+}
+
+/// The command the demo's "Next:" list suggests that starts with `start`, its `\`-continued
+/// lines joined as a shell would.
+fn suggested(out: &str, start: &str) -> String {
+    let mut lines = out.lines().skip_while(|l| *l != "Next:");
+    let mut command = String::new();
+    for l in lines.by_ref() {
+        if !command.is_empty() || l.trim_start().starts_with(start) {
+            command.push_str(l.trim().trim_end_matches('\\'));
+            command.push(' ');
+            if !l.ends_with('\\') {
+                break;
+            }
+        }
+    }
+    assert!(
+        !command.is_empty(),
+        "no `{start}` in the demo's Next: {out}"
+    );
+    command.split_whitespace().collect::<Vec<_>>().join(" ")
 }

@@ -294,6 +294,9 @@ impl Ledger {
             .sort(vec![
                 col("started_at").sort(false, false),
                 col("run_id").sort(false, false),
+                // a job run's tasks in the order they ran (their run ids are time-ordered), also
+                // on a simulated clock that gives them one start time
+                col("pipeline_run_id").sort(false, false),
                 col("task").sort(true, false),
                 col("attempt").sort(false, false),
             ])
