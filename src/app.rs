@@ -447,7 +447,13 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
         }
     };
     Ok(match args.output {
-        OutputFormat::Json => summary.to_json() + "\n",
+        OutputFormat::Json => {
+            // the text summary lists its warnings; a JSON reader's person reads stderr
+            for w in &summary.warnings {
+                tracing::warn!("{w}");
+            }
+            summary.to_json() + "\n"
+        }
         OutputFormat::Text => summary.to_text(),
     })
 }

@@ -53,6 +53,15 @@ impl LogLevel {
 }
 
 impl Cli {
+    /// Whether the command is the long-running scheduler at the default log level: it then
+    /// also says what it schedules and fires (a service that prints nothing until it stops
+    /// looks hung).
+    pub fn is_quiet_service(&self) -> bool {
+        matches!(self.command, Command::Scheduler(_))
+            && self.log_level.is_none()
+            && self.verbose == 0
+    }
+
     /// `--log-level`, else the level `-v`s ask for, else warnings only.
     pub fn level(&self) -> LogLevel {
         self.log_level.unwrap_or(match self.verbose {

@@ -1,4 +1,5 @@
-//! Logs on stderr: warnings by default (`-v` or `--log-level info` for progress), colour only
+//! Logs on stderr: warnings by default (`-v` or `--log-level info` for progress; the scheduler
+//! also says what it schedules and fires), colour only
 //! on a terminal without `NO_COLOR`, and plain values in fields — an `Option` logged with `?`
 //! shows as its value or `null`, never as Rust's `Some(..)` / `None`.
 
@@ -17,8 +18,10 @@ use tracing_subscriber::EnvFilter;
 
 use crate::cli::{LogFormat, LogLevel};
 
-/// Installs the global subscriber. `RUST_LOG`, when set and valid, wins over `level`.
-pub fn init(format: LogFormat, level: LogLevel) {
+/// Installs the global subscriber. `RUST_LOG`, when set and valid, wins over `level`. A
+/// `service` (the scheduler at the default level) also logs its own progress: what it
+/// scheduled, fired and finished.
+pub fn init(format: LogFormat, level: LogLevel, service: bool) {
     // delta-rs' kernel logs every failed log read at ERROR with the store's whole request (URL,
     // retry counts, timeouts) before returning the error that tidemark reports itself in one
     // line with what to do: its events are off unless RUST_LOG names the kernel
@@ -33,7 +36,13 @@ pub fn init(format: LogFormat, level: LogLevel) {
                 format!("{s},buoyant_kernel=off")
             }
         })
-        .unwrap_or_else(|| directives(level));
+        .unwrap_or_else(|| match service {
+            true => format!(
+                "{},tidemark::jobs::scheduler=info,tidemark::app::jobs_commands=info",
+                directives(level)
+            ),
+            false => directives(level),
+        });
     let filter = EnvFilter::try_new(&filter).unwrap_or_else(|_| EnvFilter::new("warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -23,7 +23,7 @@ fn main() {
             std::process::exit(ErrorClass::Usage.exit_code());
         }
     };
-    tidemark::logging::init(cli.log_format, cli.level());
+    tidemark::logging::init(cli.log_format, cli.level(), cli.is_quiet_service());
     quiet_upstream_abort_panic();
     let json = cli.command.output() == OutputFormat::Json;
     // `hints`: an error (not a job or bundle report that failed) gets the bug / retry advice.

@@ -71,7 +71,7 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
         target: None,
         vars: var_args,
     };
-    let bundle = jobs_commands::load_bundle(&select)?;
+    let (bundle, warnings) = jobs_commands::load_bundle_quietly(&select)?;
     let job = bundle.job(DEMO_JOB).map_err(AppError::Usage)?;
     let merge = job
         .tasks
@@ -132,7 +132,8 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     out.push_str(&said);
     // The hour just landed is "now" for the job: files arrive, the job runs five minutes later.
     let clock: Arc<dyn Clock> = Arc::new(FixedClock(landed.frontier + Duration::minutes(5)));
-    let mut result = jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock).await?;
+    let mut result =
+        jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock, warnings).await?;
     out.push_str(&result.stdout);
     let gold = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
         Spec::Aggregate(a) => Some((t.pipeline.name.clone(), a.clone())),

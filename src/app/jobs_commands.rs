@@ -28,12 +28,19 @@ fn cli_vars(select: &BundleSelect) -> Result<Vars, AppError> {
 
 /// Loads the selected bundle; its warnings go to the log.
 pub fn load_bundle(select: &BundleSelect) -> Result<Bundle, AppError> {
-    let vars = cli_vars(select)?;
-    let loaded = Bundle::load(&select.bundle, select.target.as_deref(), &vars)?;
-    for w in &loaded.warnings {
+    let (bundle, warnings) = load_bundle_quietly(select)?;
+    for w in &warnings {
         warn!("{w}");
     }
-    Ok(loaded.bundle)
+    Ok(bundle)
+}
+
+/// Loads the selected bundle; its warnings (`file:line: message`) are the caller's to show, once.
+pub fn load_bundle_quietly(select: &BundleSelect) -> Result<(Bundle, Vec<String>), AppError> {
+    let vars = cli_vars(select)?;
+    let loaded = Bundle::load(&select.bundle, select.target.as_deref(), &vars)?;
+    let warnings = loaded.warnings.iter().map(|w| w.located()).collect();
+    Ok((loaded.bundle, warnings))
 }
 
 /// `tidemark bundle validate`.
@@ -344,6 +351,7 @@ pub async fn run_job(
     full_reload: bool,
     output: OutputFormat,
     clock: Arc<dyn Clock>,
+    bundle_warnings: Vec<String>,
 ) -> Result<Output, AppError> {
     let job = bundle.job(job).map_err(AppError::Usage)?;
     // SIGINT/SIGTERM cancel the running attempts; the runner still writes their ledger rows
@@ -386,8 +394,16 @@ pub async fn run_job(
         }
         (Err(e), None) => return Err(e.into()),
     };
+    // Each warning once: in the text report, or on stderr beside the JSON.
+    let mut report = report;
+    report.warnings.splice(0..0, bundle_warnings);
     let stdout = match output {
-        OutputFormat::Json => report.to_json() + "\n",
+        OutputFormat::Json => {
+            for w in report.all_warnings() {
+                warn!("{w}");
+            }
+            report.to_json() + "\n"
+        }
         OutputFormat::Text => report.to_text(),
     };
     let failure = report.failure_class().map(|class| {
@@ -403,8 +419,16 @@ pub async fn run_job(
 
 /// `tidemark job run`.
 pub async fn job_run(args: JobRunArgs, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
-    let bundle = load_bundle(&args.select)?;
-    run_job(&bundle, &args.job, args.full_reload, args.output, clock).await
+    let (bundle, warnings) = load_bundle_quietly(&args.select)?;
+    run_job(
+        &bundle,
+        &args.job,
+        args.full_reload,
+        args.output,
+        clock,
+        warnings,
+    )
+    .await
 }
 
 /// `tidemark scheduler`.

@@ -95,6 +95,18 @@ pub struct JobReport {
 }
 
 impl JobReport {
+    /// Every warning of the run: the job's own, then each successful attempt's, named by task.
+    pub fn all_warnings(&self) -> Vec<String> {
+        let mut all = self.warnings.clone();
+        for t in &self.tasks {
+            for a in &t.attempts {
+                let Some(s) = &a.summary else { continue };
+                all.extend(s.warnings.iter().map(|w| format!("task `{}`: {w}", t.task)));
+            }
+        }
+        all
+    }
+
     /// The class that decides the exit code, or None when the job succeeded: a skipped run is
     /// retryable (75); a failed one takes the class of its first failed task (a timeout counts as
     /// retryable).

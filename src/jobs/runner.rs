@@ -154,7 +154,7 @@ impl JobRunner {
         let lease = match self.leases.acquire(job, &run_id, started_at).await {
             Ok(lease) => lease,
             Err(JobsError::AlreadyRunning { holder, .. }) => {
-                warn!(job = %job, holder_run = %holder.run_id, host = %holder.host, pid = holder.pid, "job is already running; this run is skipped");
+                info!(job = %job, holder_run = %holder.run_id, host = %holder.host, pid = holder.pid, "job is already running; this run is skipped");
                 let reason = format!("already running: {holder}");
                 if let Err(e) = self.record_skip(req, &reason).await {
                     report
@@ -481,7 +481,7 @@ impl Run<'_> {
             row.error_message = a.error.clone();
             info!(job = %self.req.job.name, task = %task.key, attempt, trigger = %trigger, status = %a.status, error = a.error.as_deref().unwrap_or(""), "task attempt finished");
             if let Err(e) = self.runner.ledger.append(&[row]).await {
-                warn!("ledger row not written: {e}");
+                tracing::debug!("ledger row not written: {e}");
                 warnings.push(format!(
                     "ledger row for task `{}` attempt {attempt} not written: {e}",
                     task.key

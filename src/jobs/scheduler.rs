@@ -391,14 +391,20 @@ impl Executor for BundleExecutor {
                 return;
             };
             match runner.run(&req).await {
-                Ok(report) => match report.status {
-                    JobStatus::Succeeded => {
-                        info!(job = %fire.job, run_id = %report.run_id, "job succeeded")
+                Ok(report) => {
+                    // a scheduled run has no reader of its report: its warnings are logged
+                    for w in report.all_warnings() {
+                        warn!(job = %fire.job, run_id = %report.run_id, "{w}");
                     }
-                    _ => {
-                        warn!(job = %fire.job, run_id = %report.run_id, "{}", report.failure_message().unwrap_or_default())
+                    match report.status {
+                        JobStatus::Succeeded => {
+                            info!(job = %fire.job, run_id = %report.run_id, "job succeeded")
+                        }
+                        _ => {
+                            warn!(job = %fire.job, run_id = %report.run_id, "{}", report.failure_message().unwrap_or_default())
+                        }
                     }
-                },
+                }
                 Err(e) => {
                     error!(job = %fire.job, scheduled_at = %utc(fire.scheduled_at), "the job could not run: {e}")
                 }

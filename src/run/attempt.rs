@@ -32,7 +32,6 @@ use chrono::{DateTime, Utc};
 use datafusion::prelude::SessionContext;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
-use tracing::warn;
 
 use super::definition::Definition;
 use super::phase::{Path, Timer};
@@ -214,9 +213,10 @@ impl Attempt<'_> {
         Ok(())
     }
 
-    /// A warning: logged now, and listed in the summary.
+    /// A warning, listed in the summary (which is where a person reads it, once: the command
+    /// logs it on stderr only when the summary is JSON; see `crate::app`).
     pub fn warn(&mut self, message: String) {
-        warn!("{message}");
+        tracing::debug!("warning recorded: {message}");
         self.summary.warnings.push(message);
     }
 

@@ -555,6 +555,13 @@ async fn bad_rows_are_quarantined_once_and_the_run_succeeds_with_a_warning() {
     assert!(num(&again, "num_quarantined") >= 1, "{again}");
     assert_eq!(count_rows(&q).await, 2, "quarantined twice");
     assert_eq!(again["target_version"], Value::Null, "{again}");
+    // In text, the warning is said once: in the summary, not also on stderr.
+    let out = exec(tidemark_default_logs(NOW).arg("run").arg(&p));
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let said = out.stdout.matches("failed validation").count();
+    assert_eq!(said, 1, "{}", out.stdout);
+    assert!(out.stdout.contains("warning: "), "{}", out.stdout);
+    assert!(!out.stderr.contains("failed validation"), "{}", out.stderr);
 }
 
 #[tokio::test]

@@ -112,7 +112,7 @@ fn a_good_bundle_is_valid_and_warns_about_a_schedule_in_the_dst_hours() {
     assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
     assert_eq!(
         out.stdout,
-        "good/resources/jobs.yml:21: warning: `0 30 1 ? * MON-FRI` fires between 01:00 and 03:00 local time in Europe/London, where DST changes the clock: on the spring-forward day a fire time that does not exist runs once at the end of the gap, and on the fall-back day a repeated time runs once (the first); use timezone_id UTC for strictly periodic runs\n\
+        "good/resources/jobs.yml:21: warning: `0 30 1 ? * MON-FRI` fires between 01:00 and 03:00 local time in Europe/London, where DST changes the clock: on the spring-forward day a fire time that does not exist runs once at the end of the gap, and on the fall-back day a repeated time runs once (the first); use timezone_id UTC for strictly periodic runs, or `dst_acknowledged: true` in the schedule to accept this and silence the warning\n\
          bundle good (target local): valid — 2 jobs (hourly, nightly_london), 1 warning\n"
     );
     // JSON says the same
@@ -123,6 +123,41 @@ fn a_good_bundle_is_valid_and_warns_about_a_schedule_in_the_dst_hours() {
     assert_eq!(v["valid"], true);
     assert_eq!(v["target"], "prod");
     assert_eq!(v["warnings"][0]["line"], 21);
+}
+
+#[test]
+fn an_acknowledged_dst_schedule_is_quiet() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_dir(&fixtures(), dir.path());
+    let good = dir.path().join("good");
+    let jobs = good.join("resources/jobs.yml");
+    let text = std::fs::read_to_string(&jobs).expect("jobs.yml");
+    let acked = text.replace(
+        "        pause_status: PAUSED\n",
+        "        pause_status: PAUSED\n        dst_acknowledged: true\n",
+    );
+    assert_ne!(acked, text, "the fixture has no paused schedule");
+    std::fs::write(&jobs, acked).expect("write");
+    let out = exec(
+        tidemark_at(NOW)
+            .current_dir(dir.path())
+            .args(["bundle", "validate", "--bundle", "good"]),
+    );
+    assert_eq!(
+        (out.code, out.stdout.as_str(), out.stderr.as_str()),
+        (
+            0,
+            "bundle good (target local): valid — 2 jobs (hourly, nightly_london), 0 warnings\n",
+            ""
+        )
+    );
+    let out = exec(
+        tidemark_at(NOW)
+            .current_dir(dir.path())
+            .args(["bundle", "summary", "--bundle", "good"]),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert!(!out.stderr.contains("DST"), "{}", out.stderr);
 }
 
 #[test]
@@ -144,7 +179,7 @@ fn a_bad_bundle_reports_every_problem_with_file_and_line() {
         "bad/resources/broken.yml:43: `memory_limit: 4096` has no unit; write it like 512MiB or 4GiB",
         "bad/resources/broken.yml:55: ${var.scratch} in `spill_directory` has no value; pass --var scratch=VALUE, export BUNDLE_VAR_scratch, or give it a value in the target's `variables` (or a `default`) in bad/tidemark.yml",
         "bad/resources/broken.yml:61: `max_concurrent_runs: 2` is not supported; use 1: a job's pipelines are the single writer of their Delta targets, so a second concurrent run could only lose its commit race (a fire while the job runs is skipped and recorded)",
-        "bad/resources/broken.yml:62: warning: `0 15 2 * * ?` fires between 01:00 and 03:00 local time in America/New_York, where DST changes the clock: on the spring-forward day a fire time that does not exist runs once at the end of the gap, and on the fall-back day a repeated time runs once (the first); use timezone_id UTC for strictly periodic runs",
+        "bad/resources/broken.yml:62: warning: `0 15 2 * * ?` fires between 01:00 and 03:00 local time in America/New_York, where DST changes the clock: on the spring-forward day a fire time that does not exist runs once at the end of the gap, and on the fall-back day a repeated time runs once (the first); use timezone_id UTC for strictly periodic runs, or `dst_acknowledged: true` in the schedule to accept this and silence the warning",
         "bad/resources/typo.yml:7: resources.jobs.typo.tasks[0]: unknown key `max_retrys` (did you mean `max_retries`?)",
         "bad/tidemark.yml:5: `include: extra/*.yml` matches no file (paths are relative to bad)",
         "bad/tidemark.yml:15: target `local` sets variable `laek`, which is not declared under `variables` (did you mean `lake`?)",
@@ -1071,6 +1106,7 @@ async fn the_scheduler_process_catches_up_then_stops_cleanly_on_sigterm() {
         .await
         .expect("seed the ledger");
     let child = tidemark_process(NOW)
+        .env_remove("RUST_LOG")
         .args(["scheduler", "--grace-period", "1m", "--bundle"])
         .arg(&bundle)
         .stdout(Stdio::piped())
@@ -1112,5 +1148,10 @@ async fn the_scheduler_process_catches_up_then_stops_cleanly_on_sigterm() {
         stdout,
         "scheduler stopped: 0 fires, 1 catch-up runs, 0 skipped (still running), 1 missed\n"
     );
+    // without -v it says what it does: started, caught up, the next fire
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for said in ["scheduler started", "catching up", "scheduled job=j next="] {
+        assert!(stderr.contains(said), "no `{said}` in {stderr}");
+    }
     assert_eq!(read_target(&silver(d)).await.len(), 1);
 }

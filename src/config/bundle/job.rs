@@ -101,10 +101,11 @@ impl JobCtx<'_> {
         let tz = self.sub("timezone_id", &s.timezone_id, line)?;
         match QuartzSchedule::parse(&expr, &tz) {
             Ok(cron) => {
-                if cron.observes_dst() && (cron.may_fire_in_hour(1) || cron.may_fire_in_hour(2)) {
+                let in_dst_hours = cron.may_fire_in_hour(1) || cron.may_fire_in_hour(2);
+                if cron.observes_dst() && in_dst_hours && !s.dst_acknowledged {
                     let line = line_of_key_from(&self.src.text, "quartz_cron_expression", line);
                     self.d.warning(&self.src.path, line, format!(
-                        "`{expr}` fires between 01:00 and 03:00 local time in {tz}, where DST changes the clock: on the spring-forward day a fire time that does not exist runs once at the end of the gap, and on the fall-back day a repeated time runs once (the first); use timezone_id UTC for strictly periodic runs"
+                        "`{expr}` fires between 01:00 and 03:00 local time in {tz}, where DST changes the clock: on the spring-forward day a fire time that does not exist runs once at the end of the gap, and on the fall-back day a repeated time runs once (the first); use timezone_id UTC for strictly periodic runs, or `dst_acknowledged: true` in the schedule to accept this and silence the warning"
                     ));
                 }
                 Some(Schedule {

@@ -185,6 +185,21 @@ impl Diagnostic {
     }
 }
 
+impl Diagnostic {
+    /// `file:line: message`, without the severity (for a list that already says it).
+    pub fn located(&self) -> String {
+        match &self.file {
+            Some(file) => format!(
+                "{}:{}: {}",
+                file.display(),
+                self.line.unwrap_or(1),
+                self.message
+            ),
+            None => self.message.clone(),
+        }
+    }
+}
+
 impl fmt::Display for Diagnostic {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(file) = &self.file {

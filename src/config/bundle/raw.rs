@@ -78,6 +78,9 @@ pub struct RawSchedule {
     pub timezone_id: String,
     #[serde(default)]
     pub pause_status: super::PauseStatus,
+    /// The schedule's behaviour in the DST hours is known and wanted: no warning.
+    #[serde(default)]
+    pub dst_acknowledged: bool,
 }
 
 #[derive(Debug, Deserialize)]

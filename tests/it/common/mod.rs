@@ -526,3 +526,17 @@ pub async fn feed_rows(path: &Path, from: u64, to: u64) -> Vec<(i64, String, Tar
     changes.sort_by_key(|(v, kind, _)| (*v, kind != "delete" && kind != "update_preimage"));
     changes
 }
+
+/// A copy of the folder `from` (recursively) at `to`.
+pub fn copy_dir(from: &std::path::Path, to: &std::path::Path) {
+    std::fs::create_dir_all(to).expect("mkdir");
+    for entry in std::fs::read_dir(from).expect("read dir") {
+        let entry = entry.expect("entry");
+        let target = to.join(entry.file_name());
+        if entry.path().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), &target).expect("copy");
+        }
+    }
+}
