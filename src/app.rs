@@ -8,6 +8,7 @@ mod jobs_commands;
 mod lateness_command;
 mod status_command;
 mod table_commands;
+mod upstream;
 
 pub use table_commands::{history, maintain, restore};
 
@@ -423,9 +424,9 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
     let engine = engine_of(&args.engine)?;
     let opts = run_options(&args, &pipeline)?;
     let on_engine = engine.clone();
-    let mut handle = engine.spawn(async move {
-        crate::pipeline::run(&pipeline, &opts, clock.as_ref(), &on_engine).await
-    });
+    let run = pipeline.clone();
+    let mut handle = engine
+        .spawn(async move { crate::pipeline::run(&run, &opts, clock.as_ref(), &on_engine).await });
     let result = tokio::select! {
         joined = &mut handle => joined,
         signal = crate::signal::stop_signal() => {
@@ -438,7 +439,9 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
     };
     engine.remove_spill_dir();
     let summary = match result {
-        Ok(outcome) => outcome?,
+        Ok(outcome) => {
+            outcome.map_err(|e| upstream::explain_missing(e.into(), &pipeline, &args.from))?
+        }
         Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
         Err(e) => {
             return Err(AppError::Usage(format!(

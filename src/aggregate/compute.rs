@@ -140,9 +140,10 @@ fn counted_rows(s: &Source<'_>, mut df: DataFrame) -> Result<DataFrame, RunError
             .map_err(q)?;
     }
     if let Some(w) = &s.spec.where_sql {
-        let e = df
-            .parse_sql_expr(w)
-            .map_err(|e| RunError::Config(s.p.error_at("where", format!("`where: {w}`: {e}"))))?;
+        let e = df.parse_sql_expr(w).map_err(|e| {
+            let why = crate::run::sql::explain(&e, w);
+            RunError::Config(s.p.error_at("where", format!("where: {why}")))
+        })?;
         condition(&e, &df, w).map_err(|m| RunError::Config(s.p.error_at("where", m)))?;
         df = df.filter(coalesce(vec![e, lit(false)])).map_err(q)?;
     }
@@ -155,9 +156,14 @@ fn measure(s: &Source<'_>, df: &DataFrame, m: &Measure) -> Result<Expr, RunError
     let filter = match &m.filter {
         Some(f) => {
             let e = df.parse_sql_expr(f).map_err(|e| {
-                RunError::Config(
-                    s.p.error_at_text(f, format!("measure `{}`: filter `{f}`: {e}", m.name)),
-                )
+                RunError::Config(s.p.error_at_text(
+                    f,
+                    format!(
+                        "measure `{}`: filter {}",
+                        m.name,
+                        crate::run::sql::explain(&e, f)
+                    ),
+                ))
             })?;
             condition(&e, df, f).map_err(|msg| {
                 RunError::Config(
@@ -263,7 +269,7 @@ fn condition(e: &Expr, df: &DataFrame, sql: &str) -> Result<(), String> {
             "`{sql}` is {}, not a condition: write one that is true for the rows to count, like `status = 'refunded'`",
             type_name(&t)
         )),
-        Err(e) => Err(format!("`{sql}`: {e}")),
+        Err(e) => Err(crate::run::sql::explain(&e, sql)),
     }
 }
 

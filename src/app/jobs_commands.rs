@@ -527,7 +527,7 @@ fn runs_narrow(rows: &[crate::jobs::LedgerRow]) -> String {
         "task",
         "try",
         "status",
-        "in/upd/del",
+        "what it did",
         "ms",
     ];
     if one_job {
@@ -553,7 +553,7 @@ fn runs_narrow(rows: &[crate::jobs::LedgerRow]) -> String {
             r.task.clone(),
             r.attempt.to_string(),
             status,
-            counts(r),
+            did(r),
             r.duration_ms.to_string(),
         ];
         if one_job {
@@ -567,6 +567,45 @@ fn runs_narrow(rows: &[crate::jobs::LedgerRow]) -> String {
         out.push('\n');
     }
     out
+}
+
+/// What a task's run did, in its kind's words (`--wide` and `--output json` have every
+/// counter): a merge's rows inserted, updated and deleted; an ingest's rows and files; an
+/// aggregate's days recomputed and rows written; a dimension's keys changed and their rows.
+fn did(r: &crate::jobs::LedgerRow) -> String {
+    let counters: Option<serde_json::Value> = r
+        .counters
+        .as_deref()
+        .and_then(|c| serde_json::from_str(c).ok());
+    let n = |key: &str| counters.as_ref().and_then(|c| c[key].as_u64());
+    let text = match r.kind.as_deref() {
+        Some("ingest") => {
+            n("num_rows_written")
+                .zip(n("num_files_ingested"))
+                .map(|(rows, files)| {
+                    format!(
+                        "{rows} rows from {files} file{}",
+                        if files == 1 { "" } else { "s" }
+                    )
+                })
+        }
+        Some("aggregate") => n("num_days_recomputed")
+            .zip(n("num_rows_written"))
+            .map(|(days, rows)| format!("{days} days, {rows} rows")),
+        Some("dimension") => match (
+            n("num_keys_changed"),
+            n("num_rows_before"),
+            n("num_rows_after"),
+        ) {
+            (Some(k), Some(b), Some(a)) => Some(format!("{k} keys, rows {b}→{a}")),
+            _ => None,
+        },
+        _ => None,
+    };
+    text.unwrap_or_else(|| match (r.num_inserted, r.num_updated, r.num_deleted) {
+        (Some(i), Some(u), Some(d)) => format!("{i} in, {u} upd, {d} del"),
+        _ => String::new(),
+    })
 }
 
 /// An error's first [`ERROR_CHARS`] characters, on one line.

@@ -85,11 +85,114 @@ pub fn nearest<'a>(unknown: &str, valid: impl IntoIterator<Item = &'a str>) -> O
 
 /// Rewrites serde's "unknown field `x`, expected one of `a`, `b`" into a message with a hint,
 /// and drops serde_yaml's trailing "at line N column M" (the caller prints the line itself).
+/// A YAML file's parse error in the user's words: a tab where YAML wants spaces is named as
+/// such (the parser says "found character that cannot start any token"); anything else as
+/// [`explain_serde_message`] says it.
+pub fn explain_yaml_error(e: &serde_yaml::Error, text: &str) -> String {
+    let message = e.to_string();
+    let line = e.location().map(|l| l.line()).unwrap_or(1);
+    let source = text.lines().nth(line.saturating_sub(1)).unwrap_or_default();
+    let about_tab = message.contains("tab") || message.contains("cannot start any token");
+    if about_tab && source.contains('\t') {
+        let indented =
+            source.trim_start_matches([' ', '\t']).len() < source.trim_start_matches(' ').len();
+        let place = if indented {
+            "is indented with a tab"
+        } else {
+            "has a tab"
+        };
+        return format!(
+            "line {line} {place}: YAML indents with spaces only; replace the tab with spaces"
+        );
+    }
+    explain_serde_message(&message)
+}
+
+/// serde's `path.key: invalid type: string "two", expected i64` in a person's words:
+/// `` `key` is the text "two"; it must be a whole number ``.
+fn plain_type_error(message: &str) -> Option<String> {
+    let (path, what) = ["invalid type: ", "invalid value: "].iter().find_map(|p| {
+        message
+            .find(p)
+            .map(|i| (&message[..i], &message[i + p.len()..]))
+    })?;
+    let (found, expected) = what.rsplit_once(", expected ")?;
+    let key = path
+        .trim_end_matches(": ")
+        .rsplit('.')
+        .next()
+        .unwrap_or_default();
+    let key = key.split('[').next().unwrap_or(key);
+    let found = match found.split_once(' ') {
+        Some(("string", v)) => format!("the text {v}"),
+        Some(("integer" | "floating", v)) => format!(
+            "the number {}",
+            v.trim_start_matches("point ").trim_matches('`')
+        ),
+        Some(("boolean", v)) => v.trim_matches('`').to_string(),
+        _ => match found {
+            "sequence" => "a list".to_string(),
+            "map" => "a mapping (keys under it)".to_string(),
+            "unit value" => "empty".to_string(),
+            other => other.to_string(),
+        },
+    };
+    let expected = match expected {
+        "i8" | "i16" | "i32" | "i64" | "isize" => "a whole number",
+        "u8" | "u16" | "u32" | "u64" | "usize" => "a whole number, 0 or more",
+        "f32" | "f64" => "a number",
+        "a boolean" | "bool" => "true or false",
+        "a string" | "a borrowed string" | "string" => "text",
+        "a sequence" => "a list (`[a, b]` or `- a` lines)",
+        e if e.starts_with("struct ") || e == "a map" => "a mapping (keys under it)",
+        e => e,
+    };
+    let subject = match key.is_empty() {
+        true => "the file".to_string(),
+        false => format!("`{key}`"),
+    };
+    Some(format!("{subject} is {found}; it must be {expected}"))
+}
+
+/// serde's `path.mode: unknown variant `fast`, expected `incremental` or `full_reload`` as
+/// `` `mode: fast` is not one of: incremental, full_reload `` (with the nearest one).
+fn plain_variant_error(message: &str) -> Option<String> {
+    let i = message.find("unknown variant `")?;
+    // the key with its parent (`target.apply`, `pipeline_task.mode`), without list indexes
+    let path: Vec<&str> = message[..i]
+        .trim_end_matches(": ")
+        .split('.')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.split('[').next().unwrap_or(s))
+        .collect();
+    let key = path[path.len().saturating_sub(2)..].join(".");
+    let rest = &message[i + "unknown variant `".len()..];
+    let (value, tail) = rest.split_once('`')?;
+    let choices: Vec<&str> = tail.split('`').skip(1).step_by(2).collect();
+    let near = nearest(value, choices.iter().copied())
+        .map(|n| format!(" (did you mean `{n}`?)"))
+        .unwrap_or_default();
+    let subject = match key.is_empty() {
+        true => format!("`{value}`"),
+        false => format!("`{key}: {value}`"),
+    };
+    let quoted: Vec<String> = choices.iter().map(|c| format!("`{c}`")).collect();
+    let choices = match quoted.split_last() {
+        Some((last, [])) => last.clone(),
+        Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+        None => String::new(),
+    };
+    Some(format!("{subject} is not one of {choices}{near}"))
+}
+
 pub fn explain_serde_message(message: &str) -> String {
     let message = match message.rfind(" at line ") {
         Some(i) => &message[..i],
         None => message,
     };
+    if let Some(plain) = plain_type_error(message).or_else(|| plain_variant_error(message)) {
+        return plain;
+    }
     if let Some(rest) = message.strip_prefix("duplicate field `") {
         let field = rest.split('`').next().unwrap_or_default();
         return format!("`{field}` is given more than once; keep one of them");
@@ -159,6 +262,38 @@ pub fn normalize(path: &Path) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn type_and_variant_errors_read_in_plain_words() {
+        assert_eq!(
+            explain_serde_message("a.tasks[0].max_retries: invalid type: string \"two\", expected i64 at line 4 column 18"),
+            "`max_retries` is the text \"two\"; it must be a whole number"
+        );
+        assert_eq!(
+            explain_serde_message(
+                "x.retry_on_timeout: invalid type: integer `3`, expected a boolean"
+            ),
+            "`retry_on_timeout` is the number 3; it must be true or false"
+        );
+        assert_eq!(
+            explain_serde_message("tasks: invalid type: map, expected a sequence"),
+            "`tasks` is a mapping (keys under it); it must be a list (`[a, b]` or `- a` lines)"
+        );
+        assert_eq!(
+            explain_serde_message("p.mode: unknown variant `ful_reload`, expected `incremental` or `full_reload`"),
+            "`p.mode: ful_reload` is not one of `incremental` or `full_reload` (did you mean `full_reload`?)"
+        );
+    }
+
+    #[test]
+    fn a_tab_is_named_as_such() {
+        let text = "name: t\nsource:\n\turi: x\n";
+        let e = serde_yaml::from_str::<serde_yaml::Value>(text).expect_err("a tab");
+        assert_eq!(
+            explain_yaml_error(&e, text),
+            "line 3 is indented with a tab: YAML indents with spaces only; replace the tab with spaces"
+        );
+    }
 
     #[test]
     fn finds_keys_in_block_and_flow_style() {

@@ -158,6 +158,9 @@ impl Run<'_, '_> {
                 .into_iter()
                 .map(|(k, _)| k)
                 .collect();
+        // (a relayout rewrites every held row: compared with nothing, every key changes; the
+        // rows it held still count as the rows before)
+        let held_rows: usize = held.iter().map(RecordBatch::num_rows).sum();
         let held = if self.relayout { Vec::new() } else { held };
         let before = as_one(&held, &plan.storage_schema)?;
         let others = match (&plan.target, &d.infer) {
@@ -176,7 +179,7 @@ impl Run<'_, '_> {
                 .await?;
         }
         let changed = changed_keys(&before, &fresh, &d.keys)?;
-        self.count_rows(plan, &before, &fresh, partial, changed);
+        self.count_rows(plan, held_rows, &fresh, partial, changed);
         self.end_phase(Phase::Compare)?;
         Ok(Compared {
             fresh,
@@ -332,13 +335,13 @@ impl Run<'_, '_> {
     fn count_rows(
         &mut self,
         plan: &Planned,
-        before: &RecordBatch,
+        held_rows: usize,
         fresh: &RecordBatch,
         partial: bool,
         changed: u64,
     ) {
         self.c.num_keys_changed = changed;
-        self.c.num_rows_before = before.num_rows() as u64;
+        self.c.num_rows_before = held_rows as u64;
         self.c.num_rows_after = fresh.num_rows() as u64;
         self.c.num_rows_total = if partial {
             let total = plan
@@ -346,7 +349,7 @@ impl Run<'_, '_> {
                 .as_ref()
                 .and_then(|t| lake::row_count_from_stats(t).ok().flatten())
                 .unwrap_or_default();
-            (total + fresh.num_rows() as u64).saturating_sub(before.num_rows() as u64)
+            (total + fresh.num_rows() as u64).saturating_sub(held_rows as u64)
         } else {
             fresh.num_rows() as u64
         };

@@ -35,6 +35,22 @@ pub struct DimensionCounters {
     pub num_files_marked: u64,
 }
 
+impl DimensionCounters {
+    /// The keys the run rebuilt, from where they came, and how many changed: `N read` from the
+    /// source, `+ M inferred` (placeholders new in this run, named by the facts first), `K
+    /// changed` (of those, the keys whose rows differ now).
+    fn keys_text(&self) -> String {
+        let inferred = match self.num_inferred_new {
+            0 => String::new(),
+            n => format!(" + {n} inferred"),
+        };
+        format!(
+            "{} read{inferred}, {} changed",
+            self.num_keys_read, self.num_keys_changed
+        )
+    }
+}
+
 impl CounterText for DimensionCounters {
     fn lines(&self, s: &RunSummary) -> Vec<(&'static str, String)> {
         let c = self;
@@ -45,13 +61,10 @@ impl CounterText for DimensionCounters {
             ),
             ("rows read", s.num_source_rows_read.to_string()),
             ("quarantined", s.quarantined_text()),
-            (
-                "keys",
-                format!("{} read, {} changed", c.num_keys_read, c.num_keys_changed),
-            ),
+            ("keys", c.keys_text()),
             (
                 "their rows",
-                format!("{} -> {}", c.num_rows_before, c.num_rows_after),
+                format!("{} before -> {} after", c.num_rows_before, c.num_rows_after),
             ),
             ("updated in place", c.num_updated_in_place.to_string()),
             (

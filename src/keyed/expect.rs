@@ -60,16 +60,12 @@ pub fn compile(
                     p.error_at_text(&r.sql, format!("expectation `{}`: {why}", r.name)),
                 )
             };
-            let expr = input.parse_sql_expr(&r.sql).map_err(|e| {
-                bad(format!(
-                    "`{}` cannot be evaluated on the source's rows: {}",
-                    r.sql,
-                    e.strip_backtrace()
-                ))
-            })?;
+            let expr = input
+                .parse_sql_expr(&r.sql)
+                .map_err(|e| bad(crate::run::sql::explain(&e, &r.sql)))?;
             let ty = expr
                 .get_type(schema)
-                .map_err(|e| bad(format!("`{}`: {}", r.sql, e.strip_backtrace())))?;
+                .map_err(|e| bad(crate::run::sql::explain(&e, &r.sql)))?;
             if ty != DataType::Boolean {
                 return Err(bad(format!(
                     "`{}` is {ty}, not a condition (true for a good row)",

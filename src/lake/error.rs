@@ -80,6 +80,15 @@ pub enum LakeError {
         uri: String,
         reason: String,
     },
+    /// A table the run reads is not there yet, and `writers` are the pipelines that write it:
+    /// run them first (`advice`: the commands).
+    #[error("{role} table {uri} does not exist yet: {writers}. {advice} (a bundle job with them as tasks runs them in order)")]
+    NotYetWritten {
+        role: &'static str,
+        uri: String,
+        writers: String,
+        advice: String,
+    },
     /// A URI scheme tidemark has no storage for (`gs://`, `az://`, `http://` …).
     #[error("{uri}: the {scheme}:// scheme is not supported; tidemark reads local paths, file:// and s3:// URIs (any S3-compatible store; Google Cloud Storage through its S3 interoperability endpoint: set AWS_ENDPOINT_URL=https://storage.googleapis.com and use s3://)")]
     UnsupportedScheme { uri: String, scheme: String },
@@ -157,6 +166,7 @@ impl Classify for LakeError {
     fn class(&self) -> ErrorClass {
         match self {
             LakeError::NotFound { .. }
+            | LakeError::NotYetWritten { .. }
             | LakeError::CannotCreate { .. }
             | LakeError::NotEmpty { .. } => ErrorClass::Unavailable,
             LakeError::CorruptLog { .. } => ErrorClass::BadData,

@@ -15,6 +15,7 @@ pub(crate) mod quarantine;
 pub(crate) mod render;
 mod session;
 mod spill;
+pub mod sql;
 
 pub use attempt::{attempt, Attempt, Point, RunKind, Table};
 pub use error::{KindError, KindFailure, RunError};

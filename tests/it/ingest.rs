@@ -1033,12 +1033,12 @@ async fn a_glob_that_no_longer_matches_is_said_out_loud() {
     let out = run(d, T0 + HOUR, &[]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(
-        out.stderr.contains("matches `landing.glob: *.json`") && out.stderr.contains("a.jsonl"),
+        out.stdout.contains("matches `landing.glob: *.json`") && out.stdout.contains("a.jsonl"),
         "{}",
-        out.stderr
+        out.stdout
     );
     std::fs::remove_file(d.join("landing/a.jsonl")).expect("archive");
     let out = run(d, T0 + 2 * HOUR, &[]);
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(!out.stderr.contains("landing.glob"), "{}", out.stderr);
+    assert!(!out.stdout.contains("landing.glob"), "{}", out.stdout);
 }

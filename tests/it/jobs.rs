@@ -161,6 +161,46 @@ fn an_acknowledged_dst_schedule_is_quiet() {
 }
 
 #[test]
+fn every_wrong_value_of_a_file_is_reported_in_one_pass_in_plain_words() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    copy_dir(&fixtures(), dir.path());
+    let jobs = dir.path().join("good/resources/jobs.yml");
+    let text = std::fs::read_to_string(&jobs).expect("jobs.yml");
+    let edits = [
+        ("      timeout_seconds: 600\n", "      timeout_seconds: ten\n"),
+        (
+            "        - task_key: load\n          job_cluster_key: small\n",
+            "        - task_key: load\n          max_retries: two\n          retry_on_timeout: maybe\n          job_cluster_key: small\n          colour: red\n",
+        ),
+        ("p.yml, mode: incremental }", "p.yml, mode: incremetal }"),
+    ];
+    let mut bad = text.clone();
+    for (from, to) in edits {
+        assert!(bad.contains(from), "the fixture has no {from:?}");
+        bad = bad.replacen(from, to, 1);
+    }
+    std::fs::write(&jobs, bad).expect("write");
+    let out = exec(
+        tidemark_at(NOW)
+            .current_dir(dir.path())
+            .args(["bundle", "validate", "--bundle", "good"]),
+    );
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    let lines: Vec<&str> = out.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "good/resources/jobs.yml:7: `timeout_seconds` is the text \"ten\"; it must be a whole number, 0 or more",
+            "good/resources/jobs.yml:13: `max_retries` is the text \"two\"; it must be a whole number",
+            "good/resources/jobs.yml:14: `retry_on_timeout` is the text \"maybe\"; it must be true or false",
+            "good/resources/jobs.yml:16: resources.jobs.hourly.tasks[0]: unknown key `colour`; valid keys here: task_key, depends_on, job_cluster_key, pipeline_task, max_retries, min_retry_interval_millis, retry_on_timeout, timeout_seconds",
+            "good/resources/jobs.yml:21: `pipeline_task.mode: incremetal` is not one of `incremental` or `full_reload` (did you mean `incremental`?)",
+            "bundle good: invalid — 5 errors, 0 warnings",
+        ]
+    );
+}
+
+#[test]
 fn a_bad_bundle_reports_every_problem_with_file_and_line() {
     let out = exec(
         tidemark_at(NOW)

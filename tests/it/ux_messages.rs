@@ -294,3 +294,57 @@ fn suggested(out: &str, start: &str) -> String {
     );
     command.split_whitespace().collect::<Vec<_>>().join(" ")
 }
+
+/// A pipeline run before the one that writes its source says which pipeline(s) to run first,
+/// with the command — from the repository's own pipelines, on an empty lake.
+#[test]
+fn a_source_not_written_yet_names_the_pipeline_to_run_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    copy_dir(&root.join("pipelines"), &d.join("pipelines"));
+    copy_dir(&root.join("bundle"), &d.join("bundle"));
+    let lake = format!("lake={}", d.join("lake").display());
+    let run = |pipeline: &str| {
+        exec(
+            tidemark_default_logs(NOW)
+                .current_dir(d)
+                .args(["run", pipeline, "--var", &lake]),
+        )
+    };
+    let out = run("pipelines/daily_payments.yml");
+    assert_eq!(out.code, 66, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("pipeline `payments` writes it and has not run on this lake yet")
+            && out.stderr.contains(&format!(
+                "Run it first: `tidemark run pipelines/payments.yml --var {lake}`"
+            )),
+        "{}",
+        out.stderr
+    );
+    // two ingests land into one bronze: both are named
+    let out = run("pipelines/payments.yml");
+    assert_eq!(out.code, 66, "{}", out.stderr);
+    assert!(
+        out.stderr
+            .contains("pipelines `payments_events` and `payments_partner` write it")
+            && out
+                .stderr
+                .contains("Run them first: `tidemark run pipelines/payments_events.yml"),
+        "{}",
+        out.stderr
+    );
+    // a table no pipeline writes keeps the plain "not found" advice
+    let text = std::fs::read_to_string(d.join("pipelines/daily_payments.yml")).expect("read");
+    let text = text.replace("/silver/payments\"", "/silver/nobody_writes_this\"");
+    std::fs::write(d.join("pipelines/orphan.yml"), text).expect("write");
+    let out = run("pipelines/orphan.yml");
+    assert_eq!(out.code, 66, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("source table not found at")
+            && out.stderr.contains("check `source.uri`"),
+        "{}",
+        out.stderr
+    );
+}

@@ -35,7 +35,7 @@ pub(super) fn load(
     let raw: RawRoot = match root.parse() {
         Ok(r) => r,
         Err(e) => {
-            d.errors.push(e);
+            d.errors.extend(e);
             return Err(d.fail());
         }
     };
@@ -133,7 +133,7 @@ fn included(
             };
             match src.parse::<RawResourceFile>() {
                 Ok(r) => out.push((std::rc::Rc::new(src), r.resources.jobs)),
-                Err(e) => d.errors.push(e),
+                Err(e) => d.errors.extend(e),
             }
         }
     }

@@ -4,7 +4,7 @@
 use super::common::Ctx;
 use super::raw::RawTag;
 use super::{Kind, Pipeline};
-use crate::config::location::{explain_serde_message, lines_of_key, nearest};
+use crate::config::location::{lines_of_key, nearest};
 use crate::config::{ConfigError, Vars};
 
 impl Ctx<'_> {
@@ -70,7 +70,7 @@ impl Ctx<'_> {
             ConfigError::Invalid {
                 path: self.path.to_path_buf(),
                 line: repeated.or(e.location().map(|l| l.line())).unwrap_or(1),
-                message: explain_serde_message(&message),
+                message: crate::config::location::explain_yaml_error(&e, self.text),
             }
         })
     }

@@ -290,16 +290,25 @@ impl Ledger {
             Some(j) => df.filter(col("job").eq(lit(j))).map_err(self.query())?,
             None => df,
         };
+        let mut order = vec![
+            col("started_at").sort(false, false),
+            col("run_id").sort(false, false),
+        ];
+        // a job run's tasks in the order they ran (their run ids are time-ordered), also on a
+        // simulated clock that gives them one start time (a ledger from before the column: by
+        // task name)
+        if df
+            .schema()
+            .has_column_with_unqualified_name("pipeline_run_id")
+        {
+            order.push(col("pipeline_run_id").sort(false, false));
+        }
+        order.extend([
+            col("task").sort(true, false),
+            col("attempt").sort(false, false),
+        ]);
         let batches = df
-            .sort(vec![
-                col("started_at").sort(false, false),
-                col("run_id").sort(false, false),
-                // a job run's tasks in the order they ran (their run ids are time-ordered), also
-                // on a simulated clock that gives them one start time
-                col("pipeline_run_id").sort(false, false),
-                col("task").sort(true, false),
-                col("attempt").sort(false, false),
-            ])
+            .sort(order)
             .and_then(|df| df.limit(0, Some(limit)))
             .map_err(self.query())?
             .collect()
