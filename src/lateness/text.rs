@@ -77,29 +77,42 @@ impl LatenessReport {
         serde_json::to_string(self).unwrap_or_default()
     }
 
-    /// The recommendation in one sentence (also under the plot).
+    /// The recommendation in one sentence (also under the plot): the lookback, then what the
+    /// overlap spans.
     pub fn sentence(&self, p: &Profile) -> String {
+        match self.overlap_sentence(p) {
+            Some(o) => format!("{}; {o}", self.lookback_sentence(p)),
+            None => self.lookback_sentence(p),
+        }
+    }
+
+    /// The lookback that keeps the target share of rows inside open days — the number that
+    /// decides whether published days are right.
+    pub fn lookback_sentence(&self, p: &Profile) -> String {
         let Some(r) = &p.recommendation else {
             return format!(
                 "no settled rows: nothing arrived for events between {} and {} before now; pass --settled FROM..TO with a window this table's event times cover",
                 self.settled.from, self.settled.to
             );
         };
-        let target = pct_text(r.target_pct);
-        let mut s = match (&r.overlap, r.overlap_covers_pct) {
-            (Some(o), Some(c)) => format!(
-                "overlap {o} covers {} of rows; {target} needs {}",
-                pct_text(c),
-                r.lookback
-            ),
-            _ => format!("{target} of rows need a lookback of {}", r.lookback),
-        };
-        s.push_str(&format!(
-            " ({} covers {} of the settled rows)",
+        format!(
+            "lookback {} keeps {} of rows inside open days ({} covers {} of the settled rows)",
+            r.lookback,
+            pct_text(r.target_pct),
             r.lookback,
             pct_text(r.lookback_covers_pct)
-        ));
-        s
+        )
+    }
+
+    /// What the pipeline's overlap spans, said as the cost setting it is (a row later than the
+    /// overlap is still merged, from the file it lands in): None without an overlap.
+    pub fn overlap_sentence(&self, p: &Profile) -> Option<String> {
+        let r = p.recommendation.as_ref()?;
+        let (o, c) = (r.overlap.as_ref()?, r.overlap_covers_pct?);
+        Some(format!(
+            "overlap {o} spans {} of them, a cost setting: later rows are still merged",
+            pct_text(c)
+        ))
     }
 
     pub fn to_text(&self) -> String {
@@ -314,8 +327,15 @@ pub(super) fn days_table(points: &[DayPoint]) -> String {
             pct_text(p.pct_complete),
         ]);
     }
+    let mut note = String::new();
     if points.len() > shown {
         // The tail in one line per milestone: the day 99.9% / 99.99% / 100% is reached.
+        let last_day = points.last().map_or(0, |p| p.days_late);
+        note = format!(
+            "(after D+{}: only the days 99.9%, 99.99% and 100% are reached, of D+{} … D+{last_day}; --output json has every day)\n",
+            points[shown - 1].days_late,
+            points[shown].days_late
+        );
         let mut last_shown = points[shown - 1].pct_complete;
         for milestone in [99.9, 99.99, 100.0] {
             if last_shown >= milestone {
@@ -323,8 +343,8 @@ pub(super) fn days_table(points: &[DayPoint]) -> String {
             }
             if let Some(p) = points[shown..].iter().find(|p| p.pct_complete >= milestone) {
                 t.add_row(vec![
-                    label(p.days_late),
-                    "…".into(),
+                    format!("… {}", label(p.days_late)),
+                    count(p.rows),
                     pct_text(p.pct_complete),
                 ]);
                 last_shown = p.pct_complete;
@@ -336,7 +356,7 @@ pub(super) fn days_table(points: &[DayPoint]) -> String {
             c.set_cell_alignment(CellAlignment::Right);
         }
     }
-    format!("{t}\n")
+    format!("{t}\n{note}")
 }
 
 /// A row count with its separators and `row`/`rows`.

@@ -448,10 +448,14 @@ async fn curve_percentiles_and_counts_equal_an_independent_computation() {
     assert_eq!(text.code, 0, "{}", text.stderr);
     let rec = &v["overall"]["recommendation"];
     let sentence = format!(
-        "overlap 15m covers {:.1}% of rows; 99.9% needs {}",
-        num(&rec["overlap_covers_pct"]),
+        "lookback {} keeps 99.9% of rows inside open days",
         rec["lookback"].as_str().expect("lookback")
     );
+    let overlap = format!(
+        "overlap 15m spans {:.1}% of them, a cost setting: later rows are still merged",
+        num(&rec["overlap_covers_pct"])
+    );
+    assert!(text.stdout.contains(&overlap), "{overlap}\n{}", text.stdout);
     assert!(
         text.stdout.contains(&sentence),
         "{sentence}\n{}",
@@ -724,7 +728,36 @@ async fn plot_writes_an_svg_with_every_group_and_refuses_a_bad_path() {
     ] {
         assert!(text.contains(name), "the plot names {name}");
     }
-    assert!(text.contains("99.9% needs a lookback of"));
+    assert!(
+        text.contains("target: 99.9% arrived (0.1% missing)"),
+        "{text}"
+    );
+    assert!(text.contains("lookback "), "{text}");
+    assert!(text.contains("cost setting"), "{text}");
+    // the y axis is the share not arrived yet, on a log scale down to `none`
+    assert!(text.contains("not arrived yet (log scale)"), "{text}");
+    for tick in ["100%", "10%", "1%", "0.1%", "none"] {
+        assert!(text.lines().any(|l| l.trim() == tick), "no y tick {tick}");
+    }
+    // the groups in Okabe–Ito colours, never the pale yellow
+    assert!(text.to_ascii_uppercase().contains("#E69F00"), "{text}");
+    assert!(!text.to_ascii_uppercase().contains("#F0E442"), "{text}");
+    // the legend draws the dotted overlap as dots (short segments), not a solid swatch
+    let attr = |element: &str, name: &str| -> Option<i64> {
+        let start = element.find(&format!(" {name}=\""))? + name.len() + 3;
+        element[start..].split('"').next()?.parse().ok()
+    };
+    let dots = text
+        .split("<line ")
+        .skip(1)
+        .filter(
+            |l| match (attr(l, "x1"), attr(l, "x2"), attr(l, "y1"), attr(l, "y2")) {
+                (Some(a), Some(b), Some(y1), Some(y2)) => b - a == 2 && y1 == y2,
+                _ => false,
+            },
+        )
+        .count();
+    assert!(dots >= 4, "no dotted legend swatch");
     // Elements open and close in balance (a cheap well-formedness check).
     let opened = text.matches("<text").count();
     assert_eq!(opened, text.matches("</text>").count());
@@ -808,7 +841,8 @@ fn runs_shows_the_ledger_trend_after_job_runs() {
     let out = lateness(&[]);
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(
-        out.stdout.contains("recommendation: overlap 15m covers"),
+        out.stdout.contains("recommendation: lookback ")
+            && out.stdout.contains("overlap 15m spans"),
         "{}",
         out.stdout
     );
