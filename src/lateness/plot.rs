@@ -384,48 +384,6 @@ fn recommendation(
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_floor_shows_one_row_and_the_target() {
-        assert_eq!(floor_pct(20_000, 99.9), 0.001);
-        assert_eq!(floor_pct(10, 99.9), 0.01);
-        assert!((floor_pct(0, 99.0) - 0.1).abs() < 1e-12);
-    }
-
-    #[test]
-    fn nothing_missing_sits_on_the_floor() {
-        assert_eq!(missing_pct(100.0, 0.001), 0.001);
-        assert!((missing_pct(99.9, 0.001) - 0.1).abs() < 1e-9);
-        assert_eq!(missing_pct(0.0, 0.001), 100.0);
-        assert_eq!(missing_pct(f64::NAN, 0.001), 100.0);
-        assert_eq!(y_label(0.001, 0.001), "none");
-        assert_eq!(y_label(0.1, 0.001), "0.1%");
-        assert_eq!(y_label(100.0, 0.001), "100%");
-    }
-
-    #[test]
-    fn swatches_are_dashed_like_their_lines() {
-        assert_eq!(swatch_segments(SOLID), vec![(0, 24)]);
-        assert_eq!(swatch_segments(LONG_DASH), vec![(0, 8), (12, 20)]);
-        assert!(swatch_segments(DOTS).len() > 3);
-    }
-
-    #[test]
-    fn no_group_colour_is_pale_or_grey() {
-        for c in PALETTE {
-            let luminance = 0.2126 * c.0 as f64 + 0.7152 * c.1 as f64 + 0.0722 * c.2 as f64;
-            assert!(luminance < 200.0, "{c:?} is too pale on white");
-            assert!(
-                !(c.0 == c.1 && c.1 == c.2),
-                "{c:?} is a grey, like the marks"
-            );
-        }
-    }
-}
-
 /// Draws the report's curve into `path`, atomically: a temporary file in the same directory,
 /// synced, then renamed over `path`.
 pub fn write_plot(report: &LatenessReport, path: &Path) -> Result<(), LatenessError> {
@@ -470,4 +428,46 @@ pub fn write_plot(report: &LatenessReport, path: &Path) -> Result<(), LatenessEr
             source,
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_shows_one_row_and_the_target() {
+        assert_eq!(floor_pct(20_000, 99.9), 0.001);
+        assert_eq!(floor_pct(10, 99.9), 0.01);
+        assert!((floor_pct(0, 99.0) - 0.1).abs() < 1e-12);
+    }
+
+    #[test]
+    fn nothing_missing_sits_on_the_floor() {
+        assert_eq!(missing_pct(100.0, 0.001), 0.001);
+        assert!((missing_pct(99.9, 0.001) - 0.1).abs() < 1e-9);
+        assert_eq!(missing_pct(0.0, 0.001), 100.0);
+        assert_eq!(missing_pct(f64::NAN, 0.001), 100.0);
+        assert_eq!(y_label(0.001, 0.001), "none");
+        assert_eq!(y_label(0.1, 0.001), "0.1%");
+        assert_eq!(y_label(100.0, 0.001), "100%");
+    }
+
+    #[test]
+    fn swatches_are_dashed_like_their_lines() {
+        assert_eq!(swatch_segments(SOLID), vec![(0, 24)]);
+        assert_eq!(swatch_segments(LONG_DASH), vec![(0, 8), (12, 20)]);
+        assert!(swatch_segments(DOTS).len() > 3);
+    }
+
+    #[test]
+    fn no_group_colour_is_pale_or_grey() {
+        for c in PALETTE {
+            let luminance = 0.2126 * c.0 as f64 + 0.7152 * c.1 as f64 + 0.0722 * c.2 as f64;
+            assert!(luminance < 200.0, "{c:?} is too pale on white");
+            assert!(
+                !(c.0 == c.1 && c.1 == c.2),
+                "{c:?} is a grey, like the marks"
+            );
+        }
+    }
 }
