@@ -15,7 +15,7 @@ pub use table_commands::{history, maintain, restore};
 use std::sync::Arc;
 
 use chrono::SecondsFormat;
-use comfy_table::{presets::UTF8_BORDERS_ONLY, Table};
+use comfy_table::Table;
 
 use crate::cli::{
     BundleCommand, Command, EngineArgs, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs,
@@ -475,14 +475,42 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
     };
     // (the engine's spill directory goes when it is dropped, however the comparison ends)
     let engine = engine_of(&args.engine)?;
-    let report = reconcile::reconcile(
-        &pipeline,
-        pipeline.cdc_merge("reconcile")?,
-        &opts,
-        clock,
-        &engine,
-    )
-    .await?;
+    let m = match &pipeline.spec {
+        Spec::CdcMerge(m) => m,
+        Spec::Aggregate(a) => {
+            let report =
+                reconcile::aggregate::reconcile(&pipeline, a, args.limit, &var_args, &engine)
+                    .await?;
+            let rendered = match args.output {
+                OutputFormat::Json => report.to_json() + "\n",
+                OutputFormat::Text => fit::wrap(&report.to_text()),
+            };
+            let file = format!("{}{var_args}", pipeline.path.display());
+            return Ok(report.into_result(rendered, &file)?);
+        }
+        Spec::Dimension(d) => {
+            let report = reconcile::dimension::reconcile(
+                &pipeline, d, args.limit, &var_args, clock, &engine,
+            )
+            .await?;
+            let rendered = match args.output {
+                OutputFormat::Json => report.to_json() + "\n",
+                OutputFormat::Text => fit::wrap(&report.to_text()),
+            };
+            let file = format!("{}{var_args}", pipeline.path.display());
+            return Ok(report.into_result(rendered, &file)?);
+        }
+        Spec::Ingest(_) => {
+            return Err(pipeline
+                .wrong_kind(format!(
+                    "`tidemark reconcile` checks a table against its source; `{}` is an ingest, whose bronze holds every valid record of the landing files it recorded (each run checks that, and says so when a file changed or went since it was ingested). Reconcile the pipelines that read {}: its cdc_merge, aggregate or dimension",
+                    pipeline.name,
+                    pipeline.target_uri()
+                ))
+                .into())
+        }
+    };
+    let report = reconcile::reconcile(&pipeline, m, &opts, clock, &engine).await?;
     let rendered = match args.output {
         OutputFormat::Json => report.to_json() + "\n",
         OutputFormat::Text => report.to_text(),

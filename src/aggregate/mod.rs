@@ -453,3 +453,32 @@ pub async fn day_status(
     }
     status::read(&lake::session::context(), table.as_ref(), &spec.status_uri).await
 }
+
+/// Every day's groups recomputed from `source` as a full reload computes them (lookups
+/// applied; not written): what gold plus its adjustments must equal, for `tidemark
+/// reconcile`. `closed`: when each closed day closed (see [`status::closes`]).
+pub async fn recompute(
+    ctx: &SessionContext,
+    p: &Pipeline,
+    spec: &Aggregate,
+    source: &deltalake::DeltaTable,
+    closed: &BTreeMap<NaiveDate, i64>,
+) -> Result<datafusion::prelude::DataFrame, RunError> {
+    source
+        .update_datafusion_session(&ctx.state())
+        .map_err(RunError::delta(Phase::Reconcile, &spec.source_uri))?;
+    let df = crate::run::frame(ctx, source, &spec.source_uri, Phase::Reconcile).await?;
+    let df = lookup::apply(ctx, p, spec, df).await?;
+    // (which days are open is the status table's to say: the recompute's own label is unused)
+    let far = NaiveDate::from_ymd_opt(9999, 12, 31).unwrap_or(NaiveDate::MAX);
+    compute::grouped(
+        compute::Source {
+            p,
+            spec,
+            df,
+            closed,
+        },
+        None,
+        far,
+    )
+}

@@ -2,33 +2,81 @@
 
 use super::*;
 
-/// `tidemark history`.
-pub async fn history(mut args: HistoryArgs) -> Result<String, AppError> {
-    args.table = table_or_pipeline_target(&args.table, &args.from)?;
-    let table = lake::open_required(&args.table, "table").await?;
-    let entries = lake::read_commits(&table, args.limit)
-        .await
-        .map_err(|source| AppError::Delta {
-            action: "cannot read the log of",
-            uri: args.table.clone(),
-            source: Box::new(source),
-        })?;
-    if args.output == OutputFormat::Json {
-        return Ok(serde_json::to_string(&entries).unwrap_or_default() + "\n");
+/// `tidemark history`: a table's commits, newest first; for a pipeline, every table it owns
+/// that exists (the target first), each under its own title. Times are the commits' own (wall
+/// clock, UTC), not the run's clock a ledger row or a demo's simulated hour carries.
+pub async fn history(args: HistoryArgs) -> Result<String, AppError> {
+    let tables: Vec<(Option<&'static str>, String)> =
+        match pipeline_or_table(&args.table, &args.from)? {
+            Some(_) => {
+                let p = load_pipeline(&args.table, &args.from)?;
+                crate::pipeline::tables(&p)
+                    .into_iter()
+                    .map(|(t, uri)| (Some(t.as_str()), uri))
+                    .collect()
+            }
+            None => vec![(None, args.table.clone())],
+        };
+    let mut sections = Vec::new();
+    for (i, (role, uri)) in tables.iter().enumerate() {
+        // (the target must exist; a companion not written yet is left out)
+        let table = match (i, lake::open_if_exists(uri).await?) {
+            (_, Some(t)) => t,
+            (0, None) => lake::open_required(uri, "table").await?,
+            (_, None) => continue,
+        };
+        let entries = lake::read_commits(&table, args.limit)
+            .await
+            .map_err(|source| AppError::Delta {
+                action: "cannot read the log of",
+                uri: uri.clone(),
+                source: Box::new(source),
+            })?;
+        sections.push((*role, uri.clone(), entries));
     }
-    let mut t = Table::new();
-    t.load_preset(UTF8_BORDERS_ONLY);
+    if args.output == OutputFormat::Json {
+        return Ok(history_json(&sections) + "\n");
+    }
+    let mut out = String::new();
+    for (role, uri, entries) in &sections {
+        if let Some(role) = role {
+            out.push_str(&format!("{role}: {uri}\n"));
+        }
+        out.push_str(&format!("{}\n", history_table(entries)));
+    }
+    out.push_str("committed: when each commit was written, by the wall clock (UTC); a run's scheduled or simulated time is in `tidemark runs`\n");
+    Ok(super::fit::wrap(&out))
+}
+
+/// The commits as one JSON array, newest first per table; with a pipeline each entry names its
+/// table (`table`: target, status, adjustments, quarantine, record; `uri`).
+fn history_json(sections: &[(Option<&'static str>, String, Vec<lake::CommitEntry>)]) -> String {
+    let mut all = Vec::new();
+    for (role, uri, entries) in sections {
+        for e in entries {
+            let mut v = serde_json::to_value(e).unwrap_or_default();
+            if let (Some(role), Some(map)) = (role, v.as_object_mut()) {
+                map.insert("table".into(), serde_json::Value::from(*role));
+                map.insert("uri".into(), serde_json::Value::from(uri.as_str()));
+            }
+            all.push(v);
+        }
+    }
+    serde_json::to_string(&all).unwrap_or_default()
+}
+
+/// One table's commits as text: what each run wrote, in its kind's words.
+fn history_table(entries: &[lake::CommitEntry]) -> Table {
+    let mut t = super::fit::table(false);
     t.set_header(vec![
-        "version",
-        "time (UTC)",
-        "operation",
+        "v",
+        "committed (UTC)",
         "run",
         "mode",
-        "rows in/upd/del",
+        "what it wrote",
         "files +/-",
     ]);
-    for e in &entries {
-        let time = e.time.clone().unwrap_or_default();
+    for e in entries {
         let field = |k: &str| {
             e.run
                 .as_ref()
@@ -40,53 +88,67 @@ pub async fn history(mut args: HistoryArgs) -> Result<String, AppError> {
                 })
                 .unwrap_or_default()
         };
-        let has = |k: &str| e.run.as_ref().is_some_and(|r| r.get(k).is_some());
-        // Commits carry their kind; older ones (written before it was recorded) are known by
-        // their counters.
-        let kind = match field("kind") {
-            k if !k.is_empty() => k,
-            _ if has("num_days_changed") => "aggregate".into(),
-            _ if has("num_keys_changed") => "dimension".into(),
-            _ if has("num_files_ingested") => "ingest".into(),
-            _ if has("num_inserted") => "cdc_merge".into(),
-            _ => String::new(),
-        };
-        let rows = match kind.as_str() {
-            "cdc_merge" => format!(
-                "{}/{}/{}",
-                field("num_inserted"),
-                field("num_updated"),
-                field("num_deleted")
-            ),
-            // the rows of the days it replaced, and how many days
-            "aggregate" => format!(
-                "{} ({} days)",
-                field("num_rows_written"),
-                field("num_days_changed")
-            ),
-            // the rows appended
-            "ingest" => format!("{}/0/0", field("num_rows_written")),
-            // the changed keys' rows written, the keys, and their rows replaced
-            "dimension" => format!(
-                "{}/{}/{}",
-                field("num_rows_after"),
-                field("num_keys_changed"),
-                field("num_rows_before")
-            ),
-            _ => String::new(),
-        };
         let run_id = field("run_id");
         t.add_row(vec![
             e.version.to_string(),
-            time,
-            e.operation.clone().unwrap_or_default(),
+            // (to the second: `--output json` has the microseconds)
+            e.time
+                .as_deref()
+                .map(|t| t.get(..19).unwrap_or(t).replace('T', " "))
+                .unwrap_or_default(),
             run_id.get(..13).unwrap_or(&run_id).to_string(),
-            field("mode"),
-            rows,
+            // (a commit tidemark did not make: its operation, WRITE, OPTIMIZE, …)
+            match field("mode") {
+                m if m.is_empty() => e.operation.clone().unwrap_or_default(),
+                m => m,
+            },
+            wrote(e, &field),
             format!("{}/{}", e.files_added, e.files_removed),
         ]);
     }
-    Ok(format!("{t}\n"))
+    t
+}
+
+/// What a commit's run wrote, in its kind's words (the same as `runs`).
+fn wrote(e: &lake::CommitEntry, field: &dyn Fn(&str) -> String) -> String {
+    let has = |k: &str| e.run.as_ref().is_some_and(|r| r.get(k).is_some());
+    // Commits carry their kind; older ones (written before it was recorded) are known by
+    // their counters.
+    let kind = match field("kind") {
+        k if !k.is_empty() => k,
+        _ if has("num_days_changed") => "aggregate".into(),
+        _ if has("num_keys_changed") => "dimension".into(),
+        _ if has("num_files_ingested") => "ingest".into(),
+        _ if has("num_inserted") => "cdc_merge".into(),
+        _ => String::new(),
+    };
+    match kind.as_str() {
+        "cdc_merge" => format!(
+            "{} in, {} upd, {} del",
+            field("num_inserted"),
+            field("num_updated"),
+            field("num_deleted")
+        ),
+        // the rows of the days it replaced, and how many days
+        "aggregate" => format!(
+            "{} rows, {} days",
+            field("num_rows_written"),
+            field("num_days_changed")
+        ),
+        "ingest" => {
+            let files = field("num_files_ingested");
+            let s = if files == "1" { "" } else { "s" };
+            format!("{} rows from {files} file{s}", field("num_rows_written"))
+        }
+        // the changed keys, and their rows before and after
+        "dimension" => format!(
+            "{} keys, rows {}→{}",
+            field("num_keys_changed"),
+            field("num_rows_before"),
+            field("num_rows_after")
+        ),
+        _ => String::new(),
+    }
 }
 
 /// `tidemark restore`. A pipeline's tables are restored together: an aggregate's status and

@@ -106,11 +106,13 @@ pub(super) fn keys_predicate(
 }
 
 /// How many keys have different rows in `before` and `after` (compared as sets of rows).
+/// How many keys' rows differ between `before` and `after`, and the first [`KEYS_LISTED`] of
+/// them in key order (for `reconcile`).
 pub(super) fn changed_keys(
     before: &RecordBatch,
     after: &RecordBatch,
     keys: &[String],
-) -> Result<u64, RunError> {
+) -> Result<(u64, Vec<String>), RunError> {
     let a = |e| RunError::arrow(Phase::Compare)(e);
     let rows =
         |b: &RecordBatch| -> Result<std::collections::BTreeMap<String, Vec<Vec<u8>>>, RunError> {
@@ -134,9 +136,21 @@ pub(super) fn changed_keys(
             Ok(out)
         };
     let (b, f) = (rows(before)?, rows(after)?);
-    let keys: HashSet<&String> = b.keys().chain(f.keys()).collect();
-    Ok(keys.into_iter().filter(|k| b.get(*k) != f.get(*k)).count() as u64)
+    let keys: std::collections::BTreeSet<&String> = b.keys().chain(f.keys()).collect();
+    let changed: Vec<&String> = keys
+        .into_iter()
+        .filter(|k| b.get(*k) != f.get(*k))
+        .collect();
+    let listed = changed
+        .iter()
+        .take(KEYS_LISTED)
+        .map(|k| k.to_string())
+        .collect();
+    Ok((changed.len() as u64, listed))
 }
+
+/// Changed keys a run keeps by name (the count is exact).
+pub const KEYS_LISTED: usize = 100;
 
 impl Run<'_, '_> {
     /// Folds the keys' records into rows, adds placeholders for keys the facts name first, and
@@ -178,7 +192,8 @@ impl Run<'_, '_> {
                 .placeholders(plan, infer, &others, &mut fresh, &inferred, &was_pending)
                 .await?;
         }
-        let changed = changed_keys(&before, &fresh, &d.keys)?;
+        let (changed, listed) = changed_keys(&before, &fresh, &d.keys)?;
+        self.c.changed_keys = listed;
         self.count_rows(plan, held_rows, &fresh, partial, changed);
         self.end_phase(Phase::Compare)?;
         Ok(Compared {

@@ -33,6 +33,10 @@ pub struct DimensionCounters {
     pub num_rows_marked_deleted: u64,
     /// Files whose deletion vector grew.
     pub num_files_marked: u64,
+    /// The first changed keys by name, in key order (`reconcile` lists them; not in the
+    /// summary or the facts).
+    #[serde(skip)]
+    pub changed_keys: Vec<String>,
 }
 
 impl DimensionCounters {

@@ -10,6 +10,8 @@
 //! key, and the two sorted streams are merge-joined on encoded keys: memory holds one batch per
 //! side and the per-day aggregates, never a whole table.
 
+pub mod aggregate;
+pub mod dimension;
 mod join;
 mod report;
 mod stats;
@@ -87,6 +89,14 @@ pub enum ReconcileError {
         buckets: usize,
         stdout: String,
     },
+    /// An aggregate's or a dimension's table is not what its source says: `summary` says how,
+    /// `advice` what to do; `stdout` holds the rendered report.
+    #[error("{summary}. {advice}")]
+    Mismatch {
+        summary: String,
+        advice: String,
+        stdout: String,
+    },
 }
 
 impl Classify for ReconcileError {
@@ -94,7 +104,7 @@ impl Classify for ReconcileError {
         match self {
             ReconcileError::Run(e) => e.class(),
             ReconcileError::Unsorted { .. } => ErrorClass::Internal,
-            ReconcileError::Differs { .. } => ErrorClass::BadData,
+            ReconcileError::Differs { .. } | ReconcileError::Mismatch { .. } => ErrorClass::BadData,
             ReconcileError::NoTarget { .. } => ErrorClass::Unavailable,
         }
     }
@@ -104,7 +114,9 @@ impl ReconcileError {
     /// The report to print on stdout even though the command fails.
     pub fn stdout(&self) -> Option<&str> {
         match self {
-            ReconcileError::Differs { stdout, .. } => Some(stdout),
+            ReconcileError::Differs { stdout, .. } | ReconcileError::Mismatch { stdout, .. } => {
+                Some(stdout)
+            }
             _ => None,
         }
     }

@@ -616,6 +616,132 @@ async fn a_late_row_for_a_closed_day_restates_it_or_is_booked_as_an_adjustment()
     }
 }
 
+/// Overwrites the Delta table at `path` with `batches` (a tamper no tidemark run would do).
+async fn overwrite(path: &Path, batches: Vec<arrow::array::RecordBatch>) {
+    let url = deltalake::ensure_table_uri(path.to_str().expect("utf8")).expect("url");
+    deltalake::open_table(url)
+        .await
+        .expect("open")
+        .write(batches)
+        .with_save_mode(deltalake::protocol::SaveMode::Overwrite)
+        .await
+        .expect("overwrite");
+}
+
+/// `reconcile` on an aggregate: after late rows booked as adjustments it finds every number
+/// right; an adjustment lost, or a gold number changed, is exit 65 naming the day, the group
+/// and the measure, with the values on each side.
+#[tokio::test]
+async fn reconcile_checks_published_days_plus_adjustments_and_names_what_differs() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let mut pays = six_days();
+    write_source(d, &pays).await;
+    let p = pipeline(d, "recompute: { lookback: 2d }\nafter_close: adjust\n");
+    run(&p, "2024-04-06", &[]);
+    let mut late = pay("late2", at(2024, 4, 2, 15, 0), "m1", 55);
+    late.arrived = at(2024, 4, 10, 13, 0);
+    pays.push(late);
+    replace_source(d, &pays).await;
+    run(&p, "2024-04-06", &[]);
+    let reconcile = || {
+        exec(
+            tidemark_at(at(2024, 4, 10, 12, 0))
+                .arg("reconcile")
+                .arg(&p)
+                .args(["--output", "json"]),
+        )
+    };
+    let ok = reconcile();
+    assert_eq!(ok.code, 0, "{}\n{}", ok.stdout, ok.stderr);
+    let v: serde_json::Value = serde_json::from_str(ok.stdout.trim()).expect("json");
+    assert_eq!(v["identical"], true, "{v}");
+    assert_eq!(v["days_final"], 3, "{v}");
+    assert_eq!(v["days_open"], 3, "{v}");
+
+    // the adjustment for the 2nd is lost
+    let booked = read_all(&d.join("gold_adjustments")).await;
+    let none: Vec<_> = booked.iter().map(|b| b.slice(0, 0)).collect();
+    overwrite(&d.join("gold_adjustments"), none).await;
+    let lost = reconcile();
+    assert_eq!(lost.code, 65, "{}\n{}", lost.stdout, lost.stderr);
+    let v: serde_json::Value = serde_json::from_str(lost.stdout.trim()).expect("json");
+    assert_eq!(v["groups_differing"], 1, "{v}");
+    let first = &v["differences"][0];
+    assert_eq!(first["event_date"], "2024-04-02", "{v}");
+    assert_eq!(first["status"], "final", "{v}");
+    assert_eq!(first["group"], "merchant_id=\"m1\"", "{v}");
+    assert!(lost.stderr.contains("--full-reload"), "{}", lost.stderr);
+    let measures: Vec<&str> = v["differences"]
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|d| d["measure"].as_str())
+        .collect();
+    assert_eq!(measures, ["payments", "amount_cents"], "{v}");
+    assert_eq!(first["published"], "1", "{v}");
+    assert_eq!(first["recompute"], "2", "{v}");
+
+    // a full reload puts it right; then an open day's number is changed in gold
+    run(&p, "2024-04-06", &["--full-reload"]);
+    assert_eq!(reconcile().code, 0);
+    let gold_rows = read_all(&d.join("gold")).await;
+    let tampered: Vec<arrow::array::RecordBatch> = gold_rows
+        .iter()
+        .map(|b| {
+            let i = b.schema().index_of("amount_cents").expect("amount");
+            let amounts = arrow::compute::cast(b.column(i), &DataType::Int64).expect("cast");
+            let amounts = amounts.as_primitive::<arrow::datatypes::Int64Type>();
+            let plus: arrow::array::Int64Array = amounts.iter().map(|a| a.map(|a| a + 1)).collect();
+            let plus = arrow::compute::cast(&plus, b.column(i).data_type()).expect("cast");
+            let mut cols = b.columns().to_vec();
+            cols[i] = plus;
+            arrow::array::RecordBatch::try_new(b.schema(), cols).expect("batch")
+        })
+        .collect();
+    overwrite(&d.join("gold"), tampered).await;
+    let out = exec(tidemark_at(at(2024, 4, 10, 12, 0)).arg("reconcile").arg(&p));
+    assert_eq!(out.code, 65, "{}", out.stdout);
+    assert!(
+        out.stdout.contains("12 day-and-group row(s) differ"),
+        "{}",
+        out.stdout
+    );
+    assert!(out.stdout.contains("amount_cents"), "{}", out.stdout);
+
+    // `history` of the pipeline shows every table it owns, each under its name
+    let h = exec(tidemark_at(at(2024, 4, 10, 12, 0)).arg("history").arg(&p));
+    assert_eq!(h.code, 0, "{}", h.stderr);
+    for title in [
+        "target: ",
+        "status: ",
+        "adjustments: ",
+        "committed (UTC)",
+        "wall clock",
+    ] {
+        assert!(h.stdout.contains(title), "no {title}: {}", h.stdout);
+    }
+    assert!(h.stdout.contains(" days"), "{}", h.stdout);
+    let json = exec(
+        tidemark_at(at(2024, 4, 10, 12, 0))
+            .arg("history")
+            .arg(&p)
+            .args(["--output", "json"]),
+    );
+    let v: serde_json::Value = serde_json::from_str(json.stdout.trim()).expect("json");
+    let tables: std::collections::BTreeSet<&str> = v
+        .as_array()
+        .expect("list")
+        .iter()
+        .filter_map(|e| e["table"].as_str())
+        .collect();
+    assert_eq!(
+        tables,
+        ["adjustments", "status", "target"].into_iter().collect(),
+        "{v}"
+    );
+}
+
 #[test]
 fn adjust_with_a_non_additive_measure_is_refused_at_its_line() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -696,6 +822,9 @@ mod invariant {
                         run(&p, &older.to_string(), &[]);
                     }
                     run(&p, &logical, &[]);
+                    // reconcile agrees: published + adjustments == a recompute, open days too
+                    let r = exec(tidemark_at(at(2024, 4, 10, 12, 0)).arg("reconcile").arg(&p));
+                    prop_assert_eq!(r.code, 0, "reconcile after {}: {}\n{}", logical, r.stdout, r.stderr);
                     // (days after the logical date are not published yet)
                     let mut truth = oracle(&pays);
                     truth.retain(|k, _| k.0 <= day(&logical));

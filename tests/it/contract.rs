@@ -165,7 +165,11 @@ async fn every_kind_names_itself_in_its_commits() {
     assert_eq!(run["kind"], "ingest", "{run}");
     assert_eq!(run["num_rows_written"], 2, "{run}");
     let text = exec(tidemark_at(T0).arg("history").arg(d.join("lake/bronze")));
-    assert!(text.stdout.contains("2/0/0"), "{}", text.stdout);
+    assert!(
+        text.stdout.contains("2 rows from 1 file"),
+        "{}",
+        text.stdout
+    );
     // aggregate
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();

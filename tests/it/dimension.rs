@@ -506,6 +506,9 @@ proptest! {
                 landed.extend(batch);
                 run(&p, T0 + 200 * HOUR, &[]);
                 prop_assert_eq!(table(d, true).await, oracle(&landed, true), "after batch {}", b);
+                // and `reconcile` says so
+                let r = exec(tidemark_at(T0 + 200 * HOUR).arg("reconcile").arg(&p));
+                prop_assert_eq!(r.code, 0, "reconcile after batch {}: {}\n{}", b, r.stdout, r.stderr);
             }
             let before = table(d, true).await;
             run(&p, T0 + 200 * HOUR, &["--full-reload"]);
@@ -513,6 +516,79 @@ proptest! {
             Ok(())
         })?;
     }
+}
+
+/// `reconcile` on a dimension: right after runs with late records, a tampered version is exit
+/// 65 naming its key (and only it), and a full reload puts it right.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconcile_names_the_keys_whose_versions_are_not_the_fold() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "scd2");
+    let mut late = rec("m1", T0 + HOUR, "small", "Ann");
+    late.ing = T0 + 30 * HOUR;
+    land(
+        d,
+        &[
+            rec("m1", T0 + 2 * HOUR, "large", "Ann"),
+            rec("m2", T0, "mid", "Bo"),
+        ],
+    )
+    .await;
+    run(&p, T0 + 40 * HOUR, &[]);
+    land(d, &[late]).await;
+    run(&p, T0 + 40 * HOUR, &[]);
+    let reconcile = || exec(tidemark_at(T0 + 40 * HOUR).arg("reconcile").arg(&p));
+    let ok = reconcile();
+    assert_eq!(ok.code, 0, "{}\n{}", ok.stdout, ok.stderr);
+    assert!(ok.stdout.contains("identical"), "{}", ok.stdout);
+    // m2's segment is changed by hand
+    let rows = read_all(&d.join("lake/merchants")).await;
+    let tampered: Vec<arrow::array::RecordBatch> = rows
+        .iter()
+        .map(|b| {
+            let i = b.schema().index_of("segment").expect("segment");
+            let ids = arrow::compute::cast(
+                b.column(b.schema().index_of("merchant_id").expect("id")),
+                &arrow::datatypes::DataType::Utf8,
+            )
+            .expect("ids");
+            let ids = ids.as_string::<i32>();
+            let seg =
+                arrow::compute::cast(b.column(i), &arrow::datatypes::DataType::Utf8).expect("seg");
+            let seg = seg.as_string::<i32>();
+            let new: arrow::array::StringArray = (0..b.num_rows())
+                .map(|r| match ids.value(r) {
+                    "m2" => Some("enterprise".to_string()),
+                    _ => seg.is_valid(r).then(|| seg.value(r).to_string()),
+                })
+                .collect();
+            let new = arrow::compute::cast(&new, b.column(i).data_type()).expect("cast");
+            let mut cols = b.columns().to_vec();
+            cols[i] = new;
+            arrow::array::RecordBatch::try_new(b.schema(), cols).expect("batch")
+        })
+        .collect();
+    let url =
+        deltalake::ensure_table_uri(d.join("lake/merchants").to_str().expect("utf8")).expect("url");
+    deltalake::open_table(url)
+        .await
+        .expect("open")
+        .write(tampered)
+        .with_save_mode(deltalake::protocol::SaveMode::Overwrite)
+        .await
+        .expect("overwrite");
+    let bad = reconcile();
+    assert_eq!(bad.code, 65, "{}\n{}", bad.stdout, bad.stderr);
+    assert!(bad.stdout.contains("1 key(s) differ"), "{}", bad.stdout);
+    assert!(
+        bad.stdout.contains("m2") && !bad.stdout.contains("m1"),
+        "{}",
+        bad.stdout
+    );
+    assert!(bad.stderr.contains("--full-reload"), "{}", bad.stderr);
+    run(&p, T0 + 40 * HOUR, &["--full-reload"]);
+    assert_eq!(reconcile().code, 0);
 }
 
 /// What the table is built from changes — a new source column, another `track_history`, a

@@ -249,16 +249,8 @@ async fn the_wrong_kind_of_pipeline_is_a_usage_error_for_every_command() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let merge = write_pipeline(d, "15m", "soft", "");
-    let agg = d.join("daily.yml");
-    std::fs::write(
-        &agg,
-        format!(
-            "name: daily\nkind: aggregate\nsource: {{ uri: \"{l}/silver\" }}\ntarget: {{ uri: \"{l}/gold\" }}\nevent_date: {{ column: updated_at }}\nmeasures:\n  - {{ name: n, agg: count }}\n",
-            l = d.join("lake").display()
-        ),
-    )
-    .expect("write");
-    for (command, p) in [("reconcile", &agg), ("status", &merge)] {
+    let ingest = crate::ingest::pipeline(d, "");
+    for (command, p) in [("reconcile", &ingest), ("status", &merge)] {
         let out = exec(
             tidemark_default_logs(NOW)
                 .arg(command)
