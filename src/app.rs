@@ -6,6 +6,8 @@ mod demo;
 mod fit;
 mod jobs_commands;
 mod lateness_command;
+mod reconcile_command;
+mod runs_command;
 mod status_command;
 mod table_commands;
 mod upstream;
@@ -140,7 +142,7 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
         Command::Reconcile(args) => stoppable(
             "reconcile",
             READ_ONLY,
-            reconcile_command(args, clock.as_ref()),
+            reconcile_command::reconcile_command(args, clock.as_ref()),
         )
         .await?
         .into(),
@@ -152,7 +154,9 @@ pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output,
             JobCommand::Run(args) => j::job_run(args, clock).await?,
         },
         Command::Scheduler(args) => j::scheduler(args, clock).await?.into(),
-        Command::Runs(args) => stoppable("runs", READ_ONLY, j::runs(args)).await?.into(),
+        Command::Runs(args) => stoppable("runs", READ_ONLY, runs_command::runs(args))
+            .await?
+            .into(),
         Command::Lateness(args) => {
             stoppable("lateness", LATENESS, lateness_command::lateness(args))
                 .await?
@@ -459,63 +463,6 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String,
         }
         OutputFormat::Text => summary.to_text(),
     })
-}
-
-/// `tidemark reconcile`: prints the report; fails with exit 65 (after printing it) when the
-/// target differs from the newest rows of its source.
-pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result<String, AppError> {
-    let pipeline = load_pipeline(&args.pipeline, &args.from)?;
-    crate::failpoint::hit_async("reconcile.start")
-        .await
-        .map_err(RunError::from)?;
-    let var_args = shell_var_args(&args.from.vars);
-    let opts = ReconcileOptions {
-        limit: args.limit,
-        var_args: var_args.clone(),
-    };
-    // (the engine's spill directory goes when it is dropped, however the comparison ends)
-    let engine = engine_of(&args.engine)?;
-    let m = match &pipeline.spec {
-        Spec::CdcMerge(m) => m,
-        Spec::Aggregate(a) => {
-            let report =
-                reconcile::aggregate::reconcile(&pipeline, a, args.limit, &var_args, &engine)
-                    .await?;
-            let rendered = match args.output {
-                OutputFormat::Json => report.to_json() + "\n",
-                OutputFormat::Text => fit::wrap(&report.to_text()),
-            };
-            let file = format!("{}{var_args}", pipeline.path.display());
-            return Ok(report.into_result(rendered, &file)?);
-        }
-        Spec::Dimension(d) => {
-            let report = reconcile::dimension::reconcile(
-                &pipeline, d, args.limit, &var_args, clock, &engine,
-            )
-            .await?;
-            let rendered = match args.output {
-                OutputFormat::Json => report.to_json() + "\n",
-                OutputFormat::Text => fit::wrap(&report.to_text()),
-            };
-            let file = format!("{}{var_args}", pipeline.path.display());
-            return Ok(report.into_result(rendered, &file)?);
-        }
-        Spec::Ingest(_) => {
-            return Err(pipeline
-                .wrong_kind(format!(
-                    "`tidemark reconcile` checks a table against its source; `{}` is an ingest, whose bronze holds every valid record of the landing files it recorded (each run checks that, and says so when a file changed or went since it was ingested). Reconcile the pipelines that read {}: its cdc_merge, aggregate or dimension",
-                    pipeline.name,
-                    pipeline.target_uri()
-                ))
-                .into())
-        }
-    };
-    let report = reconcile::reconcile(&pipeline, m, &opts, clock, &engine).await?;
-    let rendered = match args.output {
-        OutputFormat::Json => report.to_json() + "\n",
-        OutputFormat::Text => report.to_text(),
-    };
-    Ok(report.into_result(rendered, &var_args)?)
 }
 
 /// `--var` arguments as they can be pasted into a shell: ` --var lake=/x` (values quoted when
