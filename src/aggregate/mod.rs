@@ -482,3 +482,17 @@ pub async fn recompute(
         far,
     )
 }
+
+/// The newest logical date any run of `p` recorded in `tables` (its gold, status and
+/// adjustments): the days after it are not published yet. For `tidemark reconcile`.
+pub async fn newest_logical_date(
+    p: &Pipeline,
+    tables: &[&deltalake::DeltaTable],
+) -> Option<NaiveDate> {
+    let mut newest = None;
+    for t in tables {
+        let d = plan::newest_logical(t, &p.app_id()).await.ok().flatten();
+        newest = newest.max(d);
+    }
+    newest
+}

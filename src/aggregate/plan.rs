@@ -330,7 +330,7 @@ pub(super) fn newest_logical_transaction(
 
 /// The newest logical date a run of `pipeline_app` recorded in `table` (`None` before it was
 /// recorded).
-async fn newest_logical(
+pub(super) async fn newest_logical(
     table: &deltalake::DeltaTable,
     pipeline_app: &str,
 ) -> Result<Option<NaiveDate>, deltalake::DeltaTableError> {

@@ -42,14 +42,16 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
             let file = format!("{}{var_args}", pipeline.path.display());
             return Ok(report.into_result(rendered, &file)?);
         }
-        Spec::Ingest(_) => {
-            return Err(pipeline
-                .wrong_kind(format!(
-                    "`tidemark reconcile` checks a table against its source; `{}` is an ingest, whose bronze holds every valid record of the landing files it recorded (each run checks that, and says so when a file changed or went since it was ingested). Reconcile the pipelines that read {}: its cdc_merge, aggregate or dimension",
-                    pipeline.name,
-                    pipeline.target_uri()
-                ))
-                .into())
+        Spec::Ingest(i) => {
+            let report =
+                reconcile::ingest::reconcile(&pipeline, i, args.limit, &var_args, clock, &engine)
+                    .await?;
+            let rendered = match args.output {
+                OutputFormat::Json => report.to_json() + "\n",
+                OutputFormat::Text => fit::wrap(&report.to_text()),
+            };
+            let file = format!("{}{var_args}", pipeline.path.display());
+            return Ok(report.into_result(rendered, &file)?);
         }
     };
     let report = reconcile::reconcile(&pipeline, m, &opts, clock, &engine).await?;

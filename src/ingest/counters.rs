@@ -31,6 +31,12 @@ pub struct IngestCounters {
     pub num_rescued: u64,
     /// Columns this run added to bronze (`on_schema_change: add_new_columns`).
     pub columns_added: Vec<String>,
+    /// A dry-run full reload only: bronze's rows of the files it would replace that differ from
+    /// what the files give now (counted each way), and the first such files.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_rows_differing: Option<u64>,
+    #[serde(skip)]
+    pub files_differing: Vec<String>,
 }
 
 impl CounterText for IngestCounters {

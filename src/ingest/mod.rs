@@ -13,6 +13,7 @@
 //! landing location in one commit, each file keeping the `_ingested_at` it was first given.
 
 mod commit;
+mod compare;
 mod counters;
 mod csv;
 mod delivery;
@@ -404,6 +405,13 @@ impl Run<'_, '_> {
         self.c.num_files_ingested = parsed.len() as u64;
         self.c.num_rows_written = parsed.iter().map(|(_, p)| p.batch.num_rows() as u64).sum();
         if self.opts.dry_run {
+            // (a dry full reload says which rows it would change: what `reconcile` reads)
+            if let (true, Some(t)) = (whole, &target) {
+                let (n, files) =
+                    compare::differing(&self.a.ctx, t, &spec.target_uri, &scope, &parsed).await?;
+                self.c.num_rows_differing = Some(n);
+                self.c.files_differing = files;
+            }
             return Ok(());
         }
         let write_phase = if whole { Phase::Write } else { Phase::Commit };

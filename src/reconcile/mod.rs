@@ -12,6 +12,7 @@
 
 pub mod aggregate;
 pub mod dimension;
+pub mod ingest;
 mod join;
 mod report;
 mod stats;

@@ -1042,3 +1042,72 @@ async fn a_glob_that_no_longer_matches_is_said_out_loud() {
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(!out.stdout.contains("landing.glob"), "{}", out.stdout);
 }
+
+/// `reconcile` on an ingest parses every landing file again and compares bronze's rows of each
+/// file with them: identical after runs; a row changed behind the pipeline's back is exit 65
+/// naming its file (and only it); a full reload puts it right.
+#[tokio::test]
+async fn reconcile_finds_a_bronze_row_its_file_does_not_say() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    pipeline(d, "");
+    land(d, "a.jsonl", &[("p1", 1), ("p2", 2)]);
+    assert_eq!(run(d, T0, &[]).code, 0);
+    land(d, "b.jsonl", &[("p3", 3)]);
+    assert_eq!(run(d, T0 + HOUR, &[]).code, 0);
+    let reconcile = || {
+        exec(
+            tidemark_at(T0 + 2 * HOUR)
+                .arg("reconcile")
+                .arg(d.join("ingest.yml")),
+        )
+    };
+    let ok = reconcile();
+    assert_eq!(ok.code, 0, "{}\n{}", ok.stdout, ok.stderr);
+    assert!(ok.stdout.contains("identical"), "{}", ok.stdout);
+    assert!(ok.stdout.contains("2 landing file(s)"), "{}", ok.stdout);
+    // p2's amount is changed in bronze by hand
+    let bronze = d.join("lake/bronze");
+    let tampered: Vec<RecordBatch> = read_all(&bronze)
+        .await
+        .iter()
+        .map(|b| {
+            let i = b.schema().index_of("amount").expect("amount");
+            let ids = arrow::compute::cast(
+                b.column_by_name("id").expect("id"),
+                &arrow::datatypes::DataType::Utf8,
+            )
+            .expect("ids");
+            let ids = ids.as_string::<i32>();
+            let amounts = b.column(i).as_primitive::<arrow::datatypes::Int64Type>();
+            let new: arrow::array::Int64Array = (0..b.num_rows())
+                .map(|r| match ids.value(r) {
+                    "p2" => Some(20),
+                    _ => amounts.is_valid(r).then(|| amounts.value(r)),
+                })
+                .collect();
+            let mut cols = b.columns().to_vec();
+            cols[i] = std::sync::Arc::new(new);
+            RecordBatch::try_new(b.schema(), cols).expect("batch")
+        })
+        .collect();
+    let url = deltalake::ensure_table_uri(bronze.to_str().expect("utf8")).expect("url");
+    deltalake::open_table(url)
+        .await
+        .expect("open")
+        .write(tampered)
+        .with_save_mode(deltalake::protocol::SaveMode::Overwrite)
+        .await
+        .expect("overwrite");
+    let bad = reconcile();
+    assert_eq!(bad.code, 65, "{}\n{}", bad.stdout, bad.stderr);
+    assert!(bad.stdout.contains("2 row(s) differ"), "{}", bad.stdout);
+    assert!(
+        bad.stdout.contains("a.jsonl") && !bad.stdout.contains("b.jsonl"),
+        "{}",
+        bad.stdout
+    );
+    assert!(bad.stderr.contains("--full-reload"), "{}", bad.stderr);
+    assert_eq!(run(d, T0 + 2 * HOUR, &["--full-reload"]).code, 0);
+    assert_eq!(reconcile().code, 0);
+}

@@ -249,8 +249,7 @@ async fn the_wrong_kind_of_pipeline_is_a_usage_error_for_every_command() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path();
     let merge = write_pipeline(d, "15m", "soft", "");
-    let ingest = crate::ingest::pipeline(d, "");
-    for (command, p) in [("reconcile", &ingest), ("status", &merge)] {
+    for (command, p) in [("status", &merge)] {
         let out = exec(
             tidemark_default_logs(NOW)
                 .arg(command)
