@@ -48,7 +48,8 @@ pub enum AppError {
     #[error(transparent)]
     Maintain(#[from] lake::MaintainError),
     #[error(transparent)]
-    Reconcile(#[from] ReconcileError),
+    /// (boxed: a report that differs carries its rendered text)
+    Reconcile(Box<ReconcileError>),
     /// The command line asks for something impossible.
     #[error("{0}")]
     Usage(String),
@@ -75,6 +76,12 @@ pub enum AppError {
         #[source]
         source: Box<deltalake::DeltaTableError>,
     },
+}
+
+impl From<ReconcileError> for AppError {
+    fn from(e: ReconcileError) -> Self {
+        AppError::Reconcile(Box::new(e))
+    }
 }
 
 impl Classify for AppError {

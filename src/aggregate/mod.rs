@@ -208,6 +208,19 @@ impl Run<'_, '_> {
         let df = crate::run::frame(&self.a.ctx, &source, &spec.source_uri, Phase::Read).await?;
         let df = lookup::apply(&self.a.ctx, self.p, spec, df).await?;
         if let (false, Some(g)) = (full, &gold) {
+            // (the columns, filters and `where` first: a misspelt column is that, not a
+            // definition change to rebuild for; planning the aggregate reads nothing)
+            let logical_day = days::Days::only(spec, logical, None, []);
+            compute::grouped(
+                compute::Source {
+                    p: self.p,
+                    spec,
+                    df: df.clone(),
+                    closed: &BTreeMap::new(),
+                },
+                Some(&logical_day),
+                logical,
+            )?;
             self.a.check_definition(g, &spec.target_uri).await?;
         }
         let plan = self

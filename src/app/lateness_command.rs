@@ -83,7 +83,7 @@ pub async fn lateness(args: LatenessArgs) -> Result<String, AppError> {
             if let Some(path) = &args.plot {
                 text.push_str(&format!("plot: {}\n", path.display()));
             }
-            text
+            super::fit::wrap(&text)
         }
     })
 }

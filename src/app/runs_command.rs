@@ -124,19 +124,9 @@ fn did(r: &crate::jobs::LedgerRow) -> String {
         .and_then(|c| serde_json::from_str(c).ok());
     let n = |key: &str| counters.as_ref().and_then(|c| c[key].as_u64());
     let text = match r.kind.as_deref() {
-        Some("ingest") => {
-            n("num_rows_written")
-                .zip(n("num_files_ingested"))
-                .map(|(rows, files)| {
-                    format!(
-                        "{rows} rows from {files} file{}",
-                        if files == 1 { "" } else { "s" }
-                    )
-                })
-        }
-        Some("aggregate") => n("num_days_recomputed")
-            .zip(n("num_rows_written"))
-            .map(|(days, rows)| format!("{days} days, {rows} rows")),
+        Some("ingest") => n("num_rows_written")
+            .zip(n("num_files_ingested"))
+            .map(|(rows, files)| format!("{} from {}", plural(rows, "row"), plural(files, "file"))),
         Some("dimension") => match (
             n("num_keys_changed"),
             n("num_rows_before"),
@@ -243,4 +233,12 @@ fn wide_row(r: &crate::jobs::LedgerRow) -> Vec<String> {
         r.duration_ms.to_string(),
         error_text(r).unwrap_or_default(),
     ]
+}
+
+/// `1 row`, `2 rows`.
+fn plural(n: u64, word: &str) -> String {
+    match n {
+        1 => format!("1 {word}"),
+        _ => format!("{n} {word}s"),
+    }
 }

@@ -130,15 +130,18 @@ fn wrote(e: &lake::CommitEntry, field: &dyn Fn(&str) -> String) -> String {
             field("num_deleted")
         ),
         // the rows of the days it replaced, and how many days
-        "aggregate" => format!(
-            "{} rows, {} days",
-            field("num_rows_written"),
-            field("num_days_changed")
-        ),
+        "aggregate" => {
+            let (rows, days) = (field("num_rows_written"), field("num_days_changed"));
+            let r = if rows == "1" { "" } else { "s" };
+            let d = if days == "1" { "" } else { "s" };
+            format!("{rows} row{r}, {days} day{d} changed")
+        }
         "ingest" => {
             let files = field("num_files_ingested");
             let s = if files == "1" { "" } else { "s" };
-            format!("{} rows from {files} file{s}", field("num_rows_written"))
+            let rows = field("num_rows_written");
+            let r = if rows == "1" { "" } else { "s" };
+            format!("{rows} row{r} from {files} file{s}")
         }
         // the changed keys, and their rows before and after
         "dimension" => format!(

@@ -33,14 +33,14 @@ pub(super) fn explain_missing(err: AppError, pipeline: &Pipeline, from: &Pipelin
     let (writers, advice) = match names.len() {
         1 => (
             format!(
-                "pipeline {} writes it and has not run on this lake yet",
+                "pipeline {} writes it and has not run on this lake yet (or this is not the lake it ran on: check `--var`)",
                 names[0]
             ),
             format!("Run it first: {}", commands[0]),
         ),
         _ => (
             format!(
-                "pipelines {} write it and have not run on this lake yet",
+                "pipelines {} write it and have not run on this lake yet (or this is not the lake they ran on: check `--var`)",
                 names.join(" and ")
             ),
             format!("Run them first: {}", commands.join(" and ")),

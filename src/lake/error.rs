@@ -82,7 +82,7 @@ pub enum LakeError {
     },
     /// A table the run reads is not there yet, and `writers` are the pipelines that write it:
     /// run them first (`advice`: the commands).
-    #[error("{role} table {uri} does not exist yet: {writers}. {advice} (a bundle job with them as tasks runs them in order)")]
+    #[error("{role} table {uri} does not exist yet: {writers}. {advice} (a bundle job with these pipelines as tasks runs them in order)")]
     NotYetWritten {
         role: &'static str,
         uri: String,

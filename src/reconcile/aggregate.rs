@@ -102,64 +102,126 @@ pub async fn reconcile(
         .await
         .map_err(RunError::from)?;
     let days = status::read(&ctx, status_table.as_ref(), &spec.status_uri).await?;
-    let mut notes = Vec::new();
     let tables = [Some(&gold), status_table.as_ref(), adjustments.as_ref()];
-    let (source, basis) = source_at_last_run(spec, &tables, &mut notes).await?;
-    if !spec.lookups.is_empty() {
-        notes.push("lookups read each dimension as it is now: a dimension changed since gold's last run shows here as differences until the next run restates the days it touches".into());
-    }
-    let closed = status::closes(&days, spec.time_zone);
-    let fresh = crate::aggregate::recompute(&ctx, p, spec, &source, &closed).await?;
     let present: Vec<&deltalake::DeltaTable> = tables.iter().flatten().copied().collect();
     let newest = crate::aggregate::newest_logical_date(p, &present)
         .await
         .or_else(|| days.keys().next_back().copied());
-    let fresh = published_days(fresh, newest, &mut notes).await?;
-    let sides = sides(spec, &fresh)?;
-    let keys = key_columns(spec);
-    let fresh = shaped(fresh, &keys, &sides, Side::Recompute)?;
-    let gold_df = crate::run::frame(&ctx, &gold, &spec.target_uri, Phase::Reconcile).await?;
-    let mut all = fresh
-        .union(shaped(gold_df, &keys, &sides, Side::Published)?)
-        .map_err(q)?;
-    if let Some(a) = &adjustments {
-        let df = crate::run::frame(&ctx, a, &spec.adjustments_uri, Phase::Reconcile).await?;
-        let summed = summed_adjustments(df, &keys, &sides)?;
-        all = all
-            .union(shaped(summed, &keys, &sides, Side::Adjusted)?)
-            .map_err(q)?;
+    let published = Published {
+        ctx: &ctx,
+        p,
+        spec,
+        gold: &gold,
+        adjustments: adjustments.as_ref(),
+        days: &days,
+        newest,
+    };
+    // The source as it is now, then — when that differs — as the pipeline's last run read it
+    // (rows that landed since are the next run's work, not differences).
+    let mut notes = Vec::new();
+    let latest = lake::open_required(&spec.source_uri, "source")
+        .await
+        .map_err(RunError::from)?;
+    let mut basis = format!("version {}, its latest", latest.version().unwrap_or(0));
+    let mut found = published.check(&latest, limit).await?;
+    let mut source_version = latest.version();
+    if found.differing > 0 {
+        if let Some((older, why)) = source_at_last_run(spec, &tables, &latest, &mut notes).await? {
+            found = published.check(&older, limit).await?;
+            basis = why;
+            source_version = older.version();
+        }
     }
-    // (gold may hold days after the newest logical date, from a bootstrap: left out alike)
-    if let Some(n) = newest {
-        let up_to = ident(EVENT_DATE).lt_eq(crate::aggregate::days::date_lit(n));
-        all = all.filter(up_to).map_err(q)?;
+    if !spec.lookups.is_empty() {
+        notes.push("lookups read each dimension as it is now: a dimension changed since gold's last run shows here as differences until the next run restates the days it touches".into());
     }
-    let finals: Vec<NaiveDate> = days
-        .values()
-        .filter(|d| d.is_final())
-        .map(|d| d.event_date)
-        .collect();
-    let compared = compare(all, &keys, &sides, &finals).await?;
-    let (groups_compared, groups_differing, rows) = compared;
-    let differences = diffs(&rows, spec, &sides, &days, limit)?;
+    notes.extend(found.notes);
     Ok(AggregateReport {
         pipeline: p.name.clone(),
         kind: "aggregate",
         target_uri: spec.target_uri.clone(),
         target_version: gold.version(),
         adjustments_uri: spec.adjustments_uri.clone(),
-        adjustments_version: adjustments.and_then(|a| a.version()),
+        adjustments_version: adjustments.as_ref().and_then(|a| a.version()),
         source_uri: spec.source_uri.clone(),
-        source_version: source.version(),
+        source_version,
         basis,
         days_open: days.values().filter(|d| !d.is_final()).count() as u64,
-        days_final: finals.len() as u64,
-        groups_compared,
-        groups_differing,
-        differences,
+        days_final: days.values().filter(|d| d.is_final()).count() as u64,
+        groups_compared: found.compared,
+        groups_differing: found.differing,
+        differences: found.differences,
         notes,
-        identical: groups_differing == 0,
+        identical: found.differing == 0,
     })
+}
+
+/// What is published, to check against a recompute.
+struct Published<'a> {
+    ctx: &'a datafusion::prelude::SessionContext,
+    p: &'a Pipeline,
+    spec: &'a Aggregate,
+    gold: &'a deltalake::DeltaTable,
+    adjustments: Option<&'a deltalake::DeltaTable>,
+    days: &'a BTreeMap<NaiveDate, DayStatus>,
+    /// The newest logical date of the pipeline's runs: later days are not published yet.
+    newest: Option<NaiveDate>,
+}
+
+/// What one comparison found.
+struct Found {
+    compared: u64,
+    differing: u64,
+    differences: Vec<MeasureDiff>,
+    notes: Vec<String>,
+}
+
+impl Published<'_> {
+    /// Gold (and its adjustments) against a recompute of `source`.
+    async fn check(
+        &self,
+        source: &deltalake::DeltaTable,
+        limit: usize,
+    ) -> Result<Found, ReconcileError> {
+        let (ctx, spec) = (self.ctx, self.spec);
+        let mut notes = Vec::new();
+        let closed = status::closes(self.days, spec.time_zone);
+        let fresh = crate::aggregate::recompute(ctx, self.p, spec, source, &closed).await?;
+        let fresh = published_days(fresh, self.newest, &mut notes).await?;
+        let sides = sides(spec, &fresh)?;
+        let keys = key_columns(spec);
+        let fresh = shaped(fresh, &keys, &sides, Side::Recompute)?;
+        let gold_df = crate::run::frame(ctx, self.gold, &spec.target_uri, Phase::Reconcile).await?;
+        let mut all = fresh
+            .union(shaped(gold_df, &keys, &sides, Side::Published)?)
+            .map_err(q)?;
+        if let Some(a) = self.adjustments {
+            let df = crate::run::frame(ctx, a, &spec.adjustments_uri, Phase::Reconcile).await?;
+            let summed = summed_adjustments(df, &keys, &sides)?;
+            all = all
+                .union(shaped(summed, &keys, &sides, Side::Adjusted)?)
+                .map_err(q)?;
+        }
+        // (gold may hold days after the newest logical date, from a bootstrap: left out alike)
+        if let Some(n) = self.newest {
+            let up_to = ident(EVENT_DATE).lt_eq(crate::aggregate::days::date_lit(n));
+            all = all.filter(up_to).map_err(q)?;
+        }
+        let finals: Vec<NaiveDate> = self
+            .days
+            .values()
+            .filter(|d| d.is_final())
+            .map(|d| d.event_date)
+            .collect();
+        let (compared, differing, rows) = compare(all, &keys, &sides, &finals).await?;
+        let differences = diffs(&rows, spec, &sides, self.days, limit)?;
+        Ok(Found {
+            compared,
+            differing,
+            differences,
+            notes,
+        })
+    }
 }
 
 fn q(e: datafusion::error::DataFusionError) -> RunError {
@@ -167,17 +229,15 @@ fn q(e: datafusion::error::DataFusionError) -> RunError {
 }
 
 /// The source at the version the pipeline's last run read — the newest `source_version` in
-/// the run facts of the last commit of gold, its status and its adjustments table — when it can
-/// be loaded; else its latest version, said in a note.
+/// the run facts of the last commit of gold, its status and its adjustments table — when it is
+/// not `latest`'s and can be loaded (else a note says why not), and the basis in words.
 async fn source_at_last_run(
     spec: &Aggregate,
     tables: &[Option<&deltalake::DeltaTable>],
+    latest: &deltalake::DeltaTable,
     notes: &mut Vec<String>,
-) -> Result<(deltalake::DeltaTable, String), ReconcileError> {
-    let mut source = lake::open_required(&spec.source_uri, "source")
-        .await
-        .map_err(RunError::from)?;
-    let latest = source.version().unwrap_or(0) as u64;
+) -> Result<Option<(deltalake::DeltaTable, String)>, ReconcileError> {
+    let now = latest.version().unwrap_or(0);
     let mut read: Option<u64> = None;
     for t in tables.iter().flatten() {
         let last = lake::read_commits(t, 1).await.unwrap_or_default();
@@ -188,24 +248,20 @@ async fn source_at_last_run(
             .and_then(serde_json::Value::as_u64);
         read = read.max(v);
     }
-    let Some(v) = read else {
-        notes.push("no run of this pipeline says which source version it read (tables not written by tidemark?): compared with the source's latest version".into());
-        return Ok((source, "latest".into()));
+    let Some(v) = read.filter(|v| *v != now) else {
+        return Ok(None);
     };
-    if v == latest {
-        return Ok((source, format!("version {v}, the one the last run read")));
-    }
+    let mut source = lake::open_required(&spec.source_uri, "source")
+        .await
+        .map_err(RunError::from)?;
     match source.load_version(v).await {
-        Ok(()) => Ok((
+        Ok(()) => Ok(Some((
             source,
-            format!("version {v}, the one the last run read (the source is at {latest} now: rows landed since are for the next run)"),
-        )),
+            format!("version {v}, the one the last commit's run read (the latest, {now}, differs: rows landed since are for the next run)"),
+        ))),
         Err(e) => {
-            let source = lake::open_required(&spec.source_uri, "source")
-                .await
-                .map_err(RunError::from)?;
-            notes.push(format!("the source version the last run read ({v}) cannot be loaded ({e}); compared with the latest ({latest}), so rows landed since that run show as differences until the next run"));
-            Ok((source, "latest".into()))
+            notes.push(format!("the source version the last commit's run read ({v}) cannot be loaded ({e}): compared with the latest ({now}) only, so rows landed since that run show as differences until the next run"));
+            Ok(None)
         }
     }
 }
@@ -516,14 +572,14 @@ impl AggregateReport {
         if self.identical {
             return Ok(rendered);
         }
-        Err(ReconcileError::Mismatch {
+        Err(ReconcileError::Mismatch(Box::new(super::Mismatch {
             summary: format!(
                 "gold {} is not what its source says: {} day-and-group row(s) differ from a recompute",
                 self.target_uri, self.groups_differing
             ),
             advice: format!("Rebuild it with `tidemark run {pipeline} --full-reload` (every day restated from the source and the adjustments cleared), or find the last good version with `tidemark history {pipeline}` and `tidemark restore` (docs/operations/runbook.md)"),
             stdout: rendered,
-        })
+        })))
     }
 
     pub fn to_json(&self) -> String {

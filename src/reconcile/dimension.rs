@@ -144,13 +144,13 @@ impl DimensionReport {
         if self.identical {
             return Ok(rendered);
         }
-        Err(ReconcileError::Mismatch {
+        Err(ReconcileError::Mismatch(Box::new(super::Mismatch {
             summary: format!(
                 "dimension {} is not what its source says: {} key(s) differ from a fold of every record",
                 self.target_uri, self.num_keys_differing
             ),
             advice: format!("Rebuild it with `tidemark run {pipeline} --full-reload` (placeholders kept), or find the last good version with `tidemark history {pipeline}` and `tidemark restore` (docs/operations/runbook.md)"),
             stdout: rendered,
-        })
+        })))
     }
 }

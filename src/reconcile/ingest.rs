@@ -116,13 +116,13 @@ impl IngestReport {
         if self.identical {
             return Ok(rendered);
         }
-        Err(ReconcileError::Mismatch {
+        Err(ReconcileError::Mismatch(Box::new(super::Mismatch {
             summary: format!(
                 "bronze {} is not what its landing files say: {} row(s) differ",
                 self.target_uri, self.num_rows_differing
             ),
             advice: format!("Rebuild its rows from the files with `tidemark run {pipeline} --full-reload` (each file keeps its first arrival; the pipelines reading bronze then need `--full-reload` too), or find the last good version with `tidemark history {pipeline}` and `tidemark restore` (docs/operations/runbook.md)"),
             stdout: rendered,
-        })
+        })))
     }
 }

@@ -81,23 +81,36 @@ pub enum ReconcileError {
     NoTarget { target: String, pipeline: String },
     /// The target is not what a full reload of its source would write. `stdout` holds the
     /// rendered report, which the binary prints before this message.
-    #[error("target {target} differs from the newest row per key of its source: {keys} key(s) differ ({detail}) and {buckets} day/group bucket(s) disagree. Find the last good version with `tidemark history {target}` and `tidemark restore {target} --version N`, or rebuild the target with `tidemark run {pipeline} --full-reload` (docs/operations/runbook.md)")]
-    Differs {
-        target: String,
-        pipeline: String,
-        keys: u64,
-        detail: String,
-        buckets: usize,
-        stdout: String,
-    },
+    #[error("target {} differs from the newest row per key of its source: {} key(s) differ ({}) and {} day/group bucket(s) disagree. {}", .0.target, .0.keys, .0.detail, .0.buckets, .0.advice)]
+    Differs(Box<Differs>),
     /// An aggregate's or a dimension's table is not what its source says: `summary` says how,
     /// `advice` what to do; `stdout` holds the rendered report.
-    #[error("{summary}. {advice}")]
-    Mismatch {
-        summary: String,
-        advice: String,
-        stdout: String,
-    },
+    #[error("{}. {}", .0.summary, .0.advice)]
+    Mismatch(Box<Mismatch>),
+}
+
+/// A cdc_merge target that is not what a full reload would write.
+#[derive(Debug)]
+pub struct Differs {
+    pub target: String,
+    pub pipeline: String,
+    pub keys: u64,
+    pub detail: String,
+    pub buckets: usize,
+    /// What to do: fix the target, or — when the source was rewritten since the target's last
+    /// run — look at the source first.
+    pub advice: String,
+    /// The rendered report, printed before the message.
+    pub stdout: String,
+}
+
+/// An aggregate's, a dimension's or an ingest's table that is not what its source says.
+#[derive(Debug)]
+pub struct Mismatch {
+    pub summary: String,
+    pub advice: String,
+    /// The rendered report, printed before the message.
+    pub stdout: String,
 }
 
 impl Classify for ReconcileError {
@@ -105,7 +118,7 @@ impl Classify for ReconcileError {
         match self {
             ReconcileError::Run(e) => e.class(),
             ReconcileError::Unsorted { .. } => ErrorClass::Internal,
-            ReconcileError::Differs { .. } | ReconcileError::Mismatch { .. } => ErrorClass::BadData,
+            ReconcileError::Differs(_) | ReconcileError::Mismatch(_) => ErrorClass::BadData,
             ReconcileError::NoTarget { .. } => ErrorClass::Unavailable,
         }
     }
@@ -115,9 +128,8 @@ impl ReconcileError {
     /// The report to print on stdout even though the command fails.
     pub fn stdout(&self) -> Option<&str> {
         match self {
-            ReconcileError::Differs { stdout, .. } | ReconcileError::Mismatch { stdout, .. } => {
-                Some(stdout)
-            }
+            ReconcileError::Differs(d) => Some(&d.stdout),
+            ReconcileError::Mismatch(m) => Some(&m.stdout),
             _ => None,
         }
     }
@@ -131,14 +143,26 @@ impl ReconcileReport {
             return Ok(rendered);
         }
         let d = &self.differing_keys;
-        Err(ReconcileError::Differs {
+        let pipeline = format!("{}{var_args}", self.pipeline_file);
+        let target = &self.target_uri;
+        // (a source rewritten behind the pipeline's back: a full reload would copy that in)
+        let upstream = self.notes.iter().any(|n| {
+            n.contains("no longer append-only")
+                || n.contains("not the table the target was built from")
+        });
+        let advice = match upstream {
+            true => format!("The source {} was rewritten or replaced since the target's last run (see the notes): check it first — `tidemark reconcile` and `tidemark history` of the pipeline that writes it, and `tidemark restore` there if that rewrite was a mistake; a `--full-reload` of this target copies the source as it is now (docs/operations/runbook.md)", self.source_uri),
+            false => format!("Find the last good version with `tidemark history {target}` and `tidemark restore {target} --version N`, or rebuild the target with `tidemark run {pipeline} --full-reload` (docs/operations/runbook.md)"),
+        };
+        Err(ReconcileError::Differs(Box::new(Differs {
             target: self.target_uri.clone(),
-            pipeline: format!("{}{var_args}", self.pipeline_file),
+            pipeline,
+            advice,
             keys: d.total(),
             detail: d.detail(),
             buckets: self.buckets_differing,
             stdout: rendered,
-        })
+        })))
     }
 }
 

@@ -1013,3 +1013,35 @@ async fn a_logical_date_far_past_the_data_says_how_to_undo_it() {
     let again = run(&p, "2024-04-06", &[]);
     assert!(again["target_version"].is_null(), "{again}");
 }
+
+/// A misspelt column in a measure's filter, on a pipeline whose gold exists, is the config
+/// error it is (78, the column meant), not a definition change to rebuild for (65).
+#[tokio::test]
+async fn a_misspelt_filter_column_on_an_existing_gold_is_named_not_rebuilt() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    write_source(d, &six_days()).await;
+    let p = pipeline(d, "");
+    run(&p, "2024-04-06", &[]);
+    let text = std::fs::read_to_string(&p).expect("read");
+    std::fs::write(
+        &p,
+        text.replace("status = 'refunded'", "stauts = 'refunded'"),
+    )
+    .expect("write");
+    for extra in [&[][..], &["--dry-run"][..]] {
+        let out = exec(
+            tidemark_at(at(2024, 4, 10, 12, 0))
+                .arg("run")
+                .arg(&p)
+                .args(["--logical-date", "2024-04-06"])
+                .args(extra),
+        );
+        assert_eq!(out.code, 78, "{extra:?}: {}", out.stderr);
+        assert!(
+            out.stderr.contains("names `stauts`") && out.stderr.contains("did you mean `status`?"),
+            "{}",
+            out.stderr
+        );
+    }
+}

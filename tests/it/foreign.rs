@@ -222,6 +222,14 @@ fn reconciled_differently_at(dir: &Path, pipeline: &Path, now: i64, v: u64) {
     assert_eq!(rec.code, 65, "{}\n{}", rec.stdout, rec.stderr);
     let report: Value = serde_json::from_str(&rec.stdout).expect("report");
     assert_eq!(report["source_version"], v, "{report}");
+    // the source was rewritten: the advice points at it, not at rebuilding the target from it
+    assert!(
+        rec.stderr
+            .contains("was rewritten or replaced since the target's last run")
+            && rec.stderr.contains("check it first"),
+        "{}",
+        rec.stderr
+    );
 }
 
 async fn a_delete_on_the_source_is_refused_naming_the_commit() {
