@@ -57,7 +57,7 @@ pub async fn reconcile_command(args: ReconcileArgs, clock: &dyn Clock) -> Result
     let report = reconcile::reconcile(&pipeline, m, &opts, clock, &engine).await?;
     let rendered = match args.output {
         OutputFormat::Json => report.to_json() + "\n",
-        OutputFormat::Text => report.to_text(),
+        OutputFormat::Text => fit::wrap(&report.to_text()),
     };
     Ok(report.into_result(rendered, &var_args)?)
 }
