@@ -37,6 +37,8 @@ pub struct Layout {
     pub tracked: Vec<String>,
     pub deletes: Option<(String, Vec<String>)>,
     pub history: HistoryMode,
+    /// `ignore_null_updates` / `unavailable_marker`.
+    pub partial: crate::config::pipeline::PartialUpdates,
 }
 
 impl Layout {
@@ -97,16 +99,34 @@ impl Layout {
             tracked,
             deletes: d.deletes.clone(),
             history: d.history,
+            partial: d.partial.clone(),
         })
     }
 
     /// The rules that decide the table's rows, as text (recorded in each commit: a change
     /// rebuilds every key).
     pub fn describe(&self) -> String {
-        match self.history {
+        let rows = match self.history {
             HistoryMode::Scd1 => "scd1".to_string(),
             HistoryMode::Scd2 => format!("scd2; tracked: {}", self.tracked.join(", ")),
+        };
+        match self.partial.is_active() {
+            true => format!("{rows}; partial: {}", self.partial.describe()),
+            false => rows,
         }
+    }
+
+    /// The partial updates over a source `schema` (`None`: off); keys, order and the delete
+    /// column are never partial.
+    fn carrier(&self, schema: &Schema) -> Option<crate::keyed::partial::Carrier> {
+        let mut fixed: Vec<&str> = self
+            .keys
+            .iter()
+            .chain(&self.order)
+            .map(String::as_str)
+            .collect();
+        fixed.extend(self.deletes.as_ref().map(|(c, _)| c.as_str()));
+        crate::keyed::partial::Carrier::new(&self.partial, schema, &fixed)
     }
 
     /// The output schema, for source `schema`.
@@ -247,7 +267,20 @@ pub fn fold(
     inferred: &HashMap<String, i64>,
 ) -> ArrowResult<(RecordBatch, Folded)> {
     let key_text = key_text(batch, &layout.keys)?;
-    let (mut out, folded) = versions(batch, layout, &key_text, inferred)?;
+    let sorted = Sorted::new(batch, layout)?;
+    // (with partial updates each record holds the values in force once it applies)
+    let filled = match layout.carrier(&batch.schema()) {
+        Some(c) => crate::keyed::partial::fill_forward(
+            &c,
+            batch,
+            &sorted.idx,
+            |a, b| sorted.keys.row(a) == sorted.keys.row(b),
+            &sorted.deleted,
+        )?,
+        None => batch.clone(),
+    };
+    let batch = &filled;
+    let (mut out, folded) = versions(batch, layout, &key_text, inferred, &sorted)?;
     if layout.history == HistoryMode::Scd1 {
         out.retain(|o| o.current);
     }
@@ -285,27 +318,48 @@ pub fn fold(
     finish(columns, schema, out.len()).map(|b| (b, folded))
 }
 
-/// Every key's versions: its records sorted (sequence, deletes last, then content, so the
-/// result does not depend on arrival order) and folded by [`History::fold`].
+/// A batch's records in fold order: by key, then sequence, deletes last, then content (as
+/// delivered), so the result does not depend on arrival order.
+struct Sorted {
+    idx: Vec<usize>,
+    keys: Rows,
+    order: Rows,
+    deleted: Vec<bool>,
+}
+
+impl Sorted {
+    fn new(batch: &RecordBatch, layout: &Layout) -> ArrowResult<Sorted> {
+        let keys = rows_of(batch, &layout.keys)?;
+        let order = rows_of(batch, &layout.order)?;
+        let content = rows_of(batch, &layout.columns)?;
+        let deleted = deletes(batch, layout)?;
+        let mut idx: Vec<usize> = (0..batch.num_rows()).collect();
+        idx.sort_by(|&a, &b| {
+            keys.row(a)
+                .cmp(&keys.row(b))
+                .then(order.row(a).cmp(&order.row(b)))
+                .then(deleted[a].cmp(&deleted[b]))
+                .then(content.row(a).cmp(&content.row(b)))
+        });
+        Ok(Sorted {
+            idx,
+            keys,
+            order,
+            deleted,
+        })
+    }
+}
+
+/// Every key's versions: its records in [`Sorted`] order folded by [`History::fold`].
 fn versions(
     batch: &RecordBatch,
     layout: &Layout,
     key_text: &[String],
     inferred: &HashMap<String, i64>,
+    sorted: &Sorted,
 ) -> ArrowResult<(Vec<Out>, Folded)> {
-    let keys = rows_of(batch, &layout.keys)?;
-    let order = rows_of(batch, &layout.order)?;
+    let (keys, order, deleted, idx) = (&sorted.keys, &sorted.order, &sorted.deleted, &sorted.idx);
     let tracked = rows_of(batch, &layout.tracked)?;
-    let content = rows_of(batch, &layout.columns)?;
-    let deleted = deletes(batch, layout)?;
-    let mut idx: Vec<usize> = (0..batch.num_rows()).collect();
-    idx.sort_by(|&a, &b| {
-        keys.row(a)
-            .cmp(&keys.row(b))
-            .then(order.row(a).cmp(&order.row(b)))
-            .then(deleted[a].cmp(&deleted[b]))
-            .then(content.row(a).cmp(&content.row(b)))
-    });
     let mut out: Vec<Out> = Vec::new();
     let mut folded = Folded::default();
     for run in idx.chunk_by(|a, b| keys.row(*a) == keys.row(*b)) {

@@ -4,21 +4,22 @@
 //! newest first; this pass keeps the first row of each key and counts what it drops. It holds one
 //! key's state at a time, so a full reload of any size streams through it.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
-use arrow::array::{Array, RecordBatch, UInt32Array};
+use arrow::array::{RecordBatch, UInt32Array};
 use arrow::datatypes::SchemaRef;
 use arrow::error::ArrowError;
-use arrow::row::{OwnedRow, RowConverter, SortField};
+use arrow::row::OwnedRow;
 use datafusion::error::DataFusionError;
 use datafusion::execution::{SendableRecordBatchStream, TaskContext};
 use datafusion::physical_plan::stream::RecordBatchStreamAdapter;
 use datafusion::physical_plan::streaming::PartitionStream;
 use futures::StreamExt;
 
+pub use super::encode::{EncodedBatch, RowEncoders};
+use super::partial::{self, Carrier, Filler};
 use super::roles::ColumnRoles;
-use crate::config::pipeline::DELETED_COLUMN;
 
 /// What deduplication did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -67,129 +68,6 @@ impl DedupCounts {
     }
 }
 
-/// Row encoders for the three roles; shared with the change detection against the target.
-pub struct RowEncoders {
-    key: RowConverter,
-    tuple: RowConverter,
-    content: RowConverter,
-    key_idx: Vec<usize>,
-    tuple_idx: Vec<usize>,
-    content_idx: Vec<usize>,
-    deleted_idx: Option<usize>,
-    seq_idx: usize,
-}
-
-/// Encoded roles of one batch.
-pub struct EncodedBatch {
-    pub keys: arrow::row::Rows,
-    pub tuples: arrow::row::Rows,
-    /// Empty when encoded by [`RowEncoders::encode_order`].
-    pub contents: arrow::row::Rows,
-    pub deleted: Option<arrow::array::BooleanArray>,
-    /// The sequence column in microseconds.
-    pub sequence: arrow::array::TimestampMicrosecondArray,
-}
-
-impl EncodedBatch {
-    /// Whether row `i` is a delete.
-    pub fn is_deleted(&self, i: usize) -> bool {
-        self.deleted
-            .as_ref()
-            .is_some_and(|d| d.is_valid(i) && d.value(i))
-    }
-
-    /// Sequence of row `i` in microseconds (never null after validation).
-    pub fn sequence_micros(&self, i: usize) -> Option<i64> {
-        use arrow::array::Array;
-        self.sequence.is_valid(i).then(|| self.sequence.value(i))
-    }
-}
-
-impl RowEncoders {
-    /// Encoders for batches in the canonical schema of `roles`.
-    pub fn new(roles: &ColumnRoles) -> Result<Self, ArrowError> {
-        let schema = &roles.canonical;
-        let conv = |idx: &[usize]| {
-            RowConverter::new(
-                idx.iter()
-                    .map(|i| SortField::new(schema.field(*i).data_type().clone()))
-                    .collect(),
-            )
-        };
-        let key_idx = roles.indices(&roles.keys);
-        let tuple_idx = roles.indices(&roles.order);
-        let content_idx = roles.indices(&roles.comparable_content());
-        Ok(RowEncoders {
-            key: conv(&key_idx)?,
-            tuple: conv(&tuple_idx)?,
-            content: conv(&content_idx)?,
-            deleted_idx: schema.index_of(DELETED_COLUMN).ok(),
-            seq_idx: schema.index_of(roles.sequence())?,
-            key_idx,
-            tuple_idx,
-            content_idx,
-        })
-    }
-
-    /// Encodes the content columns only (the last tie-break), for the rare equal tuples.
-    pub fn encode_content(&self, batch: &RecordBatch) -> Result<arrow::row::Rows, ArrowError> {
-        let cols: Vec<_> = self
-            .content_idx
-            .iter()
-            .map(|i| batch.column(*i).clone())
-            .collect();
-        self.content.convert_columns(&cols)
-    }
-
-    /// Encodes key, tuple, delete flag and sequence — what every row of a dedup needs — and
-    /// leaves `contents` empty.
-    pub fn encode_order(&self, batch: &RecordBatch) -> Result<EncodedBatch, ArrowError> {
-        self.encode_parts(batch, false)
-    }
-
-    /// Encodes one canonical batch. Rows compare like the values: ascending, nulls lowest.
-    pub fn encode(&self, batch: &RecordBatch) -> Result<EncodedBatch, ArrowError> {
-        self.encode_parts(batch, true)
-    }
-
-    fn encode_parts(&self, batch: &RecordBatch, content: bool) -> Result<EncodedBatch, ArrowError> {
-        let cols = |idx: &[usize]| {
-            idx.iter()
-                .map(|i| batch.column(*i).clone())
-                .collect::<Vec<_>>()
-        };
-        let deleted = match self.deleted_idx {
-            Some(i) => Some(
-                arrow::array::AsArray::as_boolean_opt(batch.column(i).as_ref())
-                    .ok_or_else(|| {
-                        ArrowError::SchemaError(format!("{DELETED_COLUMN} is not boolean"))
-                    })?
-                    .clone(),
-            ),
-            None => None,
-        };
-        let sequence = arrow::compute::cast(
-            batch.column(self.seq_idx),
-            &arrow::datatypes::DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, None),
-        )?;
-        let sequence = arrow::array::AsArray::as_primitive::<
-            arrow::datatypes::TimestampMicrosecondType,
-        >(sequence.as_ref())
-        .clone();
-        Ok(EncodedBatch {
-            sequence,
-            keys: self.key.convert_columns(&cols(&self.key_idx))?,
-            tuples: self.tuple.convert_columns(&cols(&self.tuple_idx))?,
-            contents: if content {
-                self.encode_content(batch)?
-            } else {
-                self.content.empty_rows(0, 0)
-            },
-            deleted,
-        })
-    }
-}
-
 /// The winner of the key being read: a row of the batch at hand, or one carried over from an
 /// earlier batch (the key's versions can span batches).
 enum Winner {
@@ -197,11 +75,29 @@ enum Winner {
     Carried(RecordBatch),
 }
 
+/// Partial updates: where filling the key's winner from its older rows stands.
+enum Fill {
+    /// Rows so far share the winner's tuple; the losers (lesser content: older) wait here, to
+    /// be applied once the ties end.
+    Ties(Vec<(RecordBatch, bool)>),
+    /// Older rows are streaming past. Rows of one tuple come in any order: they are gathered
+    /// (`group`, of tuple `tuple`) and applied newest content first when the tuple changes.
+    Filling {
+        filler: Filler,
+        group: Vec<(RecordBatch, bool)>,
+        tuple: Option<OwnedRow>,
+    },
+    /// Nothing older can change the winner (it carries every column, or it is a delete).
+    Done,
+}
+
 struct Current {
     key: OwnedRow,
     tuple: OwnedRow,
     winner: Winner,
     conflict_counted: bool,
+    /// `None` without partial updates.
+    fill: Option<Fill>,
 }
 
 /// The streaming "newest row per key" pass.
@@ -210,22 +106,57 @@ struct Current {
 /// any order, and the pass keeps the one with the greatest content itself (encoding content
 /// only for such ties, which are rare). A key's winner is therefore known only when the next
 /// key starts: [`Deduper::push`] returns the winners of the keys it finished and
-/// [`Deduper::finish`] the last one.
+/// [`Deduper::finish`] the last one. With partial updates ([`super::partial`]) the winner's
+/// columns it does not carry are filled from the key's older rows as they pass.
 pub struct Deduper {
     enc: RowEncoders,
     current: Option<Current>,
     counts: DedupCounts,
     conflict_keys: HashSet<Box<[u8]>>,
+    partial: Option<Carrier>,
+    /// Encoded keys whose winner still has partial columns no row of the input carried (and no
+    /// delete stopped): the target's row, when the input was not the key's whole history, fills
+    /// them.
+    open: HashMap<Box<[u8]>, Vec<usize>>,
+}
+
+/// Winners gathered from one pushed batch: rows of it, and rows made or carried elsewhere.
+struct Picks<'b> {
+    pieces: Vec<RecordBatch>,
+    picks: Vec<(usize, usize)>,
+    batch: &'b RecordBatch,
+}
+
+impl Picks<'_> {
+    fn here(&mut self, i: usize) {
+        self.picks.push((0, i));
+    }
+
+    fn owned(&mut self, row: RecordBatch) {
+        self.pieces.push(row);
+        self.picks.push((self.pieces.len() - 1, 0));
+    }
+
+    fn into_batch(self) -> Result<RecordBatch, ArrowError> {
+        if self.pieces.len() == 1 {
+            let rows = UInt32Array::from_iter_values(self.picks.iter().map(|(_, i)| *i as u32));
+            return arrow::compute::take_record_batch(self.batch, &rows);
+        }
+        let pieces: Vec<&RecordBatch> = self.pieces.iter().collect();
+        arrow::compute::interleave_record_batch(&pieces, &self.picks)
+    }
 }
 
 impl Deduper {
-    /// A deduper for canonical batches of `roles`.
+    /// A deduper for canonical batches of `roles` (partial updates as `roles` says).
     pub fn new(roles: &ColumnRoles) -> Result<Self, ArrowError> {
         Ok(Deduper {
             enc: RowEncoders::new(roles)?,
             current: None,
             counts: DedupCounts::default(),
             conflict_keys: HashSet::new(),
+            partial: roles.partial.clone(),
+            open: HashMap::new(),
         })
     }
 
@@ -239,36 +170,35 @@ impl Deduper {
         }
     }
 
-    /// Counts a carried-over winner as final and returns it.
-    fn settle_carried(&mut self, row: RecordBatch) -> Result<RecordBatch, ArrowError> {
-        let e = self.enc.encode_order(&row)?;
+    /// Counts a winner held as its own row as final.
+    fn count_row(&mut self, row: &RecordBatch) -> Result<(), ArrowError> {
+        let e = self.enc.encode_order(row)?;
         self.count_winner(e.sequence_micros(0), e.is_deleted(0));
-        Ok(row)
+        Ok(())
     }
 
     /// Takes the next sorted batch; returns the winners of the keys it completed.
     pub fn push(&mut self, batch: &RecordBatch) -> Result<RecordBatch, ArrowError> {
         let e = self.enc.encode_order(batch)?;
-        let mut keep: Vec<u32> = Vec::new();
-        let mut carried_out: Option<RecordBatch> = None;
+        let mut out = Picks {
+            pieces: vec![batch.clone()],
+            picks: Vec::new(),
+            batch,
+        };
         for i in 0..batch.num_rows() {
             self.counts.rows_in += 1;
             let key = e.keys.row(i);
             let same_key = self.current.as_ref().is_some_and(|c| c.key.row() == key);
             if !same_key {
-                match self.current.take().map(|c| c.winner) {
-                    Some(Winner::Here(w)) => {
-                        keep.push(w as u32);
-                        self.count_winner(e.sequence_micros(w), e.is_deleted(w));
-                    }
-                    Some(Winner::Carried(row)) => carried_out = Some(self.settle_carried(row)?),
-                    None => {}
+                if let Some(c) = self.current.take() {
+                    self.settle(c, batch, &e, &mut out)?;
                 }
                 self.current = Some(Current {
                     key: key.owned(),
                     tuple: e.tuples.row(i).owned(),
                     winner: Winner::Here(i),
                     conflict_counted: false,
+                    fill: self.partial.as_ref().map(|_| Fill::Ties(Vec::new())),
                 });
                 continue;
             }
@@ -276,10 +206,20 @@ impl Deduper {
                 .current
                 .as_ref()
                 .is_some_and(|c| c.tuple.row() == e.tuples.row(i));
-            if tie && self.resolve_tie(batch, i)? {
-                self.counts.duplicates += 1;
-            } else {
+            if !tie {
                 self.counts.superseded += 1;
+                self.fill_older(batch, &e, i)?;
+                continue;
+            }
+            let (identical, loser) = self.resolve_tie(batch, i)?;
+            if identical {
+                self.counts.duplicates += 1;
+                continue;
+            }
+            self.counts.superseded += 1;
+            if let Some(Fill::Ties(losers)) = self.current.as_mut().and_then(|c| c.fill.as_mut()) {
+                let deleted = self.enc.encode_order(&loser)?.is_deleted(0);
+                losers.push((loser, deleted));
             }
         }
         if let Some(c) = self.current.as_mut() {
@@ -287,25 +227,210 @@ impl Deduper {
                 c.winner = Winner::Carried(batch.slice(w, 1));
             }
         }
-        let here = arrow::compute::take_record_batch(batch, &UInt32Array::from(keep))?;
-        match carried_out {
-            Some(row) => arrow::compute::concat_batches(&batch.schema(), [&row, &here]),
-            None => Ok(here),
+        out.into_batch()
+    }
+
+    /// A finished key's winner into `out`, filled from what its older rows carried.
+    fn settle(
+        &mut self,
+        mut c: Current,
+        batch: &RecordBatch,
+        e: &EncodedBatch,
+        out: &mut Picks<'_>,
+    ) -> Result<(), ArrowError> {
+        let filled = match c.fill.take() {
+            Some(fill) => self.close_fill(&c, fill, batch, e)?,
+            None => None,
+        };
+        match (filled, c.winner) {
+            (None, Winner::Here(w)) => {
+                out.here(w);
+                self.count_winner(e.sequence_micros(w), e.is_deleted(w));
+            }
+            (Some(row), _) | (None, Winner::Carried(row)) => {
+                self.count_row(&row)?;
+                out.owned(row);
+            }
         }
+        Ok(())
+    }
+
+    /// The winner as its own row (`batch`/`e`: the batch at hand, for a winner in it), and
+    /// whether it is a delete.
+    fn winner_row(
+        &self,
+        c: &Current,
+        batch: &RecordBatch,
+        e: &EncodedBatch,
+    ) -> Result<(RecordBatch, bool), ArrowError> {
+        Ok(match &c.winner {
+            Winner::Here(w) => (partial::own_row(batch, *w), e.is_deleted(*w)),
+            Winner::Carried(row) => {
+                let deleted = self.enc.encode_order(row)?.is_deleted(0);
+                (row.clone(), deleted)
+            }
+        })
+    }
+
+    /// Ends the ties of the current key: a filler over its winner with the tie losers applied,
+    /// or `Done` when nothing can change it.
+    fn start_filling(
+        &self,
+        c: &Current,
+        losers: Vec<(RecordBatch, bool)>,
+        batch: &RecordBatch,
+        e: &EncodedBatch,
+    ) -> Result<Fill, ArrowError> {
+        let Some(carrier) = &self.partial else {
+            return Ok(Fill::Done);
+        };
+        let (row, deleted) = self.winner_row(c, batch, e)?;
+        let open = carrier.open_in(&row, 0);
+        if deleted || open.is_empty() {
+            return Ok(Fill::Done);
+        }
+        let mut filler = Filler::with_open(row, open, false);
+        self.apply_group(&mut filler, losers)?;
+        Ok(Fill::Filling {
+            filler,
+            group: Vec::new(),
+            tuple: None,
+        })
+    }
+
+    /// Applies rows of one tuple to `filler`, the greatest content (the newest) first.
+    fn apply_group(
+        &self,
+        filler: &mut Filler,
+        group: Vec<(RecordBatch, bool)>,
+    ) -> Result<(), ArrowError> {
+        let Some(carrier) = &self.partial else {
+            return Ok(());
+        };
+        let mut ranked = Vec::with_capacity(group.len());
+        let several = group.len() > 1;
+        for (row, deleted) in group {
+            // (contents are encoded only to order several rows of one tuple, which is rare)
+            let content = match several {
+                true => Some(self.enc.encode_content(&row)?.row(0).owned()),
+                false => None,
+            };
+            ranked.push((content, row, deleted));
+        }
+        ranked.sort_by(|a, b| b.0.cmp(&a.0));
+        for (_, row, deleted) in ranked {
+            filler.older(carrier, &row, 0, deleted)?;
+        }
+        Ok(())
+    }
+
+    /// Row `i` of `batch` is older than its key's winner: it fills what the winner lacks.
+    fn fill_older(
+        &mut self,
+        batch: &RecordBatch,
+        e: &EncodedBatch,
+        i: usize,
+    ) -> Result<(), ArrowError> {
+        let Some(mut c) = self.current.take() else {
+            return Ok(());
+        };
+        let result = self.advance(&mut c, batch, e, i);
+        self.current = Some(c);
+        result
+    }
+
+    fn advance(
+        &self,
+        c: &mut Current,
+        batch: &RecordBatch,
+        e: &EncodedBatch,
+        i: usize,
+    ) -> Result<(), ArrowError> {
+        let fill = match c.fill.take() {
+            None => return Ok(()),
+            Some(Fill::Ties(losers)) => self.start_filling(c, losers, batch, e)?,
+            Some(other) => other,
+        };
+        c.fill = Some(match fill {
+            Fill::Filling {
+                mut filler,
+                mut group,
+                mut tuple,
+            } if filler.wants_more() => {
+                let t = e.tuples.row(i);
+                if tuple.as_ref().is_none_or(|held| held.row() != t) {
+                    self.apply_group(&mut filler, std::mem::take(&mut group))?;
+                    tuple = Some(t.owned());
+                }
+                group.push((batch.slice(i, 1), e.is_deleted(i)));
+                Fill::Filling {
+                    filler,
+                    group,
+                    tuple,
+                }
+            }
+            other => other,
+        });
+        Ok(())
+    }
+
+    /// A key's fill once its last row has passed: the filled winner (`None`: unchanged), its
+    /// still-open columns recorded for the target to fill.
+    fn close_fill(
+        &mut self,
+        c: &Current,
+        fill: Fill,
+        batch: &RecordBatch,
+        e: &EncodedBatch,
+    ) -> Result<Option<RecordBatch>, ArrowError> {
+        let fill = match fill {
+            Fill::Ties(losers) if losers.is_empty() => {
+                // The winner alone: unchanged, though the target may fill it.
+                let (row, deleted) = self.winner_row(c, batch, e)?;
+                let open = match &self.partial {
+                    Some(carrier) if !deleted => carrier.open_in(&row, 0),
+                    _ => Vec::new(),
+                };
+                if !open.is_empty() {
+                    self.open.insert(c.key.row().as_ref().into(), open);
+                }
+                return Ok(None);
+            }
+            Fill::Ties(losers) => self.start_filling(c, losers, batch, e)?,
+            other => other,
+        };
+        let Fill::Filling {
+            mut filler, group, ..
+        } = fill
+        else {
+            return Ok(None);
+        };
+        self.apply_group(&mut filler, group)?;
+        let (row, open) = filler.finish();
+        if !open.is_empty() {
+            self.open.insert(c.key.row().as_ref().into(), open);
+        }
+        Ok(Some(row))
     }
 
     /// Row `i` of `batch` has the current key and the same tuple as its winner: the greater
     /// content wins; different contents are a conflict, counted once per key. Returns whether
-    /// the row is identical to the winner (a re-delivery).
-    fn resolve_tie(&mut self, batch: &RecordBatch, i: usize) -> Result<bool, ArrowError> {
+    /// the row is identical to the winner (a re-delivery), and the loser's row.
+    fn resolve_tie(
+        &mut self,
+        batch: &RecordBatch,
+        i: usize,
+    ) -> Result<(bool, RecordBatch), ArrowError> {
+        let challenger_row = batch.slice(i, 1);
         let Some(c) = self.current.as_mut() else {
-            return Ok(false);
+            return Ok((false, challenger_row));
         };
-        let challenger = self.enc.encode_content(&batch.slice(i, 1))?;
-        let holder = match &c.winner {
-            Winner::Here(w) => self.enc.encode_content(&batch.slice(*w, 1))?,
-            Winner::Carried(row) => self.enc.encode_content(row)?,
+        let challenger = self.enc.encode_content(&challenger_row)?;
+        let holder_row = match &c.winner {
+            Winner::Here(w) => batch.slice(*w, 1),
+            Winner::Carried(row) => row.clone(),
         };
+        let holder = self.enc.encode_content(&holder_row)?;
         let (challenger, holder) = (challenger.row(0), holder.row(0));
         if challenger != holder && !c.conflict_counted {
             c.conflict_counted = true;
@@ -314,17 +439,35 @@ impl Deduper {
         }
         if challenger > holder {
             c.winner = Winner::Here(i);
+            return Ok((false, holder_row));
         }
-        Ok(challenger == holder)
+        Ok((challenger == holder, challenger_row))
     }
 
     /// The last key's winner, once the input has ended.
     pub fn finish(&mut self) -> Result<Option<RecordBatch>, ArrowError> {
-        match self.current.take().map(|c| c.winner) {
-            Some(Winner::Carried(row)) => Ok(Some(self.settle_carried(row)?)),
-            // (`push` always carries the open key's winner over)
-            Some(Winner::Here(_)) | None => Ok(None),
-        }
+        let Some(c) = self.current.take() else {
+            return Ok(None);
+        };
+        // (`push` always carries the open key's winner over)
+        let Winner::Carried(row) = &c.winner else {
+            return Ok(None);
+        };
+        let row = row.clone();
+        let mut out = Picks {
+            pieces: vec![row.clone()],
+            picks: Vec::new(),
+            batch: &row,
+        };
+        let e = self.enc.encode_order(&row)?;
+        self.settle(c, &row, &e, &mut out)?;
+        out.into_batch().map(Some)
+    }
+
+    /// Encoded keys whose winner has partial columns the input never carried, with those
+    /// columns (indices in the canonical schema).
+    pub fn open_keys(&self) -> &HashMap<Box<[u8]>, Vec<usize>> {
+        &self.open
     }
 
     /// The counts so far.
@@ -465,7 +608,7 @@ impl PartitionStream for DedupPartition {
 mod tests {
     use super::*;
     use crate::config::{Pipeline, Vars};
-    use arrow::array::{AsArray, Int64Array, StringArray, TimestampMicrosecondArray};
+    use arrow::array::{Array, AsArray, Int64Array, StringArray, TimestampMicrosecondArray};
     use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
     /// (id, ts, v)

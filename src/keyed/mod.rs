@@ -7,7 +7,9 @@
 //! it knows no kind.
 
 pub mod dedup;
+pub mod encode;
 pub mod expect;
+pub mod partial;
 pub mod roles;
 pub mod tally;
 pub mod validate;

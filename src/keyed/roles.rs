@@ -26,6 +26,9 @@ pub struct ColumnRoles {
     /// Columns written to the target (the canonical row, minus `_deleted` in hard mode).
     pub target_columns: Vec<String>,
     pub deletes: Option<Deletes>,
+    /// Partial updates (`ignore_null_updates`, `unavailable_marker`) over the canonical row;
+    /// `None` when off.
+    pub partial: Option<super::partial::Carrier>,
 }
 
 impl ColumnRoles {
@@ -129,13 +132,19 @@ impl ColumnRoles {
                     ))
             })
             .collect();
+        let canonical = Arc::new(Schema::new(fields));
+        let mut fixed: Vec<&str> = m.keys.iter().chain(&order).map(String::as_str).collect();
+        fixed.push(DELETED_COLUMN);
+        fixed.extend(m.deletes.as_ref().map(|d| d.column.as_str()));
+        let partial = super::partial::Carrier::new(&m.partial, &canonical, &fixed);
         Ok(ColumnRoles {
             keys: m.keys.clone(),
             order,
             content,
-            canonical: Arc::new(Schema::new(fields)),
+            canonical,
             target_columns,
             deletes: m.deletes.clone(),
+            partial,
         })
     }
 

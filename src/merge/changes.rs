@@ -88,6 +88,7 @@ pub async fn detect(
                     deleted,
                     t.deleted,
                     already_conflicting.contains(e.keys.row(i).as_ref()),
+                    roles.partial.is_some(),
                 );
                 cs.conflicts += u64::from(conflict);
                 verdict
@@ -117,20 +118,17 @@ pub async fn detect(
     Ok(cs)
 }
 
-/// The target's rows whose keys are among the winners', as canonical rows by encoded key.
-/// Files are pruned by the first key column's range; only matching keys come back.
-async fn target_rows(
+/// The target's rows whose keys are among `rows`' (canonical rows), as canonical rows. Files
+/// are pruned by the first key column's range; only matching keys come back.
+pub async fn matching_rows(
     ctx: &SessionContext,
     target: &DeltaTable,
-    target_uri: &str,
     roles: &ColumnRoles,
-    winners: &RecordBatch,
-    enc: &RowEncoders,
-) -> Result<HashMap<Box<[u8]>, TargetRow>, RunError> {
+    rows: &RecordBatch,
+) -> Result<Vec<RecordBatch>, RunError> {
     let q = RunError::query;
-    let mut out = HashMap::new();
-    if winners.num_rows() == 0 {
-        return Ok(out);
+    if rows.num_rows() == 0 {
+        return Ok(Vec::new());
     }
     let key_names: Vec<String> = roles.keys.iter().map(|k| format!("__slice_{k}")).collect();
     let key_cols: Vec<_> = roles
@@ -140,7 +138,7 @@ async fn target_rows(
         .map(|(k, alias)| ident(k).alias(alias))
         .collect();
     let slice_keys = ctx
-        .read_batch(winners.clone())
+        .read_batch(rows.clone())
         .and_then(|df| df.select(key_cols))
         .map_err(q(Phase::Compare))?;
     let first = &roles.keys[0];
@@ -160,9 +158,8 @@ async fn target_rows(
             ScalarValue::try_from_array(b.column(0), 0).map_err(q(Phase::Compare))?,
             ScalarValue::try_from_array(b.column(1), 0).map_err(q(Phase::Compare))?,
         ),
-        _ => return Ok(out),
+        _ => return Ok(Vec::new()),
     };
-
     let provider = target.table_provider().await.map_err(q(Phase::Compare))?;
     let columns = roles.target_exprs_for(&provider.schema());
     let left: Vec<&str> = roles.keys.iter().map(String::as_str).collect();
@@ -176,6 +173,21 @@ async fn target_rows(
         .collect()
         .await
         .map_err(q(Phase::Compare))?;
+    Ok(batches)
+}
+
+/// The target's rows whose keys are among the winners', as canonical rows by encoded key.
+/// Files are pruned by the first key column's range; only matching keys come back.
+async fn target_rows(
+    ctx: &SessionContext,
+    target: &DeltaTable,
+    target_uri: &str,
+    roles: &ColumnRoles,
+    winners: &RecordBatch,
+    enc: &RowEncoders,
+) -> Result<HashMap<Box<[u8]>, TargetRow>, RunError> {
+    let mut out = HashMap::new();
+    let batches = matching_rows(ctx, target, roles, winners).await?;
     let mut duplicates = 0u64;
     let mut first_duplicate = None;
     for batch in batches {

@@ -38,15 +38,26 @@ pub(super) fn absent(deleted: bool, hard: bool) -> Verdict {
 /// `(sequence, tie-breakers)` tuples and then their contents (the dedup's order, so an
 /// incremental run picks what a full reload picks), and whether this is a conflict to count:
 /// equal tuples with different contents, not already counted by the dedup.
+///
+/// With partial updates (`partial`) a winner with the target's tuple is the same record filled
+/// again, from everything read since: it replaces the target's row when it differs, and is no
+/// conflict.
 pub(super) fn matched(
     tuple: Ordering,
     content: Ordering,
     deleted: bool,
     target_deleted: bool,
     counted_by_dedup: bool,
+    partial: bool,
 ) -> (Verdict, bool) {
-    let conflict = tuple == Ordering::Equal && content != Ordering::Equal && !counted_by_dedup;
-    let verdict = if tuple.then(content) != Ordering::Greater {
+    let refilled = partial && tuple == Ordering::Equal;
+    let conflict =
+        tuple == Ordering::Equal && content != Ordering::Equal && !counted_by_dedup && !refilled;
+    let wins = match refilled {
+        true => content != Ordering::Equal,
+        false => tuple.then(content) == Ordering::Greater,
+    };
+    let verdict = if !wins {
         Verdict::Unchanged
     } else if deleted && !target_deleted {
         Verdict::Delete
@@ -82,28 +93,28 @@ mod tests {
     #[test]
     fn only_a_greater_tuple_or_equal_tuple_and_greater_content_wins() {
         assert_eq!(
-            matched(Greater, Less, false, false, false),
+            matched(Greater, Less, false, false, false, false),
             (Verdict::Update, false)
         );
         assert_eq!(
-            matched(Less, Greater, false, false, false),
+            matched(Less, Greater, false, false, false, false),
             (Verdict::Unchanged, false)
         );
         assert_eq!(
-            matched(Equal, Equal, false, false, false),
+            matched(Equal, Equal, false, false, false, false),
             (Verdict::Unchanged, false),
             "a rerun"
         );
         assert_eq!(
-            matched(Equal, Greater, false, false, false),
+            matched(Equal, Greater, false, false, false, false),
             (Verdict::Update, true)
         );
         assert_eq!(
-            matched(Equal, Less, false, false, false),
+            matched(Equal, Less, false, false, false, false),
             (Verdict::Unchanged, true)
         );
         assert_eq!(
-            matched(Equal, Less, false, false, true),
+            matched(Equal, Less, false, false, true, false),
             (Verdict::Unchanged, false),
             "the dedup counted it"
         );
@@ -112,18 +123,39 @@ mod tests {
     #[test]
     fn a_delete_of_a_live_row_deletes_and_of_a_tombstone_updates_it() {
         assert_eq!(
-            matched(Greater, Equal, true, false, false).0,
+            matched(Greater, Equal, true, false, false, false).0,
             Verdict::Delete
         );
         assert_eq!(
-            matched(Greater, Equal, true, true, false).0,
+            matched(Greater, Equal, true, true, false, false).0,
             Verdict::Update
         );
         assert_eq!(
-            matched(Greater, Equal, false, true, false).0,
+            matched(Greater, Equal, false, true, false, false).0,
             Verdict::Update,
             "a key comes back"
         );
         assert!(stays(true, false) && stays(false, true) && !stays(true, true));
+    }
+
+    #[test]
+    fn with_partial_updates_the_same_tuple_filled_again_replaces_the_row() {
+        assert_eq!(
+            matched(Equal, Less, false, false, false, true),
+            (Verdict::Update, false)
+        );
+        assert_eq!(
+            matched(Equal, Greater, true, false, false, true),
+            (Verdict::Delete, false)
+        );
+        assert_eq!(
+            matched(Equal, Equal, false, false, false, true),
+            (Verdict::Unchanged, false),
+            "a rerun"
+        );
+        assert_eq!(
+            matched(Less, Greater, false, false, false, true).0,
+            Verdict::Unchanged
+        );
     }
 }

@@ -131,8 +131,9 @@ impl Run<'_, '_> {
             .map_err(q(Phase::Dedup))?;
         let counts: Arc<std::sync::Mutex<DedupCounts>> = Arc::default();
         let scan_error: dedup::InputError = Arc::default();
-        // (a key's older versions within a chunk go before the sort: see `thin`)
-        let canonical = if roles.order_sortable() {
+        // (a key's older versions within a chunk go before the sort: see `thin`; not with
+        // partial updates, where an older version may carry what the newest lacks)
+        let canonical = if roles.order_sortable() && roles.partial.is_none() {
             self.thinned(canonical, roles, &counts).await?
         } else {
             canonical

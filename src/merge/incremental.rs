@@ -36,13 +36,16 @@ impl Run<'_, '_> {
     ) -> Result<MergeCounters, RunError> {
         let planned = self.plan_read(&source, &target, roles).await?;
         self.end_phase(Phase::Plan)?;
-        let input = self
+        let (input, complete) = self
             .read(&source, source_provider, planned.read, roles, seq_type)
             .await?;
         self.end_phase(Phase::Read)?;
         let valid = self.validate(input, roles, seq_type).await?;
         self.end_phase(Phase::Validate)?;
         let (winners, deduper) = self.dedup(valid, roles).await?;
+        let winners = self
+            .fill_from_target(&target, roles, winners, deduper.open_keys(), &complete)
+            .await?;
         self.end_phase(Phase::Dedup)?;
         let fast = if planned.new_columns.is_empty() {
             FastPath::check(&target).map_err(RunError::delta(Phase::Compare, &self.m.target_uri))?
@@ -111,7 +114,8 @@ impl Run<'_, '_> {
     }
 
     /// Read: the overlap slice, plus every row landed since the previous run behind it (flagged
-    /// late), collected once so validation and dedup do not read the source again.
+    /// late), collected once so validation and dedup do not read the source again. With partial
+    /// updates, also the whole history of the keys with a late row ([`partial`]).
     async fn read(
         &mut self,
         source: &DeltaTable,
@@ -119,7 +123,7 @@ impl Run<'_, '_> {
         plan: horizon::ReadPlan,
         roles: &ColumnRoles,
         seq_type: &arrow::datatypes::DataType,
-    ) -> Result<DataFrame, RunError> {
+    ) -> Result<(DataFrame, partial::Complete), RunError> {
         let q = RunError::query;
         let seq = roles.sequence();
         let lo = plan.lo;
@@ -141,6 +145,14 @@ impl Run<'_, '_> {
         }
         .and_then(|df| df.with_column(LATE_COLUMN, lit(false)))
         .map_err(q(Phase::Read))?;
+        let mut complete = match (&plan.landed, lo) {
+            (_, None) | (horizon::Landed::WholeSource, _) => partial::Complete::All,
+            _ => partial::Complete::None,
+        };
+        let landed_adds = match &plan.landed {
+            horizon::Landed::Files(adds) if roles.partial.is_some() => Some(adds.clone()),
+            _ => None,
+        };
         let landed_provider = match plan.landed {
             horizon::Landed::Nothing => None,
             horizon::Landed::WholeSource => Some(source_provider.clone()),
@@ -170,6 +182,16 @@ impl Run<'_, '_> {
             }
             None => slice,
         };
+        let input = match landed_adds {
+            Some(adds) => {
+                let (input, keys) = self
+                    .read_histories(input, source, &adds, behind(lo), roles)
+                    .await?;
+                complete = keys;
+                input
+            }
+            None => input,
+        };
         let batches = input
             .collect()
             .instrument(info_span!("read"))
@@ -191,7 +213,12 @@ impl Run<'_, '_> {
             Arc::new(arrow::datatypes::Schema::new(fields))
         });
         let mem = MemTable::try_new(schema, vec![batches]).map_err(q(Phase::Read))?;
-        self.a.ctx.read_table(Arc::new(mem)).map_err(q(Phase::Read))
+        let input = self
+            .a
+            .ctx
+            .read_table(Arc::new(mem))
+            .map_err(q(Phase::Read))?;
+        Ok((input, complete))
     }
 
     /// Validate: counts the late rows, quarantines the rejected, records the deferred; returns

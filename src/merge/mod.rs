@@ -16,6 +16,7 @@ pub(crate) mod feed;
 mod full;
 mod horizon;
 mod incremental;
+mod partial;
 mod plan;
 mod thin;
 pub mod tombstones;
@@ -93,6 +94,7 @@ impl RunKind for CdcMerge {
             .with("sequence_by", self.sequence_by.as_str())
             .with("tie_breakers", self.tie_breakers.join("\u{1f}"))
             .with("deletes", deletes)
+            .with_newer("partial_updates", self.partial.describe())
     }
 
     async fn execute(&self, a: &mut Attempt<'_>) -> Result<MergeCounters, RunError> {

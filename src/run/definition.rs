@@ -15,6 +15,10 @@ use deltalake::{DeltaTable, DeltaTableError};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Definition {
     settings: Vec<(String, String)>,
+    /// Settings added to tidemark after others were recorded, whose value before was "off"
+    /// (the empty text): on a target that recorded a definition without them, unrecorded means
+    /// off, so turning one on is a change.
+    newer: Vec<String>,
 }
 
 impl Definition {
@@ -22,6 +26,14 @@ impl Definition {
     pub fn with(mut self, setting: impl Into<String>, value: impl Into<String>) -> Self {
         self.settings.push((setting.into(), value.into()));
         self
+    }
+
+    /// Adds a setting introduced after targets were already recording definitions; its empty
+    /// text means "off", what every target written before it had.
+    pub fn with_newer(mut self, setting: impl Into<String>, value: impl Into<String>) -> Self {
+        let setting = setting.into();
+        self.newer.push(setting.clone());
+        self.with(setting, value)
     }
 
     /// The transactions recording this definition, for a commit of `pipeline_app`'s target.
@@ -47,11 +59,15 @@ impl Definition {
             async move { snapshot.transaction_version(store.as_ref(), &id).await }
         }))
         .await?;
+        let any_recorded = recorded.iter().any(Option::is_some);
         Ok(self
             .settings
             .iter()
             .zip(recorded)
-            .filter(|((_, v), r)| r.is_some_and(|r| r != fingerprint(v)))
+            .filter(|((s, v), r)| match r {
+                Some(r) => *r != fingerprint(v),
+                None => any_recorded && !v.is_empty() && self.newer.contains(s),
+            })
             .map(|((s, _), _)| s.clone())
             .collect())
     }

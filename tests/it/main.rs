@@ -28,6 +28,7 @@ mod lake_features;
 mod lateness;
 mod merge_edges;
 mod oracle;
+mod partial;
 mod readme;
 mod reliability;
 mod s3;

@@ -37,6 +37,9 @@ pub(super) struct RawCdcMerge {
     pub(super) reconcile: Option<RawReconcile>,
     #[serde(default)]
     pub(super) expectations: Vec<super::expect::RawExpectation>,
+    #[serde(default)]
+    pub(super) ignore_null_updates: bool,
+    pub(super) unavailable_marker: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -154,6 +157,8 @@ pub struct CdcMerge {
     pub reconcile: ReconcileSpec,
     /// Row-level rules over source rows (`expectations:`), in file order.
     pub expectations: Vec<super::expect::Expectation>,
+    /// `ignore_null_updates` / `unavailable_marker`.
+    pub partial: super::PartialUpdates,
 }
 
 impl CdcMerge {
@@ -192,6 +197,7 @@ impl Ctx<'_> {
         let reconcile = self.reconcile(raw.reconcile, &raw.sequence_by)?;
         let expectations = self.expectations(raw.expectations)?;
         let (target_file_size, target_row_group_rows) = self.merge_layout(&raw.target)?;
+        let partial = self.partial_updates(raw.ignore_null_updates, raw.unavailable_marker)?;
         let mut m = CdcMerge {
             source_uri: self.substitute("source.uri", &raw.source.uri, vars)?,
             source_on_recreate: raw.source.on_recreate,
@@ -211,6 +217,7 @@ impl Ctx<'_> {
             on_schema_change: raw.on_schema_change,
             reconcile,
             expectations,
+            partial,
         };
         // Removed tombstones are recorded beside the target unless told where.
         let target = m.target_uri.trim_end_matches('/').to_string();

@@ -115,6 +115,24 @@ impl Ctx<'_> {
 }
 
 impl Ctx<'_> {
+    /// `ignore_null_updates` and `unavailable_marker`, checked.
+    pub(super) fn partial_updates(
+        &self,
+        ignore_nulls: bool,
+        marker: Option<String>,
+    ) -> Result<super::PartialUpdates, ConfigError> {
+        if marker.as_deref().is_some_and(|m| m.trim().is_empty()) {
+            return Err(self.invalid(
+                "unavailable_marker",
+                "`unavailable_marker` is empty; give the text the feed sends for a value it did not send, e.g. __debezium_unavailable_value, or remove the setting",
+            ));
+        }
+        Ok(super::PartialUpdates {
+            ignore_nulls,
+            marker,
+        })
+    }
+
     /// The `quarantine:` block: its location substituted, its limits checked.
     pub(super) fn quarantine(
         &self,

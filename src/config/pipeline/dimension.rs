@@ -92,6 +92,8 @@ pub struct Dimension {
     pub quarantine: Quarantine,
     /// `infer_from:` and its settings (none: no placeholders).
     pub infer: Option<Infer>,
+    /// `ignore_null_updates` / `unavailable_marker`.
+    pub partial: super::PartialUpdates,
 }
 
 #[derive(Debug, Deserialize)]
@@ -118,6 +120,9 @@ pub(super) struct RawDimension {
     pub(super) placeholder: Option<serde_yaml::Mapping>,
     pub(super) alert_after: Option<String>,
     pub(super) fail_after: Option<String>,
+    #[serde(default)]
+    pub(super) ignore_null_updates: bool,
+    pub(super) unavailable_marker: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -189,6 +194,7 @@ impl Ctx<'_> {
             raw.fail_after,
             vars,
         )?;
+        let partial = self.partial_updates(raw.ignore_null_updates, raw.unavailable_marker)?;
         Ok(Dimension {
             source_uri,
             target_uri,
@@ -202,6 +208,7 @@ impl Ctx<'_> {
             tracked,
             quarantine,
             infer,
+            partial,
         })
     }
 

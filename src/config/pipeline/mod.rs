@@ -95,6 +95,38 @@ pub struct Quarantine {
     pub max_fraction: Option<f64>,
 }
 
+/// Partial updates (`ignore_null_updates`, `unavailable_marker`): which values of an upsert
+/// carry nothing, so that the key keeps the value it had. A key's row is then, column by
+/// column, the value of its newest record (by sequence and tie-breakers) since its last delete
+/// that carries one — whatever order the records arrived in — else the newest record's own.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PartialUpdates {
+    /// A null in an upsert keeps the current value (AUTO CDC's `ignore_null_updates`).
+    pub ignore_nulls: bool,
+    /// A text value meaning "not sent": Debezium's `__debezium_unavailable_value` for an
+    /// unchanged TOASTed column. Only text columns can hold it.
+    pub marker: Option<String>,
+}
+
+impl PartialUpdates {
+    /// Whether any value of an upsert can carry nothing.
+    pub fn is_active(&self) -> bool {
+        self.ignore_nulls || self.marker.is_some()
+    }
+
+    /// The settings as the definition records them (empty when off, as before they existed).
+    pub fn describe(&self) -> String {
+        if !self.is_active() {
+            return String::new();
+        }
+        format!(
+            "ignore_nulls={}\u{1f}marker={}",
+            self.ignore_nulls,
+            self.marker.as_deref().unwrap_or("")
+        )
+    }
+}
+
 /// A validated pipeline: the header every kind shares and what this kind does.
 #[derive(Debug, Clone)]
 pub struct Pipeline {

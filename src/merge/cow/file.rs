@@ -109,6 +109,7 @@ pub(super) fn replace(
         deleted,
         target_deleted,
         r.already_conflicting.contains(w.keys.row(i).as_ref()),
+        s.roles.partial.is_some(),
     );
     o.conflicts += u64::from(conflict);
     match verdict {

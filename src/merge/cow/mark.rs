@@ -92,6 +92,7 @@ pub(super) fn direct(s: &Slice, hits: &[(usize, u64, bool)], o: &mut FileOutcome
             deleted,
             target_deleted,
             false,
+            false,
         );
         match verdict {
             Verdict::Unchanged => continue,
