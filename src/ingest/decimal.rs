@@ -4,6 +4,9 @@
 
 use std::fmt;
 
+/// The most digits a decimal holds (Arrow `Decimal128`).
+pub const MAX_PRECISION: u8 = crate::config::pipeline::ingest::MAX_DECIMAL_PRECISION;
+
 /// Exponents beyond this are clamped: any such value is zero or has far more than 38 digits.
 const EXPONENT_CLAMP: i64 = 1_000_000;
 
