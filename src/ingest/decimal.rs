@@ -253,4 +253,29 @@ mod tests {
         assert_eq!(render(0, 2), "0.00");
         assert_eq!(render(42, 0), "42");
     }
+
+    proptest::proptest! {
+        /// Any value of a decimal(p, s) written with its point, with an exponent or with
+        /// trailing zeros parses back to itself; one more non-zero place does not fit.
+        #[test]
+        fn written_values_parse_back_exactly(
+            v in proptest::prelude::any::<i64>(),
+            p in 19u8..=38,
+            s in 0i8..=18,
+            extra in 1u8..=9,
+        ) {
+            let v = i128::from(v);
+            let text = render(v, s);
+            proptest::prop_assert_eq!(parse(&text, p, s), Ok(v));
+            proptest::prop_assert_eq!(parse(&format!("{v}e-{s}"), p, s), Ok(v));
+            if s > 0 {
+                proptest::prop_assert_eq!(parse(&format!(" {text}000 "), p, s), Ok(v));
+            }
+            let finer = if s == 0 { format!("{text}.{extra}") } else { format!("{text}{extra}") };
+            proptest::prop_assert_eq!(
+                parse(&finer, p, s),
+                Err(Misfit::Places { places: i64::from(s) + 1, scale: s })
+            );
+        }
+    }
 }

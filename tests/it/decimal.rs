@@ -23,7 +23,7 @@ fn write(path: &Path, text: &str) {
 }
 
 /// The two ingests (JSON lines and CSV into one bronze), the merge and the aggregate.
-fn pipelines(d: &Path) -> [std::path::PathBuf; 5] {
+fn pipelines(d: &Path) -> [std::path::PathBuf; 6] {
     let schema = "schema:\n  payment_id: string not null\n  merchant_id: string\n  amount: decimal(12, 2)\n  created_at: timestamp\n  updated_at: timestamp not null\n";
     let ingest = |name: &str, glob: &str, format: &str| {
         let p = d.join(format!("{name}.yml"));
@@ -37,7 +37,7 @@ fn pipelines(d: &Path) -> [std::path::PathBuf; 5] {
     };
     let merge = d.join("payments.yml");
     write(&merge, &format!(
-        "name: payments\nkind: cdc_merge\nsource: {{ uri: \"{b}\" }}\ntarget: {{ uri: \"{s}\" }}\nkeys: [payment_id]\nsequence_by: updated_at\ntie_breakers: [_ingested_at]\noverlap: 15m\nquarantine: {{ uri: \"{q}\" }}\n",
+        "name: payments\nkind: cdc_merge\nsource: {{ uri: \"{b}\" }}\ntarget: {{ uri: \"{s}\" }}\nkeys: [payment_id]\nsequence_by: updated_at\ntie_breakers: [_ingested_at]\noverlap: 15m\nquarantine: {{ uri: \"{q}\" }}\nreconcile: {{ day: created_at, group_by: [merchant_id], sum: [amount] }}\n",
         b = bronze(d).display(),
         s = silver(d).display(),
         q = quarantine(d).display(),
@@ -63,12 +63,20 @@ fn pipelines(d: &Path) -> [std::path::PathBuf; 5] {
         "  - { name: smallest, agg: min, column: amount }\n  - { name: largest, agg: max, column: amount }\n",
         "restate",
     );
+    let history = d.join("payment_history.yml");
+    write(&history, &format!(
+        "name: payment_history\nkind: dimension\nsource: {{ uri: \"{b}\" }}\ntarget: {{ uri: \"{h}\" }}\nkeys: [payment_id]\nsequence_by: updated_at\ntie_breakers: [_ingested_at]\nhistory: scd2\nquarantine: {{ uri: \"{q}\" }}\n",
+        b = bronze(d).display(),
+        h = d.join("history").display(),
+        q = d.join("quarantine_history").display(),
+    ));
     [
         ingest("events_json", "*.jsonl", "json"),
         ingest("events_csv", "*.csv", "csv"),
         merge,
         daily,
         range,
+        history,
     ]
 }
 
@@ -216,7 +224,7 @@ fn column_type(batches: &[RecordBatch], name: &str) -> DataType {
 async fn decimal_amounts_are_exact_from_landing_to_gold_and_reconcile() {
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
-    let [json_p, csv_p, merge_p, daily_p, range_p] = pipelines(d);
+    let [json_p, csv_p, merge_p, daily_p, range_p, history_p] = pipelines(d);
     let json_rows: Vec<Version> = vec![
         ("p1", "m1", "0.10", 1, 10),
         ("p2", "m1", "0.20", 1, 10),
@@ -284,9 +292,10 @@ async fn decimal_amounts_are_exact_from_landing_to_gold_and_reconcile() {
     run(&daily_p);
     let gold = read_all(&d.join("gold")).await;
     let sum_type = column_type(&gold, "amount");
-    assert!(
-        matches!(sum_type, DataType::Decimal128(_, 2)),
-        "an exact sum: {sum_type}"
+    assert_eq!(
+        sum_type,
+        DataType::Decimal128(22, 2),
+        "an exact sum, 10 digits wider"
     );
     let mut all: Vec<Version> = json_rows.clone();
     all.extend(csv_rows.iter().cloned());
@@ -316,11 +325,24 @@ async fn decimal_amounts_are_exact_from_landing_to_gold_and_reconcile() {
     // exact adjustment, and gold's columns keep their types.
     let late: Vec<Version> = vec![("p2", "m1", "0.21", 1, 20), ("p10", "m2", "0.07", 9, 10)];
     write(&d.join("landing/c.jsonl"), &jsonl(&late));
-    for p in [&json_p, &merge_p] {
+    for p in [&json_p, &merge_p, &history_p] {
         run(p);
     }
     let s = run(&daily_p);
     assert_eq!(s["num_adjustment_rows"], 1, "{s}");
+    // the dimension keeps both versions of p2, as decimals
+    let versions = read_all(&d.join("history")).await;
+    assert_eq!(
+        column_type(&versions, "amount"),
+        DataType::Decimal128(12, 2)
+    );
+    let p2: Vec<String> = strings(&versions, "payment_id")
+        .into_iter()
+        .zip(strings(&versions, "amount"))
+        .filter(|(id, _)| id == "p2")
+        .map(|(_, a)| a)
+        .collect();
+    assert_eq!(sorted(p2), ["0.20", "0.21"]);
     let gold = read_all(&d.join("gold")).await;
     assert_eq!(
         column_type(&gold, "amount"),
@@ -334,7 +356,7 @@ async fn decimal_amounts_are_exact_from_landing_to_gold_and_reconcile() {
     let adjusted_type = column_type(&adj, "amount");
     let later: Vec<Version> = vec![("p7", "m1", "0.35", 2, 21)];
     write(&d.join("landing/d.csv"), &csv(&later));
-    for p in [&csv_p, &merge_p] {
+    for p in [&csv_p, &merge_p, &history_p] {
         run(p);
     }
     let s = run(&daily_p);
@@ -350,7 +372,7 @@ async fn decimal_amounts_are_exact_from_landing_to_gold_and_reconcile() {
     );
 
     // reconcile agrees with every table, then flags one cent changed in gold
-    for p in [&json_p, &merge_p, &daily_p, &range_p] {
+    for p in [&json_p, &csv_p, &merge_p, &daily_p, &range_p, &history_p] {
         let out = exec(tidemark_at(NOW).arg("reconcile").arg(p));
         assert_eq!(
             out.code,
