@@ -383,6 +383,21 @@ async fn decimal_amounts_are_exact_from_landing_to_gold_and_reconcile() {
             out.stderr
         );
     }
+    // bronze's column is decimal(12, 2): declaring another precision is refused, naming both
+    let text = std::fs::read_to_string(&json_p).expect("read");
+    std::fs::write(&json_p, text.replace("decimal(12, 2)", "decimal(14, 2)")).expect("write");
+    write(
+        &d.join("landing/e.jsonl"),
+        &jsonl(&[("p12", "m1", "1.00", 9, 11)]),
+    );
+    let out = exec(tidemark_at(NOW).arg("run").arg(&json_p));
+    assert_ne!(out.code, 0, "{}", out.stdout);
+    assert!(
+        out.stderr
+            .contains("declares `amount` as decimal(14, 2), but bronze has it as decimal(12, 2)"),
+        "{}",
+        out.stderr
+    );
     tamper_one_cent(&d.join("gold")).await;
     let out = exec(
         tidemark_at(NOW)
