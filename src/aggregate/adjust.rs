@@ -85,6 +85,8 @@ pub async fn deltas(
         });
         df.select(cols).map_err(q)
     };
+    // (the adjustments table's own column types: a decimal difference is booked in them)
+    let booked_types = booked.as_ref().map(|b| b.schema().as_arrow().clone());
     let mem = MemTable::try_new(schema.clone(), vec![fresh]).map_err(q)?;
     let mut all = shape(ctx.read_table(Arc::new(mem)).map_err(q)?, true)?;
     for side in [gold, booked].into_iter().flatten() {
@@ -107,11 +109,7 @@ pub async fn deltas(
     let stuck = any(&Side::stuck);
     let mut out: Vec<Expr> = vec![ident(EVENT_DATE), date_lit(reported_in).alias(REPORTED_IN)];
     out.extend(spec.group_by.iter().map(ident));
-    out.extend(
-        measures
-            .iter()
-            .map(|m| (ident(&m.fresh) - ident(&m.published)).alias(&m.name)),
-    );
+    out.extend(measures.iter().map(|m| m.difference(booked_types.as_ref())));
     let now_lit = lit(datafusion::scalar::ScalarValue::TimestampMicrosecond(
         Some(now.timestamp_micros()),
         Some("UTC".into()),
@@ -163,6 +161,22 @@ impl Side {
             published: format!("__published_{name}"),
             data_type,
         }
+    }
+
+    /// Fresh minus published, named after the measure. A decimal's difference is exact but one
+    /// digit wider than its sides (which are sums already), so it is booked in the adjustments
+    /// table's type when there is one, else in gold's: every booking has the same column type.
+    fn difference(&self, booked: Option<&arrow::datatypes::Schema>) -> Expr {
+        let d = ident(&self.fresh) - ident(&self.published);
+        if !matches!(self.data_type, arrow::datatypes::DataType::Decimal128(..)) {
+            return d.alias(&self.name);
+        }
+        let ty = booked
+            .and_then(|s| s.field_with_name(&self.name).ok())
+            .map(|f| f.data_type().clone())
+            .filter(|t| matches!(t, arrow::datatypes::DataType::Decimal128(..)))
+            .unwrap_or_else(|| self.data_type.clone());
+        cast(d, ty).alias(&self.name)
     }
 
     fn is_float(&self) -> bool {

@@ -3,7 +3,7 @@
 use serde_json::{Map, Value};
 
 use super::rows::{Parsed, Reject, Rows};
-use super::schema::{from_text, infer_text, type_name, widen, Cell};
+use super::schema::{from_text, infer_text, misfit, widen, Cell};
 use super::Shape;
 use crate::config::pipeline::ingest::ColumnType;
 
@@ -128,12 +128,7 @@ fn cells(
                 None if shape.rescue => {
                     rescued.insert(name.clone(), Value::String(s.to_string()));
                 }
-                None => {
-                    return Err(format!(
-                        "`{name}`: {s:?} is not a {}",
-                        type_name(shape.cols[*i].ty)
-                    ))
-                }
+                None => return Err(misfit(name, &format!("{s:?}"), shape.cols[*i].ty)),
             },
             None if shape.rescue => {
                 if !s.is_empty() {
@@ -289,6 +284,41 @@ mod tests {
             p.rejects[0].reason.contains("over `max_record_bytes`"),
             "{:?}",
             p.rejects
+        );
+    }
+
+    #[test]
+    fn decimals_parse_exactly_and_misfits_are_rejected_with_their_line() {
+        let cols = test_cols(&[
+            ("id", String, true),
+            (
+                "amount",
+                Decimal {
+                    precision: 5,
+                    scale: 2,
+                },
+                false,
+            ),
+        ]);
+        let body = b"id,amount\np1,0.10\np2, 0.20 \np3,\np4,1.005\np5,1000\np6,-0.00\np7,1e2\np8,Infinity\n";
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        assert_eq!(
+            column(&p, "amount"),
+            ["0.10", "0.20", "-", "0.00", "100.00"]
+        );
+        assert_eq!(
+            test_rejects(&p),
+            vec![
+                (
+                    Some(5),
+                    "`amount` = 1.005 does not fit decimal(5, 2): 3 decimal places, at most 2"
+                ),
+                (
+                    Some(6),
+                    "`amount` = 1000 does not fit decimal(5, 2): 4 digits before the point, at most 3"
+                ),
+                (Some(9), "`amount`: \"Infinity\" is not a decimal(5, 2)"),
+            ]
         );
     }
 }

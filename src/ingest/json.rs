@@ -1,10 +1,14 @@
 //! JSON lines: one object per line; blank lines are not records.
 
+use std::collections::HashMap;
+
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 
 use super::rows::{Parsed, Reject, Rows};
-use super::schema::{from_json, infer_json, type_name, widen, Cell, Col};
+use super::schema::{from_json, from_text, infer_json, misfit, widen, Cell, Col};
 use super::Shape;
+use crate::config::pipeline::ingest::ColumnType;
 
 /// Parses a JSON-lines file into rows and rejects.
 pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::ArrowError> {
@@ -64,30 +68,41 @@ fn record(
 ) {
     let mut cells = Vec::with_capacity(shape.cols.len());
     let mut rescued = Map::new();
+    let mut raw = RawFields::new(line);
     for col in shape.cols {
         let Some(v) = object.remove(&col.name) else {
             cells.push(Cell::Null);
             continue;
         };
-        match from_json(&v, col.ty) {
-            // A number that is not an integer (1e2, 1.50, a 23-digit id) keeps its digits as
-            // written: its f64 would print them otherwise, and collapse two ids into one.
-            Some(Cell::Str(_)) if matches!(&v, Value::Number(n) if n.is_f64()) => {
-                match raw_field(line, &col.name) {
-                    Some(raw) => cells.push(Cell::Str(raw)),
-                    None => {
-                        rows.reject(Reject::new(line_no, line, wrong_type(col, &v)));
-                        return;
-                    }
+        // A number that is not an integer (1e2, 1.50, a 23-digit id) keeps its digits as
+        // written: its f64 would print them otherwise (and collapse two ids into one, or round
+        // a decimal).
+        let keeps_digits = matches!(col.ty, ColumnType::String | ColumnType::Decimal { .. });
+        let written = match &v {
+            Value::Number(n) if n.is_f64() && keeps_digits => match raw.get(&col.name) {
+                Some(t) => Some(t),
+                None => {
+                    rows.reject(Reject::new(line_no, line, wrong_type(col, &v, None)));
+                    return;
                 }
-            }
+            },
+            _ => None,
+        };
+        let cell = match &written {
+            Some(t) if col.ty == ColumnType::String => Some(Cell::Str(t.clone())),
+            Some(t) => from_text(t, col.ty),
+            None => from_json(&v, col.ty),
+        };
+        match cell {
             Some(c) => cells.push(c),
             None if shape.rescue => {
-                rescued.insert(col.name.clone(), v);
+                // (a decimal's digits as written: its f64 may have lost some)
+                rescued.insert(col.name.clone(), written.map_or(v, Value::String));
                 cells.push(Cell::Null);
             }
             None => {
-                rows.reject(Reject::new(line_no, line, wrong_type(col, &v)));
+                let why = wrong_type(col, &v, written.as_deref());
+                rows.reject(Reject::new(line_no, line, why));
                 return;
             }
         }
@@ -99,9 +114,7 @@ fn record(
             let e = rows.unknown.entry(k).or_insert(ty);
             *e = widen(*e, ty);
         } else {
-            rows.unknown
-                .entry(k)
-                .or_insert(crate::config::pipeline::ingest::ColumnType::String);
+            rows.unknown.entry(k).or_insert(ColumnType::String);
         }
     }
     if let Some(name) = rows.missing_required(&cells) {
@@ -120,13 +133,14 @@ fn record(
     rows.push(cells, rescued);
 }
 
-fn wrong_type(col: &Col, v: &Value) -> String {
-    let mut shown = v.to_string();
+/// Why `v` (written as `written`, for a number kept as written) does not fit `col`.
+fn wrong_type(col: &Col, v: &Value, written: Option<&str>) -> String {
+    let mut shown = written.map_or_else(|| v.to_string(), str::to_string);
     if shown.len() > 80 {
         shown.truncate(shown.floor_char_boundary(80));
         shown.push('…');
     }
-    format!("`{}`: {shown} is not a {}", col.name, type_name(col.ty))
+    misfit(&col.name, &shown, col.ty)
 }
 
 fn kind(v: &Value) -> &'static str {
@@ -142,11 +156,7 @@ fn kind(v: &Value) -> &'static str {
 
 /// The columns of JSON-lines records, in first-seen order, with the types their values
 /// suggest (for a pipeline without a declared schema and a bronze table to take one from).
-pub fn infer(
-    body: &[u8],
-    limit: usize,
-    out: &mut Vec<(String, Option<crate::config::pipeline::ingest::ColumnType>)>,
-) {
+pub fn infer(body: &[u8], limit: usize, out: &mut Vec<(String, Option<ColumnType>)>) {
     for line in body.split(|b| *b == b'\n').take(limit) {
         let Ok(Ordered(m)) = serde_json::from_slice::<Ordered>(line) else {
             continue;
@@ -193,11 +203,26 @@ impl<'de> serde::Deserialize<'de> for Ordered {
     }
 }
 
-/// The text of the top-level field `name` of a JSON object line, exactly as written.
-fn raw_field(line: &[u8], name: &str) -> Option<String> {
-    let fields: std::collections::HashMap<String, &serde_json::value::RawValue> =
-        serde_json::from_slice(line).ok()?;
-    fields.get(name).map(|r| r.get().to_string())
+/// The top-level fields of a JSON object line exactly as written, read once per line and only
+/// when a number's digits are wanted.
+struct RawFields<'l> {
+    line: &'l [u8],
+    fields: Option<HashMap<String, &'l RawValue>>,
+}
+
+impl<'l> RawFields<'l> {
+    fn new(line: &'l [u8]) -> Self {
+        RawFields { line, fields: None }
+    }
+
+    /// The text of field `name`, as written.
+    fn get(&mut self, name: &str) -> Option<String> {
+        if self.fields.is_none() {
+            self.fields = serde_json::from_slice(self.line).ok();
+        }
+        let fields = self.fields.as_ref()?;
+        fields.get(name).map(|r| r.get().to_string())
+    }
 }
 
 #[cfg(test)]
@@ -281,6 +306,66 @@ mod tests {
                 ("a".to_string(), Some(String)),
                 ("m".to_string(), Some(Boolean)),
             ]
+        );
+    }
+
+    #[test]
+    fn decimals_keep_the_digits_as_written_and_misfits_are_rejected() {
+        let cols = test_cols(&[
+            ("id", String, true),
+            (
+                "amount",
+                Decimal {
+                    precision: 38,
+                    scale: 2,
+                },
+                false,
+            ),
+        ]);
+        let body = concat!(
+            "{\"id\": \"a\", \"amount\": 0.10}\n",
+            "{\"id\": \"b\", \"amount\": 12345678901234567890123.45}\n",
+            "{\"id\": \"c\", \"amount\": \" 12.30 \"}\n",
+            "{\"id\": \"d\", \"amount\": -0.00}\n",
+            "{\"id\": \"e\", \"amount\": 1.5e2}\n",
+            "{\"id\": \"f\", \"amount\": 7}\n",
+            "{\"id\": \"g\", \"amount\": 12.345}\n",
+            "{\"id\": \"h\", \"amount\": \"NaN\"}\n",
+            "{\"id\": \"i\", \"amount\": 1e40}\n",
+            "{\"id\": \"j\", \"amount\": true}\n",
+        );
+        let p = parse(body.as_bytes(), &test_shape(&cols, false)).unwrap();
+        assert_eq!(
+            column(&p, "amount"),
+            [
+                "0.10",
+                "12345678901234567890123.45",
+                "12.30",
+                "0.00",
+                "150.00",
+                "7.00"
+            ]
+        );
+        assert_eq!(
+            test_rejects(&p),
+            vec![
+                (
+                    Some(7),
+                    "`amount` = 12.345 does not fit decimal(38, 2): 3 decimal places, at most 2"
+                ),
+                (Some(8), "`amount`: \"NaN\" is not a decimal(38, 2)"),
+                (
+                    Some(9),
+                    "`amount` = 1e40 does not fit decimal(38, 2): 41 digits before the point, at most 36"
+                ),
+                (Some(10), "`amount`: true is not a decimal(38, 2)"),
+            ]
+        );
+        let p = parse(body.as_bytes(), &test_shape(&cols, true)).unwrap();
+        let rescued = column(&p, crate::config::pipeline::ingest::RESCUED);
+        assert_eq!(
+            rescued[6], r#"{"amount":"12.345"}"#,
+            "the digits as written"
         );
     }
 }

@@ -16,6 +16,7 @@ mod commit;
 mod compare;
 mod counters;
 mod csv;
+pub mod decimal;
 mod delivery;
 mod error;
 mod json;

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use arrow::array::{Array, ArrayRef, BooleanArray, RecordBatch, StringBuilder};
+use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringBuilder};
 use arrow::compute::{cast, filter_record_batch};
 use arrow::datatypes::DataType;
 use arrow::util::display::{ArrayFormatter, FormatOptions};
@@ -13,7 +13,7 @@ use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use serde_json::{Map, Value};
 
 use super::rows::{Parsed, Reject};
-use super::schema::{arrow_type, data_schema, from_arrow, type_name};
+use super::schema::{arrow_type, data_schema, from_arrow, from_text, misfit, Cell};
 use super::Shape;
 use crate::config::pipeline::ingest::ColumnType;
 
@@ -93,12 +93,7 @@ fn kept_rows(
                     rescued[i].insert(col.name.clone(), Value::String(shown.value(i).to_string()));
                 } else if reasons[i].is_none() {
                     keep[i] = false;
-                    reasons[i] = Some(format!(
-                        "`{}`: {} is not a {}",
-                        col.name,
-                        shown.value(i),
-                        type_name(col.ty)
-                    ));
+                    reasons[i] = Some(misfit(&col.name, &shown.value(i).to_string(), col.ty));
                 }
             }
             if col.required && casted.is_null(i) && reasons[i].is_none() {
@@ -158,13 +153,18 @@ fn kept_rows(
 
 /// `src` cast to `target`, with the values that would lose information null (they do not fit:
 /// rejected or rescued by the caller): a double or decimal into an integer column must be a
-/// whole number in range — Arrow's cast truncates 4.7 to 4 and 3.99 to 3.
+/// whole number in range — Arrow's cast truncates 4.7 to 4 and 3.99 to 3 — and anything into a
+/// decimal column must keep its value (Arrow's cast rounds 12.345 to 12.35).
 fn exact_cast(src: &ArrayRef, target: &DataType) -> Result<ArrayRef, arrow::error::ArrowError> {
-    let casted = cast(src, target)?;
     let from = src.data_type();
-    let lossy = target.is_integer()
+    if let (DataType::Decimal128(p, s), true) = (target, is_text(from)) {
+        return text_to_decimal(src, *p, *s);
+    }
+    let casted = cast(src, target)?;
+    let lossy = (target.is_integer()
         && (from.is_floating()
-            || matches!(from, DataType::Decimal128(..) | DataType::Decimal256(..)));
+            || matches!(from, DataType::Decimal128(..) | DataType::Decimal256(..))))
+        || (matches!(target, DataType::Decimal128(..)) && from != target);
     if !lossy {
         return Ok(casted);
     }
@@ -173,6 +173,32 @@ fn exact_cast(src: &ArrayRef, target: &DataType) -> Result<ArrayRef, arrow::erro
     // (null on either side: nothing to lose)
     let differs: BooleanArray = same.iter().map(|v| Some(v == Some(false))).collect();
     arrow::compute::nullif(&casted, &differs)
+}
+
+fn is_text(dt: &DataType) -> bool {
+    matches!(
+        dt,
+        DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+    )
+}
+
+/// A text column's values as exact decimals (null where one does not parse or fit).
+fn text_to_decimal(
+    src: &ArrayRef,
+    precision: u8,
+    scale: i8,
+) -> Result<ArrayRef, arrow::error::ArrowError> {
+    let text = cast(src, &DataType::Utf8)?;
+    let text = text.as_string::<i32>();
+    let ty = ColumnType::Decimal { precision, scale };
+    let values: arrow::array::Decimal128Array = text
+        .iter()
+        .map(|t| match t.and_then(|t| from_text(t, ty)) {
+            Some(Cell::Dec(v)) => Some(v),
+            _ => None,
+        })
+        .collect();
+    Ok(Arc::new(values.with_precision_and_scale(precision, scale)?))
 }
 
 /// A row of the file as JSON text, for the quarantine table.
@@ -295,6 +321,55 @@ mod tests {
                 ("amount".to_string(), Some(Double)),
                 ("extra".to_string(), Some(Long)),
             ]
+        );
+    }
+
+    #[test]
+    fn decimal_columns_cast_only_when_exact() {
+        let amounts = arrow::array::Decimal128Array::from(vec![Some(12_340), Some(12_345), None])
+            .with_precision_and_scale(10, 3)
+            .unwrap();
+        let text = StringArray::from(vec!["0.10", "0.105", "x"]);
+        let body = file(
+            &RecordBatch::try_from_iter([
+                ("amount", Arc::new(amounts) as ArrayRef),
+                ("fee", Arc::new(text) as ArrayRef),
+            ])
+            .unwrap(),
+        );
+        let dec = Decimal {
+            precision: 12,
+            scale: 2,
+        };
+        let cols = test_cols(&[("amount", dec, false), ("fee", dec, false)]);
+        let p = parse(body.clone(), &test_shape(&cols, false)).unwrap();
+        assert_eq!(
+            p.batch.schema().field(0).data_type(),
+            &DataType::Decimal128(12, 2)
+        );
+        assert_eq!(column(&p, "amount"), ["12.34"]);
+        assert_eq!(column(&p, "fee"), ["0.10"]);
+        assert_eq!(
+            test_rejects(&p),
+            vec![
+                (
+                    Some(2),
+                    "`amount` = 12.345 does not fit decimal(12, 2): 3 decimal places, at most 2"
+                ),
+                (Some(3), "`fee`: x is not a decimal(12, 2)"),
+            ]
+        );
+        let mut out = Vec::new();
+        infer(body, &mut out);
+        assert_eq!(
+            out[0],
+            (
+                "amount".to_string(),
+                Some(Decimal {
+                    precision: 10,
+                    scale: 3
+                })
+            )
         );
     }
 }

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BooleanBuilder, Date32Builder, Float64Builder, Int32Builder, Int64Builder,
-    RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
+    ArrayRef, BooleanBuilder, Date32Builder, Decimal128Builder, Float64Builder, Int32Builder,
+    Int64Builder, RecordBatch, StringBuilder, TimestampMicrosecondBuilder,
 };
 use arrow::error::ArrowError;
 
@@ -73,6 +73,7 @@ enum ColBuilder {
     Bool(BooleanBuilder),
     Ts(TimestampMicrosecondBuilder),
     Date(Date32Builder),
+    Dec(Decimal128Builder, u8, i8),
 }
 
 impl ColBuilder {
@@ -85,6 +86,9 @@ impl ColBuilder {
             ColumnType::Boolean => ColBuilder::Bool(BooleanBuilder::new()),
             ColumnType::Timestamp => ColBuilder::Ts(TimestampMicrosecondBuilder::new()),
             ColumnType::Date => ColBuilder::Date(Date32Builder::new()),
+            ColumnType::Decimal { precision, scale } => {
+                ColBuilder::Dec(Decimal128Builder::new(), precision, scale)
+            }
         }
     }
 
@@ -98,6 +102,7 @@ impl ColBuilder {
             (ColBuilder::Bool(b), Cell::Bool(v)) => b.append_value(v),
             (ColBuilder::Ts(b), Cell::Ts(v)) => b.append_value(v),
             (ColBuilder::Date(b), Cell::Date(v)) => b.append_value(v),
+            (ColBuilder::Dec(b, _, _), Cell::Dec(v)) => b.append_value(v),
             (b, _) => b.push_null(),
         }
     }
@@ -111,11 +116,12 @@ impl ColBuilder {
             ColBuilder::Bool(b) => b.append_null(),
             ColBuilder::Ts(b) => b.append_null(),
             ColBuilder::Date(b) => b.append_null(),
+            ColBuilder::Dec(b, _, _) => b.append_null(),
         }
     }
 
-    fn finish(self) -> ArrayRef {
-        match self {
+    fn finish(self) -> Result<ArrayRef, ArrowError> {
+        Ok(match self {
             ColBuilder::Str(mut b) => Arc::new(b.finish()),
             ColBuilder::I64(mut b) => Arc::new(b.finish()),
             ColBuilder::I32(mut b) => Arc::new(b.finish()),
@@ -123,7 +129,10 @@ impl ColBuilder {
             ColBuilder::Bool(mut b) => Arc::new(b.finish()),
             ColBuilder::Ts(mut b) => Arc::new(b.finish().with_timezone("UTC")),
             ColBuilder::Date(mut b) => Arc::new(b.finish()),
-        }
+            ColBuilder::Dec(mut b, precision, scale) => {
+                Arc::new(b.finish().with_precision_and_scale(precision, scale)?)
+            }
+        })
     }
 }
 
@@ -187,8 +196,11 @@ impl<'c> Rows<'c> {
 
     pub fn finish(self) -> Result<Parsed, ArrowError> {
         let schema = data_schema(self.cols, self.rescue);
-        let mut columns: Vec<ArrayRef> =
-            self.builders.into_iter().map(ColBuilder::finish).collect();
+        let mut columns: Vec<ArrayRef> = self
+            .builders
+            .into_iter()
+            .map(ColBuilder::finish)
+            .collect::<Result<_, _>>()?;
         if self.rescue {
             let mut r = self.rescued_col;
             columns.push(Arc::new(r.finish()));

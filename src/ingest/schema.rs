@@ -6,8 +6,9 @@ use std::sync::Arc;
 use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use chrono::{NaiveDate, NaiveDateTime};
 
+use super::decimal::{self, Misfit};
 use crate::config::pipeline::ingest::{
-    ColumnType, DeclaredColumn, INGESTED_AT, RESCUED, SOURCE_FILE,
+    ColumnType, DeclaredColumn, INGESTED_AT, MAX_DECIMAL_PRECISION, RESCUED, SOURCE_FILE,
 };
 
 /// One column records are parsed into.
@@ -39,6 +40,7 @@ pub fn arrow_type(ty: ColumnType) -> DataType {
         ColumnType::Boolean => DataType::Boolean,
         ColumnType::Timestamp => DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         ColumnType::Date => DataType::Date32,
+        ColumnType::Decimal { precision, scale } => DataType::Decimal128(precision, scale),
     }
 }
 
@@ -52,6 +54,11 @@ pub fn from_arrow(dt: &DataType) -> Option<ColumnType> {
         DataType::Boolean => ColumnType::Boolean,
         DataType::Timestamp(_, _) => ColumnType::Timestamp,
         DataType::Date32 | DataType::Date64 => ColumnType::Date,
+        // (a negative scale, 12e3 kept as 12, is not one `schema:` can declare)
+        DataType::Decimal128(precision, scale) if *scale >= 0 => ColumnType::Decimal {
+            precision: *precision,
+            scale: *scale,
+        },
         _ => return None,
     })
 }
@@ -86,6 +93,8 @@ pub enum Cell {
     Ts(i64),
     /// Days since the epoch.
     Date(i32),
+    /// A decimal's unscaled value (`12.34` in `decimal(p, 2)` is 1234).
+    Dec(i128),
 }
 
 /// A JSON value as a cell of `ty`; `None` when it does not fit (the caller rescues or rejects).
@@ -102,6 +111,10 @@ pub fn from_json(v: &serde_json::Value, ty: ColumnType) -> Option<Cell> {
         (V::Number(n), ColumnType::Int) => Cell::I32(i32::try_from(n.as_i64()?).ok()?),
         (V::Number(n), ColumnType::Double) => Cell::F64(n.as_f64()?),
         (V::Number(n), ColumnType::Timestamp) => Cell::Ts(n.as_i64()?),
+        // An integer's digits are exact; a number with a point or an exponent is an f64 here,
+        // so the caller parses its text as written ([`from_text`]).
+        (V::Number(n), ColumnType::Decimal { .. }) if n.is_f64() => return None,
+        (V::Number(n), ty @ ColumnType::Decimal { .. }) => return from_text(&n.to_string(), ty),
         (V::Bool(b), ColumnType::Boolean) => Cell::Bool(*b),
         (V::String(s), ty) if ty != ColumnType::String => return from_text(s, ty),
         _ => return None,
@@ -130,7 +143,24 @@ pub fn from_text(s: &str, ty: ColumnType) -> Option<Cell> {
         },
         ColumnType::Timestamp => Cell::Ts(parse_timestamp(t)?),
         ColumnType::Date => Cell::Date(parse_date(t)?),
+        ColumnType::Decimal { precision, scale } => {
+            Cell::Dec(decimal::parse(t, precision, scale).ok()?)
+        }
     })
+}
+
+/// Why `shown` (the value as written) is not a value of column `name` of type `ty`, for the
+/// quarantine: a decimal that does not fit says by how much.
+pub fn misfit(name: &str, shown: &str, ty: ColumnType) -> String {
+    if let ColumnType::Decimal { precision, scale } = ty {
+        let bare = shown.trim().trim_matches('"');
+        if let Err(m @ (Misfit::Places { .. } | Misfit::IntegerDigits { .. })) =
+            decimal::parse(bare, precision, scale)
+        {
+            return format!("`{name}` = {bare} does not fit {ty}: {m}");
+        }
+    }
+    format!("`{name}`: {shown} is not a {ty}")
 }
 
 /// RFC 3339 with any offset, or `YYYY-MM-DD[T ]HH:MM:SS[.fff]` read as UTC: microseconds.
@@ -190,29 +220,40 @@ fn infer_string(s: &str) -> ColumnType {
     }
 }
 
-/// The type holding values of both `a` and `b`: longs widen to doubles, anything else mixed to
-/// strings.
+/// The type holding values of both `a` and `b`: longs widen to doubles, two decimals to one
+/// holding both (up to 38 digits), anything else mixed to strings.
 pub fn widen(a: ColumnType, b: ColumnType) -> ColumnType {
     use ColumnType as T;
     match (a, b) {
         (a, b) if a == b => a,
         (T::Long, T::Double) | (T::Double, T::Long) => T::Double,
         (T::Int, T::Long) | (T::Long, T::Int) => T::Long,
+        (
+            T::Decimal {
+                precision: p1,
+                scale: s1,
+            },
+            T::Decimal {
+                precision: p2,
+                scale: s2,
+            },
+        ) => {
+            let scale = s1.max(s2);
+            let int_digits = (p1 as i16 - s1 as i16).max(p2 as i16 - s2 as i16);
+            match u8::try_from(int_digits + scale as i16) {
+                Ok(precision) if precision <= MAX_DECIMAL_PRECISION => {
+                    T::Decimal { precision, scale }
+                }
+                _ => T::String,
+            }
+        }
         _ => T::String,
     }
 }
 
-/// The name of a column type, for messages.
-pub fn type_name(ty: ColumnType) -> &'static str {
-    match ty {
-        ColumnType::String => "string",
-        ColumnType::Long => "long",
-        ColumnType::Int => "int",
-        ColumnType::Double => "double",
-        ColumnType::Boolean => "boolean",
-        ColumnType::Timestamp => "timestamp",
-        ColumnType::Date => "date",
-    }
+/// The name of a column type, for messages (`long`, `decimal(12, 2)`).
+pub fn type_name(ty: ColumnType) -> String {
+    ty.to_string()
 }
 
 #[cfg(test)]
@@ -271,6 +312,55 @@ mod tests {
         assert_eq!(
             widen(ColumnType::Long, ColumnType::Boolean),
             ColumnType::String
+        );
+    }
+
+    #[test]
+    fn decimals_convert_exactly_and_say_why_they_do_not_fit() {
+        let dec = ColumnType::Decimal {
+            precision: 12,
+            scale: 2,
+        };
+        assert_eq!(arrow_type(dec), DataType::Decimal128(12, 2));
+        assert_eq!(from_arrow(&DataType::Decimal128(12, 2)), Some(dec));
+        assert_eq!(from_arrow(&DataType::Decimal128(12, -2)), None);
+        assert_eq!(from_json(&json!(5), dec), Some(Cell::Dec(500)));
+        assert_eq!(from_json(&json!("0.10"), dec), Some(Cell::Dec(10)));
+        assert_eq!(
+            from_json(&json!(0.1), dec),
+            None,
+            "an f64: the caller reads its text"
+        );
+        assert_eq!(from_json(&json!("Infinity"), dec), None);
+        assert_eq!(from_text(" -0.00 ", dec), Some(Cell::Dec(0)));
+        assert_eq!(from_text("", dec), Some(Cell::Null));
+        assert_eq!(
+            misfit("amount", "12.345", dec),
+            "`amount` = 12.345 does not fit decimal(12, 2): 3 decimal places, at most 2"
+        );
+        assert_eq!(
+            misfit("amount", "\"abc\"", dec),
+            "`amount`: \"abc\" is not a decimal(12, 2)"
+        );
+        let wide = ColumnType::Decimal {
+            precision: 20,
+            scale: 4,
+        };
+        assert_eq!(
+            widen(dec, wide),
+            ColumnType::Decimal {
+                precision: 20,
+                scale: 4
+            }
+        );
+        let huge = ColumnType::Decimal {
+            precision: 38,
+            scale: 0,
+        };
+        assert_eq!(
+            widen(huge, dec),
+            ColumnType::String,
+            "40 digits: no decimal holds both"
         );
     }
 }

@@ -31,7 +31,7 @@ impl Run<'_, '_> {
                     continue;
                 }
                 let Some(ty) = schema::from_arrow(f.data_type()) else {
-                    return Err(schema_err(format!("bronze column `{}` has type {}, which ingest cannot parse records into (it parses string, long, int, double, boolean, timestamp and date)", f.name(), f.data_type())).into());
+                    return Err(schema_err(format!("bronze column `{}` has type {}, which ingest cannot parse records into (it parses string, long, int, double, boolean, timestamp, date and decimal(p, s) with p up to 38)", f.name(), f.data_type())).into());
                 };
                 let declared = spec.schema.iter().find(|d| d.name == *f.name());
                 if let Some(d) = declared {

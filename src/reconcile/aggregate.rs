@@ -18,6 +18,7 @@ use datafusion::logical_expr::{cast, lit, Expr, ExprSchemable};
 use datafusion::prelude::{coalesce, ident, DataFrame};
 use serde::Serialize;
 
+use super::differs::differs_here;
 use super::ReconcileError;
 use crate::aggregate::status::{self, DayStatus};
 use crate::config::pipeline::aggregate::{Measure, EVENT_DATE};
@@ -524,7 +525,12 @@ fn diffs(
                         .and_then(|col| render_value(col.as_ref(), i).ok().flatten())
                 };
                 let (r, p, a) = (value(&s.recompute), value(&s.published), value(&s.adjusted));
-                if !differs_here(s, is_final, &r, &p, &a) {
+                if !differs_here(
+                    s.measure.agg.additive(),
+                    &s.data_type,
+                    is_final,
+                    [&r, &p, &a],
+                ) {
                     continue;
                 }
                 out.push(MeasureDiff {
@@ -540,29 +546,6 @@ fn diffs(
         }
     }
     Ok(out)
-}
-
-/// Whether this measure is one of the row's differences (the row differs in some measure; the
-/// report lists only those that do), judged on the rendered values.
-fn differs_here(
-    s: &Sides,
-    is_final: bool,
-    r: &Option<String>,
-    p: &Option<String>,
-    a: &Option<String>,
-) -> bool {
-    if !s.measure.agg.additive() {
-        return r != p;
-    }
-    let num = |v: &Option<String>| v.as_deref().map_or(Some(0.0), |t| t.parse::<f64>().ok());
-    let (Some(r), Some(p), Some(a)) = (num(r), num(p), num(a)) else {
-        return true;
-    };
-    let published = if is_final { p + a } else { p };
-    if r.is_nan() || published.is_nan() {
-        return r.is_nan() != published.is_nan();
-    }
-    (published - r).abs() > 1e-9 * r.abs().max(1.0)
 }
 
 impl AggregateReport {

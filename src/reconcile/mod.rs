@@ -11,6 +11,7 @@
 //! side and the per-day aggregates, never a whole table.
 
 pub mod aggregate;
+mod differs;
 pub mod dimension;
 pub mod ingest;
 mod join;

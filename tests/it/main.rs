@@ -13,6 +13,7 @@ mod cdf;
 mod cli;
 mod commit_facts;
 mod contract;
+mod decimal;
 mod deletion_vectors;
 mod dimension;
 mod docs_walkthrough;

@@ -257,7 +257,7 @@ fn the_ingest_reference_loads_and_runs_and_names_real_summary_fields() {
     std::fs::create_dir_all(&events).expect("landing");
     std::fs::write(
         events.join("2025-01-06T10.jsonl"),
-        "{\"payment_id\":\"p1\",\"amount_cents\":5,\"updated_at\":\"2025-01-06T10:00:00Z\"}\n",
+        "{\"payment_id\":\"p1\",\"amount_cents\":5,\"amount\":0.10,\"updated_at\":\"2025-01-06T10:00:00Z\"}\n",
     )
     .expect("land");
     let out = exec(tidemark_at(T0).arg("run").arg(&path).args([

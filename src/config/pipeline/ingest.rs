@@ -60,10 +60,28 @@ pub enum ColumnType {
     /// `YYYY-MM-DD HH:MM:SS[.fff]` read as UTC; a JSON number is epoch microseconds.
     Timestamp,
     Date,
+    /// Exact: `precision` digits in all (1 to 38), `scale` of them after the point (0 to
+    /// `precision`). Arrow `Decimal128(precision, scale)`.
+    Decimal {
+        precision: u8,
+        scale: i8,
+    },
 }
 
+/// The largest precision of `decimal(p, s)`: what Arrow's `Decimal128` (and Delta) hold.
+pub const MAX_DECIMAL_PRECISION: u8 = 38;
+
 impl ColumnType {
-    /// The type named in a pipeline file (`string`, `long`/`bigint`, ...).
+    /// The type named in a pipeline file (`string`, `long`/`bigint`, `decimal(12, 2)`, ...):
+    /// `Ok(None)` when it names no type, `Err` when a `decimal(p, s)` breaks its rule.
+    pub fn parse(name: &str) -> Result<Option<ColumnType>, String> {
+        match decimal_spec(name) {
+            Some(spec) => spec.map(Some),
+            None => Ok(ColumnType::from_name(name)),
+        }
+    }
+
+    /// A type named without parameters (`string`, `long`/`bigint`, ...).
     pub fn from_name(name: &str) -> Option<ColumnType> {
         Some(match name.to_ascii_lowercase().as_str() {
             "string" | "str" | "text" => ColumnType::String,
@@ -77,7 +95,58 @@ impl ColumnType {
         })
     }
 
-    const NAMES: &'static str = "string, long, int, double, boolean, timestamp, date";
+    pub const NAMES: &'static str =
+        "string, long, int, double, boolean, timestamp, date, decimal(p, s)";
+}
+
+impl std::fmt::Display for ColumnType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self {
+            ColumnType::String => "string",
+            ColumnType::Long => "long",
+            ColumnType::Int => "int",
+            ColumnType::Double => "double",
+            ColumnType::Boolean => "boolean",
+            ColumnType::Timestamp => "timestamp",
+            ColumnType::Date => "date",
+            ColumnType::Decimal { precision, scale } => {
+                return write!(f, "decimal({precision}, {scale})")
+            }
+        };
+        f.write_str(name)
+    }
+}
+
+/// `decimal(p, s)` / `numeric(p,s)` (any spacing): `None` when `name` is not one, `Err` with the
+/// rule it breaks when it is one that Arrow cannot hold.
+fn decimal_spec(name: &str) -> Option<Result<ColumnType, String>> {
+    let lower = name.trim().to_ascii_lowercase();
+    let rest = ["decimal", "numeric"]
+        .iter()
+        .find_map(|p| lower.strip_prefix(p))?
+        .trim_start();
+    const RULE: &str = "write it as decimal(p, s): p digits in all (1 to 38), s of them after the point (0 to p), like decimal(12, 2)";
+    let Some(args) = rest.strip_prefix('(').and_then(|r| r.strip_suffix(')')) else {
+        return Some(Err(RULE.to_string()));
+    };
+    let parts: Vec<&str> = args.split(',').map(str::trim).collect();
+    let (Some(p), Some(s), 2) = (parts.first(), parts.get(1), parts.len()) else {
+        return Some(Err(RULE.to_string()));
+    };
+    let (Ok(precision), Ok(scale)) = (p.parse::<u8>(), s.parse::<i8>()) else {
+        return Some(Err(RULE.to_string()));
+    };
+    if precision == 0 || precision > MAX_DECIMAL_PRECISION {
+        return Some(Err(format!(
+            "the precision {precision} is out of range; {RULE}"
+        )));
+    }
+    if scale < 0 || scale as u8 > precision {
+        return Some(Err(format!(
+            "the scale {scale} is out of range (negative, or more than the precision {precision}); {RULE}"
+        )));
+    }
+    Some(Ok(ColumnType::Decimal { precision, scale }))
 }
 
 /// One declared column: `name: type` or `name: type not null` (a record without it is
@@ -310,14 +379,23 @@ impl Ctx<'_> {
                 Some(t) => (t.trim().to_string(), true),
                 None => (lower.clone(), false),
             };
-            let Some(ty) = ColumnType::from_name(&ty_name) else {
-                return Err(self.invalid(
-                    name,
-                    format!(
-                        "`{name}: {spec}` is not a column type; the types are {} (add `not null` to require the field)",
-                        ColumnType::NAMES
-                    ),
-                ));
+            let ty = match ColumnType::parse(&ty_name) {
+                Ok(Some(ty)) => ty,
+                Ok(None) => {
+                    return Err(self.invalid(
+                        name,
+                        format!(
+                            "`{name}: {spec}` is not a column type; the types are {} (add `not null` to require the field)",
+                            ColumnType::NAMES
+                        ),
+                    ))
+                }
+                Err(rule) => {
+                    return Err(self.invalid(
+                        name,
+                        format!("`{name}: {spec}` is not a usable decimal: {rule}"),
+                    ))
+                }
             };
             if name.is_empty() || name.starts_with("_tidemark") {
                 return Err(self.invalid("schema", format!("`{name}` is not a usable column name")));
@@ -446,5 +524,45 @@ quarantine: { uri: "${var.lake}/quarantine" }
             + "quarantine: { uri: \"${var.lake}/q\" }\n";
         let e = err(no_schema.replace("format: json", "format: csv\ncsv: { header: false }"));
         assert!(e.contains("needs a declared `schema:`"), "{e}");
+    }
+
+    #[test]
+    fn decimals_are_declared_with_precision_and_scale() {
+        let p = parse(&GOOD.replace(
+            "amount: long",
+            "amount: decimal(12, 2) not null\n  fee: NUMERIC(38,0)\n  rate: decimal( 5 , 5 )",
+        ))
+        .expect("parses");
+        let types: Vec<(ColumnType, bool)> = ingest(&p).schema[1..4]
+            .iter()
+            .map(|c| (c.ty, c.required))
+            .collect();
+        let dec = |precision, scale| ColumnType::Decimal { precision, scale };
+        assert_eq!(
+            types,
+            vec![(dec(12, 2), true), (dec(38, 0), false), (dec(5, 5), false)]
+        );
+        assert_eq!(dec(12, 2).to_string(), "decimal(12, 2)");
+        for (bad, rule) in [
+            ("decimal(39, 2)", "precision 39 is out of range"),
+            ("decimal(0, 0)", "precision 0 is out of range"),
+            ("decimal(5, 6)", "scale 6 is out of range"),
+            ("decimal(5, -1)", "scale -1 is out of range"),
+            ("decimal", "write it as decimal(p, s)"),
+            ("decimal(12)", "write it as decimal(p, s)"),
+            ("numeric(a, b)", "write it as decimal(p, s)"),
+        ] {
+            let e = parse(&GOOD.replace("amount: long", &format!("amount: {bad}")))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.starts_with("p.yml:9:") && e.contains("`amount: ") && e.contains(rule),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse(&GOOD.replace("amount: long", "amount: money"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("date, decimal(p, s)"), "{e}");
     }
 }
