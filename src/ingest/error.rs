@@ -68,6 +68,9 @@ pub enum IngestError {
         files_removed: u64,
         pipeline: String,
     },
+    /// A Debezium truncate event: every row of the table deleted at once.
+    #[error("line {line} of {uri} is a Debezium truncate event (`op: t`): the source table was emptied, which tidemark cannot apply as row changes (it does not know every key the truncate deleted), and ignoring it would keep every truncated row live downstream. Nothing was written and the file is not recorded as ingested. Decide what the truncate means: if the table is being reloaded, move this file (and the events before the truncate) out of the landing location, rebuild bronze and silver from the reload with `--full-reload`; if the truncate should be ignored, delete its line from the file, then rerun")]
+    Truncate { uri: String, line: u64 },
     /// A full reload would drop rows whose landing files are gone.
     #[error("a full reload of {uri} would drop the rows of {count} file(s) ingested from {landing} that are no longer there (first: {first}); nothing was written. Restore those files to the landing location first, or rebuild the table another way")]
     ReloadWouldDrop {
@@ -111,6 +114,7 @@ impl Classify for IngestError {
             | IngestError::Schema { .. }
             | IngestError::ReloadWouldDrop { .. }
             | IngestError::Decompress { .. }
+            | IngestError::Truncate { .. }
             | IngestError::RecordBehind { .. } => ErrorClass::BadData,
         }
     }

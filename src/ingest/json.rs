@@ -13,6 +13,23 @@ use crate::config::pipeline::ingest::ColumnType;
 /// Parses a JSON-lines file into rows and rejects.
 pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::ArrowError> {
     let mut rows = Rows::new(shape.cols, shape.rescue);
+    for_each_line(body, shape, &mut rows, |rows, line_no, line| {
+        if let Some(object) = object_of(rows, line_no, line) {
+            record(rows, object, line_no, line, line, shape);
+        }
+    });
+    rows.finish()
+}
+
+/// Calls `f` with each line of a JSON-lines body that may hold a record (number from 1, text
+/// without its line end); blank lines are skipped, and lines over `max_record_bytes` or not
+/// UTF-8 rejected.
+pub(super) fn for_each_line(
+    body: &[u8],
+    shape: &Shape<'_>,
+    rows: &mut Rows<'_>,
+    mut f: impl FnMut(&mut Rows<'_>, Option<u64>, &[u8]),
+) {
     for (i, line) in body.split(|b| *b == b'\n').enumerate() {
         let line_no = Some(i as u64 + 1);
         let line = line.strip_suffix(b"\r").unwrap_or(line);
@@ -39,36 +56,47 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
             ));
             continue;
         }
-        let object: Map<String, Value> = match serde_json::from_slice::<Value>(line) {
-            Ok(Value::Object(m)) => m,
-            Ok(other) => {
-                rows.reject(Reject::new(
-                    line_no,
-                    line,
-                    format!("not a JSON object ({})", kind(&other)),
-                ));
-                continue;
-            }
-            Err(e) => {
-                rows.reject(Reject::new(line_no, line, format!("malformed JSON: {e}")));
-                continue;
-            }
-        };
-        record(&mut rows, object, line_no, line, shape);
+        f(rows, line_no, line);
     }
-    rows.finish()
 }
 
-fn record(
+/// The JSON object a line holds; a line that is not one is rejected (`None`).
+pub(super) fn object_of(
+    rows: &mut Rows<'_>,
+    line_no: Option<u64>,
+    line: &[u8],
+) -> Option<Map<String, Value>> {
+    match serde_json::from_slice::<Value>(line) {
+        Ok(Value::Object(m)) => Some(m),
+        Ok(other) => {
+            rows.reject(Reject::new(
+                line_no,
+                line,
+                format!("not a JSON object ({})", kind(&other)),
+            ));
+            None
+        }
+        Err(e) => {
+            rows.reject(Reject::new(line_no, line, format!("malformed JSON: {e}")));
+            None
+        }
+    }
+}
+
+/// One record's fields into a row (or a reject naming the field that does not fit). `line` is
+/// the record as delivered (what a reject keeps); `fields` the JSON text of `object` (a
+/// number's digits as written are read from it).
+pub(super) fn record(
     rows: &mut Rows<'_>,
     mut object: Map<String, Value>,
     line_no: Option<u64>,
     line: &[u8],
+    fields: &[u8],
     shape: &Shape<'_>,
 ) {
     let mut cells = Vec::with_capacity(shape.cols.len());
     let mut rescued = Map::new();
-    let mut raw = RawFields::new(line);
+    let mut raw = RawFields::new(fields);
     for col in shape.cols {
         let Some(v) = object.remove(&col.name) else {
             cells.push(Cell::Null);
@@ -143,7 +171,7 @@ fn wrong_type(col: &Col, v: &Value, written: Option<&str>) -> String {
     misfit(&col.name, &shown, col.ty)
 }
 
-fn kind(v: &Value) -> &'static str {
+pub(super) fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "a boolean",

@@ -16,6 +16,7 @@ mod commit;
 mod compare;
 mod counters;
 mod csv;
+mod debezium;
 pub mod decimal;
 mod delivery;
 mod error;
@@ -527,6 +528,7 @@ impl Run<'_, '_> {
                             Format::Json => json::parse(&body, &shape),
                             Format::Csv => csv::parse(&body, &shape),
                             Format::Parquet => parquet::parse(body, &shape),
+                            Format::Debezium => debezium::parse(&body, &shape),
                         }
                     })
                     .await
@@ -535,6 +537,13 @@ impl Run<'_, '_> {
                         message: format!("parsing a landing file stopped: {e}"),
                     })?
                     .map_err(RunError::arrow(Phase::Read))?;
+                    if let Some(line) = parsed.truncate_at {
+                        return Err(IngestError::Truncate {
+                            uri: f.uri.clone(),
+                            line,
+                        }
+                        .into());
+                    }
                     let parsed = with_cut_tail(parsed, tail_line.zip(tail));
                     Ok::<_, RunError>((f, Some(parsed)))
                 }

@@ -26,6 +26,7 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
         records: 0,
         rescued: 0,
         unknown: BTreeMap::new(),
+        truncate_at: None,
     };
     let reader = match ParquetRecordBatchReaderBuilder::try_new(body).and_then(|b| b.build()) {
         Ok(r) => r,

@@ -52,6 +52,8 @@ pub struct Parsed {
     pub rescued: u64,
     /// Fields outside the schema (when not rescuing), with the type their values suggest.
     pub unknown: BTreeMap<String, ColumnType>,
+    /// The line of a Debezium truncate event, which stops the run (the file is not ingested).
+    pub truncate_at: Option<u64>,
 }
 
 impl Parsed {
@@ -216,6 +218,7 @@ impl<'c> Rows<'c> {
             records: self.records,
             rescued: self.rescued,
             unknown: self.unknown,
+            truncate_at: None,
         })
     }
 }

@@ -5,7 +5,7 @@ use tracing::info;
 
 use super::landing::{Landing, LandingFile};
 use super::schema::{self, Col};
-use super::{csv, json, parquet, IngestError, Run, INFER_RECORDS};
+use super::{csv, debezium, json, parquet, IngestError, Run, INFER_RECORDS};
 use crate::config::pipeline::ingest::{ColumnType, Format};
 use crate::config::pipeline::SchemaChange;
 use crate::run::RunError;
@@ -63,7 +63,11 @@ impl Run<'_, '_> {
             return Ok(cols);
         }
         if !spec.schema.is_empty() {
-            return Ok(spec.schema.iter().map(Col::from).collect());
+            let cols = spec.schema.iter().map(Col::from).collect();
+            return Ok(match spec.format {
+                Format::Debezium => debezium::with_meta(cols),
+                _ => cols,
+            });
         }
         let mut found: Vec<(String, Option<ColumnType>)> = Vec::new();
         let shape = self.shape(&[]);
@@ -73,6 +77,7 @@ impl Run<'_, '_> {
                 Format::Json => json::infer(&body, INFER_RECORDS, &mut found),
                 Format::Csv => csv::infer(&body, &shape, INFER_RECORDS, &mut found),
                 Format::Parquet => parquet::infer(body, &mut found),
+                Format::Debezium => debezium::infer(&body, INFER_RECORDS, &mut found),
             }
         }
         let cols: Vec<Col> = found
@@ -91,6 +96,9 @@ impl Run<'_, '_> {
             columns = cols.len(),
             "schema inferred from the first landing files"
         );
-        Ok(cols)
+        Ok(match spec.format {
+            Format::Debezium => debezium::with_meta(cols),
+            _ => cols,
+        })
     }
 }

@@ -32,6 +32,9 @@ pub enum Format {
     Csv,
     /// Parquet files.
     Parquet,
+    /// Debezium change events, one JSON event per line (with or without the schema envelope):
+    /// the row is `after` (`before` for a delete), with the change's metadata columns.
+    Debezium,
 }
 
 /// What a run does with a landing file recorded as ingested whose size or modification time
@@ -421,6 +424,7 @@ fn format_name(f: Format) -> &'static str {
         Format::Json => "json",
         Format::Csv => "csv",
         Format::Parquet => "parquet",
+        Format::Debezium => "debezium",
     }
 }
 
