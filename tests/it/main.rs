@@ -13,6 +13,7 @@ mod cdf;
 mod cli;
 mod commit_facts;
 mod contract;
+mod debezium;
 mod decimal;
 mod deletion_vectors;
 mod dimension;
