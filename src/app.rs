@@ -596,6 +596,7 @@ async fn generate_payments(args: &GenerateArgs) -> Result<String, AppError> {
         } else {
             generate::landing_full(
                 dir,
+                args.feed,
                 &GenerateOptions {
                     out: String::new(),
                     payments: args.payments,

@@ -27,6 +27,30 @@ struct State {
     #[serde(flatten)]
     world: World,
     frontier_us: i64,
+    /// The files' shape (folders generated before it existed hold `files`).
+    #[serde(default)]
+    feed: Feed,
+}
+
+/// The shape of generated landing files.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    Default,
+    PartialEq,
+    Eq,
+    serde::Serialize,
+    serde::Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum Feed {
+    /// The event stream as JSON lines, the partner's day-late file as CSV.
+    #[default]
+    Files,
+    /// Every change as a Debezium event (PostgreSQL connector, no schema envelope).
+    Debezium,
 }
 
 /// What a landing generation wrote.
@@ -49,7 +73,11 @@ fn io(path: &Path, e: std::io::Error) -> GenerateError {
 }
 
 /// Writes the whole initial range of the world as landing files into a new (or empty) folder.
-pub fn landing_full(dir: &Path, opts: &GenerateOptions) -> Result<LandingReport, GenerateError> {
+pub fn landing_full(
+    dir: &Path,
+    feed: Feed,
+    opts: &GenerateOptions,
+) -> Result<LandingReport, GenerateError> {
     if dir.join(STATE_FILE).exists() {
         return Err(invalid(format!(
             "{} already holds generated landing files; use --next-hour to add the next hour",
@@ -57,7 +85,7 @@ pub fn landing_full(dir: &Path, opts: &GenerateOptions) -> Result<LandingReport,
         )));
     }
     let (world, hi) = super::initial_world(opts)?;
-    write_window(dir, world, None, hi)
+    write_window(dir, world, feed, None, hi)
 }
 
 /// Continues a landing folder from another world's frontier (the demo: its history went
@@ -76,6 +104,7 @@ pub async fn landing_from(
             &State {
                 world: meta.world,
                 frontier_us: meta.frontier_us,
+                feed: Feed::Files,
             },
         )?;
     }
@@ -103,7 +132,7 @@ pub fn landing_next(dir: &Path, hours: u32) -> Result<LandingReport, GenerateErr
     })?;
     state.world.check().map_err(invalid)?;
     let hi = advance(state.frontier_us, hours.into(), HOUR)?;
-    write_window(dir, state.world, Some(state.frontier_us), hi)
+    write_window(dir, state.world, state.feed, Some(state.frontier_us), hi)
 }
 
 fn save(dir: &Path, state: &State) -> Result<(), GenerateError> {
@@ -130,13 +159,21 @@ fn ts(us: i64) -> String {
 fn write_window(
     dir: &Path,
     world: World,
+    feed: Feed,
     lo: Option<i64>,
     hi: i64,
 ) -> Result<LandingReport, GenerateError> {
     let rows = gen_window(&world, lo, hi);
     let mut files: BTreeMap<PathBuf, String> = BTreeMap::new();
     let mut partner_rows = 0;
-    for r in &rows {
+    for r in rows.iter().filter(|_| feed == Feed::Debezium) {
+        let hour = hour_name(r.ingested);
+        let text = files
+            .entry(dir.join("cdc").join(format!("{hour}.json")))
+            .or_default();
+        super::debezium::event_line(text, r);
+    }
+    for r in rows.iter().filter(|_| feed == Feed::Files) {
         let partner = r.ingested - r.updated >= DAY;
         let hour = hour_name(r.ingested);
         let path = if partner {
@@ -172,6 +209,7 @@ fn write_window(
         &State {
             world,
             frontier_us: hi,
+            feed,
         },
     )?;
     Ok(LandingReport {
@@ -184,7 +222,7 @@ fn write_window(
     })
 }
 
-fn fields(r: &Row) -> [String; 9] {
+pub(super) fn fields(r: &Row) -> [String; 9] {
     [
         format!("pay_{:012}", r.payment.pnum),
         format!("cus_{:09}", r.payment.customer),

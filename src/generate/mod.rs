@@ -36,10 +36,11 @@ use rand_chacha::ChaCha8Rng;
 use rand_distr::{Exp1, StandardNormal};
 use serde::{Deserialize, Serialize};
 
+mod debezium;
 mod landing;
 pub mod merchants;
 mod world;
-pub use landing::{landing_from, landing_full, landing_next, LandingReport};
+pub use landing::{landing_from, landing_full, landing_next, Feed, LandingReport};
 use world::*;
 
 const SEC: i64 = 1_000_000;

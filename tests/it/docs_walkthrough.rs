@@ -125,3 +125,17 @@ fn the_readme_five_steps_and_the_tutorial_run_as_written() {
         "the tutorial's job wrote the run ledger"
     );
 }
+
+#[test]
+fn the_debezium_walkthrough_runs_as_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = std::fs::read_to_string(root().join("docs/debezium.md")).expect("debezium.md");
+    let steps = walk(dir.path(), &page);
+    assert!(steps >= 6, "only {steps} steps in the Debezium walkthrough");
+    assert!(
+        dir.path()
+            .join("lake/gold/daily_payments/_delta_log")
+            .is_dir(),
+        "the walkthrough builds gold"
+    );
+}

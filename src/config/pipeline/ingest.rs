@@ -437,6 +437,16 @@ impl super::Settings for Ingest {
     fn source_uri(&self) -> &str {
         &self.landing_uri
     }
+    /// A Debezium feed's event time is the source database's commit time (`_source_ts`).
+    fn clocks(&self) -> super::Clocks<'_> {
+        super::Clocks {
+            table: &self.target_uri,
+            role: "target",
+            event_time: (self.format == Format::Debezium).then_some("_source_ts"),
+            arrival: None,
+            overlap: None,
+        }
+    }
 }
 
 #[cfg(test)]
