@@ -321,7 +321,7 @@ async fn a_debezium_feed_reaches_gold_in_order_with_toast_deletes_and_exact_mone
             "u",
             T0_MS + 7 * H_MS,
             4100,
-            999_999_999_99,
+            99_999_999_999,
             "captured",
             None,
         ),
