@@ -375,7 +375,7 @@ pub struct GenerateArgs {
     pub hours: u32,
     /// With --landing: the shape of the files. `files`: the event stream as JSON lines and the
     /// partner's day-late CSV; `debezium`: every change as the Debezium event a PostgreSQL
-    /// connector sends (cdc/<hour>.json, decimals as strings, an unchanged TOASTed note as
+    /// connector sends (`cdc/<hour>.json`, decimals as strings, an unchanged TOASTed note as
     /// `__debezium_unavailable_value`). A later --next-hour keeps the folder's shape.
     #[arg(long, value_enum, default_value_t = crate::generate::Feed::Files, requires = "landing")]
     pub feed: crate::generate::Feed,
