@@ -227,6 +227,13 @@ pub async fn restore(mut args: RestoreArgs) -> Result<String, AppError> {
                     "{app}: the next run re-reads source rows landed after source version {v}\n"
                 ));
             }
+            for (pipeline, run) in &outcome.ingest_runs {
+                let after = match run {
+                    0 => "every landing file is ingested again by its next run".to_string(),
+                    n => format!("the files its runs after run {n} ingested are ingested again by its next run"),
+                };
+                out.push_str(&format!("ingest `{pipeline}`: {after}\n"));
+            }
             out.push_str(&format!("to undo: {undo}\n"));
             out
         }

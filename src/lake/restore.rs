@@ -32,6 +32,9 @@ pub struct RestoreOutcome {
     pub files_removed: u64,
     /// `(app id, source version)` pairs re-recorded in the restore commit.
     pub source_versions: Vec<(String, i64)>,
+    /// `(pipeline, run number)` of the ingests writing the table, as of the restored version:
+    /// the files their later runs ingested are ingested again.
+    pub ingest_runs: Vec<(String, i64)>,
 }
 
 /// Restores `table` to `version` in one new commit. When the table keeps a change data feed,
@@ -56,6 +59,8 @@ pub async fn restore(
         None => table,
     };
     let mut apps = BTreeSet::new();
+    // (an ingest reads landing files, not a source table: its run number is what comes back)
+    let mut ingests = BTreeSet::new();
     // Other transactions the pipelines' commits name (`txn_apps`: an aggregate's definition and
     // newest logical date): they come back as of `version` too.
     let mut named = BTreeSet::new();
@@ -65,7 +70,10 @@ pub async fn restore(
                 continue;
             };
             if let Some(name) = run.get("pipeline").and_then(|p| p.as_str()) {
-                apps.insert(format!("tidemark/{name}"));
+                match run.get("kind").and_then(|k| k.as_str()) {
+                    Some("ingest") => ingests.insert(name.to_string()),
+                    _ => apps.insert(format!("tidemark/{name}")),
+                };
             }
             if let Some(list) = run.get(TXN_APPS).and_then(|a| a.as_array()) {
                 named.extend(list.iter().filter_map(|a| a.as_str()).map(str::to_string));
@@ -74,7 +82,11 @@ pub async fn restore(
     }
     let mut txns: Vec<Transaction> = Vec::new();
     let mut source_versions = Vec::new();
-    for app in apps {
+    for app in apps.into_iter().filter(|a| {
+        !ingests
+            .iter()
+            .any(|name| a.strip_prefix("tidemark/") == Some(name.as_str()))
+    }) {
         // No record at the restored version means no source row had been applied: -1 makes the
         // next run read every source commit again. The source's table id and the floor of the
         // rows deferred then come back with it.
@@ -84,10 +96,18 @@ pub async fn restore(
         source_versions.push((app, v));
     }
     let snapshot = at_version.snapshot()?;
+    let mut ingest_runs = Vec::new();
     for app in named {
         let v = snapshot
             .transaction_version(at_version.log_store().as_ref(), &app)
             .await?;
+        let ingest = app
+            .strip_prefix("tidemark/")
+            .and_then(|a| a.strip_suffix("/ingest"))
+            .filter(|name| ingests.contains(*name));
+        if let Some(name) = ingest {
+            ingest_runs.push((name.to_string(), v.unwrap_or(0)));
+        }
         if let Some(v) = v {
             txns.push(Transaction::new(app, v));
         }
@@ -110,6 +130,7 @@ pub async fn restore(
         files_restored: metrics.num_restored_file as u64,
         files_removed: metrics.num_removed_file as u64,
         source_versions,
+        ingest_runs,
     })
 }
 

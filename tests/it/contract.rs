@@ -244,6 +244,9 @@ async fn restoring_an_ingest_restores_its_record_and_loses_no_file() {
     assert_eq!(restored.code, 0, "{}", restored.stderr);
     let v: serde_json::Value = serde_json::from_str(restored.stdout.trim()).expect("json");
     assert_eq!(v["also_restored"][0]["role"], "record", "{v}");
+    // an ingest reads no source table: what comes back is its run number, not a source version
+    assert_eq!(v["source_versions"], serde_json::json!([]), "{v}");
+    assert_eq!(v["ingest_runs"], serde_json::json!([["events", 1]]), "{v}");
     // The next run takes one file (the run number the undone run had), the one after the rest.
     pipeline(d, "max_files_per_run: 1\n");
     for h in 3..6 {
