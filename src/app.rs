@@ -3,6 +3,7 @@
 
 mod changes_command;
 mod demo;
+mod demo_debezium;
 mod fit;
 mod jobs_commands;
 mod lateness_command;
@@ -510,11 +511,14 @@ pub(crate) fn render_landing(report: &generate::LandingReport, output: OutputFor
     match output {
         OutputFormat::Json => serde_json::to_string(report).unwrap_or_default() + "\n",
         OutputFormat::Text => format!(
-            "landing {}: {} files, {} records ({} in partner files, a day or more late), arrivals up to {}\n",
+            "landing {}: {} files, {} records{}, arrivals up to {}\n",
             report.landing,
             report.files,
             report.rows,
-            report.partner_rows,
+            match report.partner_rows {
+                0 => String::new(),
+                n => format!(" ({n} in partner files, a day or more late)"),
+            },
             report.frontier.to_rfc3339_opts(SecondsFormat::Secs, true)
         ),
     }

@@ -417,6 +417,11 @@ pub struct DemoArgs {
     /// bundle of the tidemark checkout this binary was built from).
     #[arg(long)]
     pub bundle: Option<PathBuf>,
+    /// The feed: `files` (the event stream as JSON lines and the partner's CSV, into the
+    /// `payments_hourly` job) or `debezium` (the same payments as a PostgreSQL connector's
+    /// Debezium events, into the `payments_debezium_hourly` job: its own bronze, silver, gold).
+    #[arg(long, value_enum, default_value_t = crate::generate::Feed::Files)]
+    pub feed: crate::generate::Feed,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
 }

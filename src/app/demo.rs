@@ -35,6 +35,8 @@ fn hidden_sibling(dir: &Path, what: &str) -> std::path::PathBuf {
 
 /// The job the demo runs.
 const DEMO_JOB: &str = "payments_hourly";
+/// The job the demo runs on the Debezium feed (`--feed debezium`).
+const DEMO_DEBEZIUM_JOB: &str = "payments_debezium_hourly";
 
 /// The demo's bundle: `--bundle`, else `./bundle`, else the `bundle/` of the checkout this
 /// binary was built from (so `tidemark demo` works from any directory after `cargo install
@@ -72,12 +74,18 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
         vars: var_args,
     };
     let (bundle, warnings) = jobs_commands::load_bundle_quietly(&select)?;
-    let job = bundle.job(DEMO_JOB).map_err(AppError::Usage)?;
+    let debezium = args.feed == generate::Feed::Debezium;
+    let job_name = if debezium {
+        DEMO_DEBEZIUM_JOB
+    } else {
+        DEMO_JOB
+    };
+    let job = bundle.job(job_name).map_err(AppError::Usage)?;
     let merge = job
         .tasks
         .iter()
         .find(|t| matches!(t.pipeline.spec, Spec::CdcMerge(_)))
-        .ok_or_else(|| AppError::Usage(format!("job `{DEMO_JOB}` has no cdc_merge task")))?;
+        .ok_or_else(|| AppError::Usage(format!("job `{job_name}` has no cdc_merge task")))?;
     let landing = job
         .tasks
         .iter()
@@ -85,7 +93,7 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
             Spec::Ingest(i) => Some(i.landing_uri.clone()),
             _ => None,
         })
-        .ok_or_else(|| AppError::Usage(format!("job `{DEMO_JOB}` has no ingest task")))?;
+        .ok_or_else(|| AppError::Usage(format!("job `{job_name}` has no ingest task")))?;
     let landing = landing
         .strip_prefix("file://")
         .unwrap_or(&landing)
@@ -97,14 +105,19 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     }
     let bronze_uri = merge.pipeline.source_uri().to_string();
     // The pipeline file, as the suggested `lateness` command can find it from here.
+    // (a Debezium bronze's lateness: the database's commit to when Debezium read the change)
+    let profiled = match debezium {
+        true => super::demo_debezium::ingest_pipeline(job).unwrap_or(&merge.pipeline.path),
+        false => &merge.pipeline.path,
+    };
     let lateness_target = if bundle_dir == Path::new("bundle") {
-        merge.pipeline.path.clone()
+        profiled.to_path_buf()
     } else {
-        std::path::absolute(&merge.pipeline.path).unwrap_or_else(|_| merge.pipeline.path.clone())
+        std::path::absolute(profiled).unwrap_or_else(|_| profiled.to_path_buf())
     };
     let text = args.output == OutputFormat::Text;
     let mut out = String::new();
-    if lake::open_if_exists(&bronze_uri).await?.is_none() {
+    if !debezium && lake::open_if_exists(&bronze_uri).await?.is_none() {
         match backfill(&bronze_uri, &demo_again).await? {
             Step::Done(report) if text => {
                 out.push_str("backfill: ");
@@ -114,7 +127,14 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
             Step::Stopped(output) => return Ok(output),
         }
     }
-    let (landed, said) = match land_hour(job, &landing, &bronze_uri, text, args.output).await? {
+    let landed = match debezium {
+        true => {
+            super::demo_debezium::land(&landing, DEMO_PAYMENTS, DEMO_DAYS, demo_start(), text)
+                .await?
+        }
+        false => land_hour(job, &landing, &bronze_uri, text, args.output).await?,
+    };
+    let (landed, said) = match landed {
         Step::Done(done) => done,
         Step::Stopped(failure) => {
             return Ok(Output {
@@ -133,7 +153,7 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     // The hour just landed is "now" for the job: files arrive, the job runs five minutes later.
     let clock: Arc<dyn Clock> = Arc::new(FixedClock(landed.frontier + Duration::minutes(5)));
     let mut result =
-        jobs_commands::run_job(&bundle, DEMO_JOB, false, args.output, clock, warnings).await?;
+        jobs_commands::run_job(&bundle, job_name, false, args.output, clock, warnings).await?;
     out.push_str(&result.stdout);
     let gold = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
         Spec::Aggregate(a) => Some((t.pipeline.name.clone(), a.clone())),
@@ -156,8 +176,9 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
     }
     if text && result.failure.is_none() {
         let lateness = format!(
-            "tidemark lateness {}{bundle_flag}",
-            lateness_target.display()
+            "tidemark lateness {}{bundle_flag}{}",
+            lateness_target.display(),
+            if debezium { " --arrival _event_ts" } else { "" }
         );
         out.push_str(&format!(
             "\nNext:\n{}{}{}",
@@ -206,7 +227,7 @@ fn suggest(command: &str, what: &str) -> String {
 }
 
 /// How a step of the demo ended: done, or stopped by a signal.
-enum Step<T, S> {
+pub(super) enum Step<T, S> {
     Done(T),
     Stopped(S),
 }
@@ -241,6 +262,9 @@ fn demo_flags(args: &DemoArgs) -> Result<(Vec<String>, PathBuf, String, String),
     if let Some(b) = &args.bundle {
         let abs = std::path::absolute(b).unwrap_or_else(|_| b.clone());
         demo_again.push_str(&format!(" --bundle {}", abs.display()));
+    }
+    if args.feed == generate::Feed::Debezium {
+        demo_again.push_str(" --feed debezium");
     }
     bundle_flag.push_str(&shell_var_args(&var_args));
     Ok((var_args, bundle_dir, bundle_flag, demo_again))

@@ -72,6 +72,11 @@ fn io(path: &Path, e: std::io::Error) -> GenerateError {
     invalid(format!("cannot write {}: {e}", path.display()))
 }
 
+/// Whether `dir` holds generated landing files (their state file).
+pub fn landing_has_state(dir: &Path) -> bool {
+    dir.join(STATE_FILE).exists()
+}
+
 /// Writes the whole initial range of the world as landing files into a new (or empty) folder.
 pub fn landing_full(
     dir: &Path,

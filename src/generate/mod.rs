@@ -40,7 +40,9 @@ mod debezium;
 mod landing;
 pub mod merchants;
 mod world;
-pub use landing::{landing_from, landing_full, landing_next, Feed, LandingReport};
+pub use landing::{
+    landing_from, landing_full, landing_has_state, landing_next, Feed, LandingReport,
+};
 use world::*;
 
 const SEC: i64 = 1_000_000;

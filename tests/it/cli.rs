@@ -1052,6 +1052,74 @@ fn demo_bootstraps_then_runs_incrementally() {
     assert!(num(third, "num_source_rows_read") > 0, "{third}");
 }
 
+/// `tidemark demo --feed debezium`: the same payments as Debezium events, through their own
+/// job — the first call lands the history as event files, later ones the next hour; silver
+/// reconciles with bronze (the TOASTed note kept, deletes applied, money exact).
+#[test]
+fn the_demo_runs_on_a_debezium_feed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lake = dir.path().join("lake");
+    let demo = |output: &str| {
+        let out = exec(
+            tidemark(
+                chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+                    .expect("time")
+                    .timestamp_micros(),
+            )
+            .current_dir(dir.path())
+            .args(["demo", "--feed", "debezium", "--lake"])
+            .arg(&lake)
+            .arg("--bundle")
+            .arg(repo_file("bundle"))
+            .args(["--output", output]),
+        );
+        assert_eq!(out.code, 0, "{}", out.stderr);
+        out.stdout
+    };
+    let text = demo("text");
+    assert!(
+        text.contains("history as Debezium events: landing"),
+        "{text}"
+    );
+    assert!(
+        text.contains("job payments_debezium_hourly on target local — succeeded"),
+        "{text}"
+    );
+    assert!(
+        text.contains("daily_payments_debezium: day status"),
+        "{text}"
+    );
+    assert!(text.contains("tidemark demo --lake"), "{text}");
+    assert!(text.contains("--feed debezium"), "{text}");
+    assert!(text.contains("--arrival _event_ts"), "{text}");
+    let job = one_json(&demo("json"));
+    assert_eq!(job["job"], "payments_debezium_hourly", "{job}");
+    let merge = &job["tasks"][1]["attempts"][0]["summary"];
+    assert_eq!(merge["mode"], "incremental", "{merge}");
+    assert!(num(merge, "num_source_rows_read") > 0, "{merge}");
+    let reconciled = exec(
+        tidemark(
+            chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+                .expect("time")
+                .timestamp_micros(),
+        )
+        .arg("reconcile")
+        .arg(repo_file("pipelines/payments_debezium.yml"))
+        .arg("--var")
+        .arg(format!("lake={}", lake.display())),
+    );
+    assert_eq!(reconciled.code, 0, "{reconciled:?}");
+    assert!(
+        reconciled.stdout.contains("identical"),
+        "{}",
+        reconciled.stdout
+    );
+    assert!(
+        !lake.join("silver/payments").exists(),
+        "the Debezium feed has tables of its own"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 12. error paths
 

@@ -97,7 +97,7 @@ fn the_repository_bundle_is_valid_for_every_target() {
         assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
         assert_eq!(
             out.stdout,
-            format!("bundle tidemark (target {target}): valid — 2 jobs (payments_full_reload, payments_hourly), 0 warnings\n")
+            format!("bundle tidemark (target {target}): valid — 3 jobs (payments_debezium_hourly, payments_full_reload, payments_hourly), 0 warnings\n")
         );
     }
 }
