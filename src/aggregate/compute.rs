@@ -174,12 +174,21 @@ fn measure(s: &Source<'_>, df: &DataFrame, m: &Measure) -> Result<Expr, RunError
         }
         None => None,
     };
+    let mut wide_sum = None;
     if let (Agg::Sum, Some(c)) = (m.agg, &m.column) {
         let t = df
             .schema()
             .qualified_field_with_unqualified_name(c)
             .map(|(_, f)| f.data_type().clone())
             .unwrap_or(DataType::Null);
+        // A sum of decimal(p, s) is a decimal(min(38, p + 10), s): past p = 28 it can overflow
+        // 38 digits, and DataFusion's sum would wrap. Summed as a decimal(76, s) and cast back,
+        // an overflow is an error ([`OVERFLOW`]), never a wrong total.
+        if let DataType::Decimal128(p, s) = t {
+            if p > 28 {
+                wide_sum = Some(s);
+            }
+        }
         if !t.is_numeric() {
             return Err(RunError::Config(s.p.error_at_text(
                 &m.name,
@@ -201,7 +210,19 @@ fn measure(s: &Source<'_>, df: &DataFrame, m: &Measure) -> Result<Expr, RunError
     Ok(match m.agg {
         Agg::Count => count(input),
         // A group whose rows all miss the filter sums to 0, not NULL.
-        Agg::Sum => coalesce(vec![sum(input), lit(0i64)]),
+        Agg::Sum => match wide_sum {
+            Some(s) => datafusion::logical_expr::cast(
+                coalesce(vec![
+                    sum(datafusion::logical_expr::cast(
+                        input,
+                        DataType::Decimal256(76, s),
+                    )),
+                    lit(0i64),
+                ]),
+                DataType::Decimal128(38, s),
+            ),
+            None => coalesce(vec![sum(input), lit(0i64)]),
+        },
         Agg::Min => min(input),
         Agg::Max => max(input),
         Agg::CountDistinct => count_distinct(input),

@@ -170,6 +170,14 @@ impl ReconcileReport {
 type BatchStream = Pin<Box<dyn Stream<Item = Result<RecordBatch, ReconcileError>> + Send>>;
 
 fn arrow_err(e: ArrowError) -> ReconcileError {
+    if let ArrowError::ComputeError(m) = &e {
+        if m.contains(stats::SUM_OVERFLOW) {
+            return RunError::DecimalOverflow {
+                detail: format!("a day's total, as `reconcile` sums it: {m}"),
+            }
+            .into();
+        }
+    }
     RunError::Arrow {
         phase: Phase::Reconcile,
         source: e,

@@ -6,6 +6,9 @@
 
 use std::collections::BTreeMap;
 
+/// What an exact reconcile sum past 38 digits says (the caller makes it a data error).
+pub(crate) const SUM_OVERFLOW: &str = "a sum overflowed 38 decimal digits";
+
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Date32Type, Decimal128Type, Float64Type};
 use arrow::error::ArrowError;
@@ -257,11 +260,10 @@ impl Aggregator {
                 *sum = match *sum {
                     SumValue::Exact(acc) => {
                         let v = col.as_primitive::<Decimal128Type>().value(row);
-                        SumValue::Exact(acc.checked_add(v).ok_or_else(|| {
-                            ArrowError::ComputeError(
-                                "a reconcile sum overflowed 38 decimal digits".into(),
-                            )
-                        })?)
+                        SumValue::Exact(
+                            acc.checked_add(v)
+                                .ok_or_else(|| ArrowError::ComputeError(SUM_OVERFLOW.into()))?,
+                        )
                     }
                     SumValue::Float(acc) => {
                         SumValue::Float(acc + col.as_primitive::<Float64Type>().value(row))

@@ -171,6 +171,19 @@ pub enum RunError {
         #[source]
         source: Box<deltalake::DeltaTableError>,
     },
+    /// A sum of a decimal column does not fit 38 digits (Delta's widest decimal).
+    #[error("a sum does not fit 38 decimal digits ({detail}); nothing was written. A sum of a decimal(p, s) column is kept as a decimal(38, s) at most, so a column declared with p above 28 can overflow: check the values (an amount of 1e36 is a data error), or declare the column with the precision its values need (decimal(18, 2) holds amounts up to 10^16), then rerun")]
+    DecimalOverflow { detail: String },
+}
+
+/// The text of a decimal overflow in an error's chain (a checked cast of a wide sum back to 38
+/// digits), if that is what it is.
+fn decimal_overflow(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let text = e.to_string();
+    let at = text.find("Cannot cast to Decimal128(38")?;
+    text[at..]
+        .contains("Overflowing")
+        .then(|| text[at..].to_string())
 }
 
 /// What to do about a target data file that could not be read, by what went wrong.
@@ -231,6 +244,9 @@ impl RunError {
                 uri: uri.to_string(),
                 fault,
             }),
+            None if decimal_overflow(&source).is_some() => RunError::DecimalOverflow {
+                detail: decimal_overflow(&source).unwrap_or_default(),
+            },
             None => RunError::Write {
                 phase,
                 uri: uri.to_string(),
@@ -240,9 +256,12 @@ impl RunError {
     }
 
     pub(crate) fn query(phase: Phase) -> impl FnOnce(datafusion::error::DataFusionError) -> Self {
-        move |source| RunError::Query {
-            phase,
-            source: Box::new(source),
+        move |source| match decimal_overflow(&source) {
+            Some(detail) => RunError::DecimalOverflow { detail },
+            None => RunError::Query {
+                phase,
+                source: Box::new(source),
+            },
         }
     }
 
@@ -289,6 +308,9 @@ impl RunError {
                     uri: uri.to_string(),
                     source: Box::new(source),
                 };
+            }
+            if let Some(detail) = decimal_overflow(&source) {
+                return RunError::DecimalOverflow { detail };
             }
             if file_error_class(&source).is_some() {
                 RunError::SourceRead {
@@ -368,7 +390,8 @@ impl Classify for RunError {
             | RunError::SourceReplaced { .. }
             | RunError::SourceWentBack { .. }
             | RunError::SourceRewritten { .. }
-            | RunError::DefinitionChanged { .. } => ErrorClass::BadData,
+            | RunError::DefinitionChanged { .. }
+            | RunError::DecimalOverflow { .. } => ErrorClass::BadData,
         }
     }
 }

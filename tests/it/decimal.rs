@@ -459,3 +459,51 @@ async fn tamper_one_cent(path: &Path) {
         .await
         .expect("overwrite");
 }
+
+/// A sum past 38 digits (a `decimal(38, 2)` column, Spark's habit) is an error naming the
+/// overflow — exit 65, gold not written — never a total wrapped into a wrong number; `reconcile`
+/// says the same.
+#[test]
+fn a_sum_past_38_digits_stops_the_run_instead_of_wrapping() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let big = "999999999999999999999999999999999999.99";
+    write(
+        &d.join("landing/a.jsonl"),
+        &format!(
+            "{{\"payment_id\":\"a\",\"amount\":\"{big}\",\"created_at\":\"2024-04-09T10:00:00Z\",\"updated_at\":\"2024-04-09T10:00:00Z\"}}\n{{\"payment_id\":\"b\",\"amount\":\"{big}\",\"created_at\":\"2024-04-09T11:00:00Z\",\"updated_at\":\"2024-04-09T11:00:00Z\"}}\n"
+        ),
+    );
+    let ingest = d.join("ingest.yml");
+    write(&ingest, &format!(
+        "name: raw\nkind: ingest\nlanding: {{ uri: \"{l}\" }}\nformat: json\ntarget: {{ uri: \"{b}\" }}\nschema:\n  payment_id: string not null\n  amount: decimal(38, 2)\n  created_at: timestamp\n  updated_at: timestamp not null\nquarantine: {{ uri: \"{q}\" }}\n",
+        l = d.join("landing").display(), b = bronze(d).display(), q = d.join("ql").display()));
+    let merge = d.join("payments.yml");
+    write(&merge, &format!(
+        "name: payments\nkind: cdc_merge\nsource: {{ uri: \"{b}\" }}\ntarget: {{ uri: \"{s}\" }}\nkeys: [payment_id]\nsequence_by: updated_at\noverlap: 15m\nquarantine: {{ uri: \"{q}\" }}\nreconcile: {{ day: created_at, sum: [amount] }}\n",
+        b = bronze(d).display(), s = silver(d).display(), q = quarantine(d).display()));
+    let gold = d.join("gold.yml");
+    write(&gold, &format!(
+        "name: gold\nkind: aggregate\nsource: {{ uri: \"{s}\" }}\ntarget: {{ uri: \"{g}\" }}\nevent_date: {{ column: created_at }}\nmeasures:\n  - {{ name: amount, agg: sum, column: amount }}\n  - {{ name: biggest, agg: max, column: amount }}\n",
+        s = silver(d).display(), g = d.join("gold").display()));
+    for p in [&ingest, &merge] {
+        let out = exec(tidemark_at(NOW).arg("run").arg(p));
+        assert_eq!(out.code, 0, "{out:?}");
+    }
+    let out = exec(tidemark_at(NOW).arg("run").arg(&gold));
+    assert_eq!(out.code, 65, "{out:?}");
+    assert!(
+        out.stderr.contains("does not fit 38 decimal digits")
+            && out.stderr.contains("declare the column"),
+        "{}",
+        out.stderr
+    );
+    assert!(!d.join("gold/_delta_log").exists(), "gold not written");
+    let reconciled = exec(tidemark_at(NOW).arg("reconcile").arg(&merge));
+    assert_eq!(reconciled.code, 65, "{reconciled:?}");
+    assert!(
+        reconciled.stderr.contains("does not fit 38 decimal digits"),
+        "{}",
+        reconciled.stderr
+    );
+}
