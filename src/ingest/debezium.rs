@@ -27,6 +27,9 @@ use super::schema::Col;
 use super::Shape;
 use crate::config::pipeline::ingest::ColumnType;
 
+/// Why a row without Debezium's envelope is rejected.
+const UNWRAPPED: &str = "a row without Debezium's envelope (no `op`, `before`, `after` or `source`): a sink that unwrapped it (Debezium's ExtractNewRecordState) writes plain rows, which are `format: json`";
+
 /// The columns the format adds to each row, after the declared ones.
 pub const META: [(&str, ColumnType); 5] = [
     ("_op", ColumnType::String),
@@ -67,11 +70,17 @@ struct Payload<'a> {
 pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::ArrowError> {
     let mut rows = Rows::new(shape.cols, shape.rescue);
     let mut refusal = None;
+    let (mut lines, mut unwrapped) = (0u64, 0u64);
     for_each_line(body, shape, &mut rows, |rows, line_no, line| {
         if refusal.is_some() {
             return;
         }
+        lines += 1;
         match event(line) {
+            Err(why) if why == UNWRAPPED => {
+                unwrapped += 1;
+                rows.reject(Reject::new(line_no, line, why));
+            }
             Ok(Event::Row { fields, object }) => {
                 record(rows, object, line_no, line, fields.as_bytes(), shape)
             }
@@ -82,6 +91,7 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
     });
     let mut parsed = rows.finish()?;
     parsed.truncate_at = refusal;
+    parsed.not_debezium = lines > 0 && unwrapped == lines;
     Ok(parsed)
 }
 
@@ -112,6 +122,14 @@ fn event(line: &[u8]) -> Result<Event, String> {
     };
     let p: Payload<'_> =
         serde_json::from_str(&payload_text).map_err(|e| format!("not a Debezium event: {e}"))?;
+    let plain_row = p.op.is_none()
+        && p.before.is_none()
+        && p.after.is_none()
+        && p.source.is_none()
+        && matches!(&value, Value::Object(m) if !m.contains_key("payload"));
+    if plain_row {
+        return Err(UNWRAPPED.to_string());
+    }
     let op =
         p.op.as_deref()
             .ok_or("not a Debezium change event: no `op` (a schema-change or heartbeat event?)")?;
@@ -290,11 +308,17 @@ fn add_meta(
         .map(|v| v / 1_000)
         .or(ts_us)
         .or(ts_ms.map(|v| v * 1_000));
-    // A snapshot read is the row as of the snapshot's start: older than every change the
-    // stream delivers after it, whatever the time the snapshot read it (`source.ts_ms` of a
-    // read is when it was read, which can be later than a change streamed after the snapshot).
+    // An initial snapshot's read is the row as of the snapshot's start: older than every
+    // change the stream delivers after it, whatever the time the snapshot read it
+    // (`source.ts_ms` of a read is when it was read, which can be later than a change streamed
+    // after the snapshot). An incremental snapshot's read (`source.snapshot: incremental`, run
+    // while streaming, often to repair rows) is the row at its read time: ordered by it.
+    let incremental = source
+        .and_then(|s| s.get("snapshot"))
+        .and_then(Value::as_str)
+        == Some("incremental");
     let sequence = match op {
-        "r" => Some(0),
+        "r" if !incremental => Some(0),
         _ => source_us,
     };
     let position = source.and_then(position);
@@ -321,7 +345,12 @@ fn add_meta(
 /// LSN, MySQL's binlog file and position (and row), SQL Server's commit and change LSNs,
 /// Oracle's SCN, zero-padded; `None` for other sources.
 fn position(source: &Map<String, Value>) -> Option<String> {
-    let num = |k: &str| source.get(k).and_then(Value::as_u64);
+    // (a number, or its digits as text: some converters send 64-bit positions as strings)
+    let num = |k: &str| {
+        let v = source.get(k)?;
+        v.as_u64()
+            .or_else(|| v.as_str().and_then(|t| t.parse().ok()))
+    };
     let text = |k: &str| source.get(k).and_then(Value::as_str);
     match text("connector")? {
         "postgresql" => num("lsn").map(|l| format!("{l:020}")),
@@ -409,6 +438,12 @@ null
             ]
         );
         assert_eq!(column(&p, "_source_ts")[2], "2023-11-14T22:13:29Z");
+        // an incremental snapshot's read is ordered by its read time; a position as text sorts
+        let body = br#"{"after":{"id":3},"source":{"connector":"postgresql","ts_ms":1700000009000,"lsn":"789","snapshot":"incremental"},"op":"r"}
+"#;
+        let q = parse(body, &test_shape(&cols, false)).unwrap();
+        assert_eq!(column(&q, "_sequence"), ["2023-11-14T22:13:29Z"]);
+        assert_eq!(column(&q, "_source_position"), ["00000000000000000789"]);
         assert_eq!(column(&p, "_event_ts")[0], "2023-11-14T22:13:20.500Z");
         assert_eq!(p.truncate_at, None);
     }
@@ -430,6 +465,26 @@ null
             column(&p, "_source_position")[0],
             "bin.000003:00000000000000004015:0000000001"
         );
+    }
+
+    #[test]
+    fn a_file_of_unwrapped_rows_is_not_debezium() {
+        let cols = cols();
+        let body = b"{\"id\":1,\"amount\":\"1.00\"}\n{\"id\":2}\n";
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        assert!(p.not_debezium);
+        assert!(
+            test_rejects(&p)[0].1.contains("ExtractNewRecordState"),
+            "{:?}",
+            p.rejects
+        );
+        let mixed = b"{\"id\":1}\n{\"after\":{\"id\":2},\"op\":\"c\"}\n";
+        let p = parse(mixed, &test_shape(&cols, false)).unwrap();
+        assert!(
+            !p.not_debezium,
+            "one event: a Debezium file with a stray row"
+        );
+        assert_eq!(column(&p, "id"), ["2"]);
     }
 
     #[test]

@@ -69,8 +69,11 @@ pub enum IngestError {
         pipeline: String,
     },
     /// A Debezium truncate event: every row of the table deleted at once.
-    #[error("line {line} of {uri} is a Debezium truncate event (`op: t`): the source table was emptied, which tidemark cannot apply as row changes (it does not know every key the truncate deleted), and ignoring it would keep every truncated row live downstream. Nothing was written and the file is not recorded as ingested. Decide what the truncate means: if the table is being reloaded, move this file (and the events before the truncate) out of the landing location, rebuild bronze and silver from the reload with `--full-reload`; if the truncate should be ignored, delete its line from the file, then rerun")]
+    #[error("line {line} of {uri} is a Debezium truncate event (`op: t`): the source table was emptied, which tidemark cannot apply as row changes (it does not know every key the truncate deleted), and ignoring it would keep every truncated row live downstream. Nothing was written and the file is not recorded as ingested. To ignore the truncate, delete its line from the file and rerun. To apply it, start the tables over: move bronze and silver aside (or point both pipelines' `target.uri` at new locations), move the landing files of the events before the truncate out of the landing location, delete the truncate's line, and run the chain again: it builds bronze and silver from the events after it")]
     Truncate { uri: String, line: u64 },
+    /// A `format: debezium` file holding plain rows only.
+    #[error("{uri} holds rows without Debezium's envelope (no `op`, `before`, `after` or `source` in any line): the sink that wrote it unwrapped the change events (Debezium's ExtractNewRecordState). Nothing was written and the file is not recorded. Ingest such files with `format: json` (the row's own columns; deletes, if the sink keeps them, as it marks them), or have the sink write the events whole")]
+    NotDebezium { uri: String },
     /// A full reload would drop rows whose landing files are gone.
     #[error("a full reload of {uri} would drop the rows of {count} file(s) ingested from {landing} that are no longer there (first: {first}); nothing was written. Restore those files to the landing location first, or rebuild the table another way")]
     ReloadWouldDrop {
@@ -115,6 +118,7 @@ impl Classify for IngestError {
             | IngestError::ReloadWouldDrop { .. }
             | IngestError::Decompress { .. }
             | IngestError::Truncate { .. }
+            | IngestError::NotDebezium { .. }
             | IngestError::RecordBehind { .. } => ErrorClass::BadData,
         }
     }

@@ -544,6 +544,9 @@ impl Run<'_, '_> {
                         }
                         .into());
                     }
+                    if parsed.not_debezium {
+                        return Err(IngestError::NotDebezium { uri: f.uri.clone() }.into());
+                    }
                     let parsed = with_cut_tail(parsed, tail_line.zip(tail));
                     Ok::<_, RunError>((f, Some(parsed)))
                 }

@@ -27,6 +27,7 @@ pub fn parse(body: Bytes, shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
         rescued: 0,
         unknown: BTreeMap::new(),
         truncate_at: None,
+        not_debezium: false,
     };
     let reader = match ParquetRecordBatchReaderBuilder::try_new(body).and_then(|b| b.build()) {
         Ok(r) => r,

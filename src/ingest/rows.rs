@@ -54,6 +54,9 @@ pub struct Parsed {
     pub unknown: BTreeMap<String, ColumnType>,
     /// The line of a Debezium truncate event, which stops the run (the file is not ingested).
     pub truncate_at: Option<u64>,
+    /// Every record of a `format: debezium` file is a plain row (an unwrapped feed): the run
+    /// stops instead of quarantining the whole file.
+    pub not_debezium: bool,
 }
 
 impl Parsed {
@@ -219,6 +222,7 @@ impl<'c> Rows<'c> {
             rescued: self.rescued,
             unknown: self.unknown,
             truncate_at: None,
+            not_debezium: false,
         })
     }
 }

@@ -116,6 +116,9 @@ pub fn from_json(v: &serde_json::Value, ty: ColumnType) -> Option<Cell> {
         (V::Number(n), ColumnType::Decimal { .. }) if n.is_f64() => return None,
         (V::Number(n), ty @ ColumnType::Decimal { .. }) => return from_text(&n.to_string(), ty),
         (V::Bool(b), ColumnType::Boolean) => Cell::Bool(*b),
+        // (a JSON string says a value was sent: a blank one is not a number, a date, ... — only
+        // CSV, which cannot tell an empty field from a missing one, reads it as null)
+        (V::String(s), ty) if ty != ColumnType::String && s.trim().is_empty() => return None,
         (V::String(s), ty) if ty != ColumnType::String => return from_text(s, ty),
         _ => return None,
     })
@@ -266,6 +269,14 @@ mod tests {
         assert_eq!(from_json(&json!(5), ColumnType::Long), Some(Cell::I64(5)));
         assert_eq!(from_json(&json!("5"), ColumnType::Long), Some(Cell::I64(5)));
         assert_eq!(from_json(&json!("five"), ColumnType::Long), None);
+        // a blank JSON string was sent: not a number (CSV's empty field is null, see from_text)
+        assert_eq!(from_json(&json!(""), ColumnType::Long), None);
+        assert_eq!(from_json(&json!("  "), ColumnType::Timestamp), None);
+        assert_eq!(
+            from_json(&json!(""), ColumnType::String),
+            Some(Cell::Str(String::new()))
+        );
+        assert_eq!(from_text("", ColumnType::Long), Some(Cell::Null));
         assert_eq!(from_json(&json!(1.5), ColumnType::Long), None);
         assert_eq!(
             from_json(&json!(true), ColumnType::String),

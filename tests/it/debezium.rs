@@ -418,4 +418,24 @@ async fn a_debezium_feed_reaches_gold_in_order_with_toast_deletes_and_exact_mone
         bronze,
         "nothing written"
     );
+
+    // A file of rows a sink already unwrapped (no envelope) is named as such, not quarantined.
+    std::fs::remove_file(d.join("lake/landing/payments_cdc/truncate.json")).expect("rm");
+    std::fs::write(
+        d.join("lake/landing/payments_cdc/unwrapped.json"),
+        "{\"payment_id\":40,\"amount\":\"1.00\"}\n{\"payment_id\":41,\"amount\":\"2.00\"}\n",
+    )
+    .expect("write");
+    let refused = run(d, "payments_cdc.yml");
+    assert_eq!(refused.code, 65, "{refused:?}");
+    assert!(
+        refused.stderr.contains("ExtractNewRecordState") && refused.stderr.contains("format: json"),
+        "{}",
+        refused.stderr
+    );
+    assert_eq!(
+        version(&d.join("lake/bronze/payments_cdc")).await,
+        bronze,
+        "nothing written"
+    );
 }
