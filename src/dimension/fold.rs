@@ -111,7 +111,7 @@ impl Layout {
             HistoryMode::Scd2 => format!("scd2; tracked: {}", self.tracked.join(", ")),
         };
         match self.partial.is_active() {
-            true => format!("{rows}; partial: {}", self.partial.describe()),
+            true => format!("{rows}; {}", self.partial.describe()),
             false => rows,
         }
     }

@@ -94,7 +94,11 @@ impl RunKind for CdcMerge {
             .with("sequence_by", self.sequence_by.as_str())
             .with("tie_breakers", self.tie_breakers.join("\u{1f}"))
             .with("deletes", deletes)
-            .with_newer("partial_updates", self.partial.describe())
+            .with_newer("ignore_null_updates", self.partial.ignore_nulls_text())
+            .with_newer(
+                "unavailable_marker",
+                self.partial.marker.clone().unwrap_or_default(),
+            )
     }
 
     async fn execute(&self, a: &mut Attempt<'_>) -> Result<MergeCounters, RunError> {

@@ -692,7 +692,8 @@ async fn turning_partial_updates_on_asks_for_a_full_reload() {
     let refused = exec(tidemark_at(T0 + 2 * HOUR).args(["run", p]));
     assert_eq!(refused.code, 65, "{refused:?}");
     assert!(
-        refused.stderr.contains("`partial_updates`") && refused.stderr.contains("--full-reload"),
+        refused.stderr.contains("`ignore_null_updates`")
+            && refused.stderr.contains("--full-reload"),
         "{}",
         refused.stderr
     );

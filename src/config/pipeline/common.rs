@@ -121,10 +121,11 @@ impl Ctx<'_> {
         ignore_nulls: bool,
         marker: Option<String>,
     ) -> Result<super::PartialUpdates, ConfigError> {
-        if marker.as_deref().is_some_and(|m| m.trim().is_empty()) {
+        if let Some(m) = marker.as_deref().filter(|m| m.trim().is_empty()) {
+            let what = if m.is_empty() { "empty" } else { "blank" };
             return Err(self.invalid(
                 "unavailable_marker",
-                "`unavailable_marker` is empty; give the text the feed sends for a value it did not send, e.g. __debezium_unavailable_value, or remove the setting",
+                format!("`unavailable_marker` is {what}; give the text the feed sends for a value it did not send, e.g. __debezium_unavailable_value, or remove the setting"),
             ));
         }
         Ok(super::PartialUpdates {

@@ -114,16 +114,25 @@ impl PartialUpdates {
         self.ignore_nulls || self.marker.is_some()
     }
 
-    /// The settings as the definition records them (empty when off, as before they existed).
-    pub fn describe(&self) -> String {
-        if !self.is_active() {
-            return String::new();
+    /// `ignore_null_updates` as a definition records it: empty when off (as before it existed).
+    pub fn ignore_nulls_text(&self) -> String {
+        match self.ignore_nulls {
+            true => "true".into(),
+            false => String::new(),
         }
-        format!(
-            "ignore_nulls={}\u{1f}marker={}",
-            self.ignore_nulls,
-            self.marker.as_deref().unwrap_or("")
-        )
+    }
+
+    /// The settings as a person reads them (`ignore_null_updates: true, unavailable_marker:
+    /// "…"`); empty when off.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if self.ignore_nulls {
+            parts.push("ignore_null_updates: true".to_string());
+        }
+        if let Some(m) = &self.marker {
+            parts.push(format!("unavailable_marker: {m:?}"));
+        }
+        parts.join(", ")
     }
 }
 
