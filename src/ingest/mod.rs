@@ -145,6 +145,13 @@ impl Run<'_, '_> {
             return Ok(());
         };
         let (cols, parsed) = self.read_planned(&plan).await?;
+        if parsed.is_empty() && !plan.whole {
+            // Every file planned is still being written (left for a later run): no commit.
+            if !self.opts.dry_run {
+                plan.book.append(&self.a.ctx, None).await?;
+            }
+            return Ok(());
+        }
         self.validate(&parsed).await?;
         self.commit(plan, cols, parsed).await
     }

@@ -84,6 +84,12 @@ async fn a_csv_file_cut_mid_line_waits_for_its_line_end() {
     let s = json(&out);
     assert_eq!(s["num_files_ingested"], 0, "{s}");
     assert!(s["warnings"].to_string().contains("a.csv"), "{s}");
+    // ... and commits nothing, run after run, while the file stays cut
+    let again = json(&run(d, now + 1, &["--output", "json"]));
+    assert!(
+        s["target_version"].is_null() && again["target_version"].is_null(),
+        "{s}\n{again}"
+    );
     std::fs::write(&file, "id,amount\np1,10\np2,12345\n").expect("complete");
     let out = run(d, now + MIN, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
