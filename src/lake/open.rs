@@ -34,8 +34,9 @@ pub fn create_url(uri: &str) -> Result<Url, LakeError> {
 }
 
 /// The local directories a table creation at `uri` would make: those of its path that do not
-/// exist yet. A creation that fails calls [`NewDirs::remove_empty`], so a failed bootstrap does
-/// not leave an empty target folder behind.
+/// exist yet. Dropped (a failed creation, or a run stopped by a signal, which drops its work
+/// half-way) it removes those still empty, so a failed bootstrap does not leave an empty target
+/// folder behind; after a creation they hold the table and stay.
 #[derive(Debug, Default)]
 pub struct NewDirs(Vec<std::path::PathBuf>);
 
@@ -52,13 +53,23 @@ impl NewDirs {
     }
 
     /// Removes the recorded directories that are still empty, deepest first. A directory that
-    /// holds anything (another writer's files, a crashed write's orphans) is kept.
-    pub fn remove_empty(self) {
-        for dir in self.0 {
+    /// holds anything (the table, another writer's files, a crashed write's orphans) is kept.
+    pub fn remove_empty(mut self) {
+        self.remove();
+    }
+
+    fn remove(&mut self) {
+        for dir in std::mem::take(&mut self.0) {
             if std::fs::remove_dir(&dir).is_err() {
                 return;
             }
         }
+    }
+}
+
+impl Drop for NewDirs {
+    fn drop(&mut self) {
+        self.remove();
     }
 }
 
@@ -239,5 +250,25 @@ fn shorten(message: &str) -> String {
     match message.char_indices().nth(MAX) {
         Some((i, _)) => format!("{}…", &message[..i]),
         None => message.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NewDirs;
+
+    #[test]
+    fn new_dirs_left_empty_go_when_dropped_and_a_table_stays() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let uri = tmp.path().join("silver/payments");
+        let dirs = NewDirs::before_create(&uri.display().to_string());
+        std::fs::create_dir_all(&uri).expect("mkdir");
+        drop(dirs); // a run stopped half-way drops it
+        assert!(!tmp.path().join("silver").exists(), "empty folders removed");
+
+        let dirs = NewDirs::before_create(&uri.display().to_string());
+        std::fs::create_dir_all(uri.join("_delta_log")).expect("mkdir");
+        drop(dirs);
+        assert!(uri.join("_delta_log").exists(), "a table's folder stays");
     }
 }
