@@ -76,11 +76,28 @@ pub(super) fn object_of(
             ));
             None
         }
-        Err(e) => {
-            rows.reject(Reject::new(line_no, line, format!("malformed JSON: {e}")));
-            None
-        }
+        Err(e) => match out_of_range(line) {
+            Some(m) => Some(m),
+            None => {
+                rows.reject(Reject::new(line_no, line, format!("malformed JSON: {e}")));
+                None
+            }
+        },
     }
+}
+
+/// A line whose only fault is a number beyond an f64 (`1e400`, which serde_json refuses): its
+/// fields, such numbers as their text as written — a string column keeps them, any other
+/// column says they do not fit, instead of calling the line malformed.
+fn out_of_range(line: &[u8]) -> Option<Map<String, Value>> {
+    let raw: HashMap<String, &RawValue> = serde_json::from_slice(line).ok()?;
+    let mut out = Map::new();
+    for (k, v) in raw {
+        let value = serde_json::from_str::<Value>(v.get())
+            .unwrap_or_else(|_| Value::String(v.get().to_string()));
+        out.insert(k, value);
+    }
+    Some(out)
 }
 
 /// One record's fields into a row (or a reject naming the field that does not fit). `line` is
@@ -265,6 +282,17 @@ mod tests {
             ("amount", Long, false),
             ("rate", Double, false),
         ])
+    }
+
+    #[test]
+    fn a_number_beyond_a_double_is_text_for_a_string_and_a_misfit_elsewhere() {
+        let cols = test_cols(&[("id", String, true), ("amount", Long, false)]);
+        let body = b"{\"id\": 1e400, \"amount\": 1}\n{\"id\": \"b\", \"amount\": 1e400}\n";
+        let p = parse(body, &test_shape(&cols, false)).unwrap();
+        assert_eq!(column(&p, "id"), ["1e400"]);
+        let rejects = test_rejects(&p);
+        assert_eq!(rejects.len(), 1, "{rejects:?}");
+        assert!(rejects[0].1.contains("is not a long"), "{rejects:?}");
     }
 
     #[test]

@@ -394,10 +394,16 @@ impl Ctx<'_> {
                     ))
                 }
                 Err(rule) => {
+                    // `{ amount: decimal(12, 2) }`: in a flow mapping the comma ends the entry
+                    let cut = spec.contains('(') && !spec.contains(')');
+                    let hint = match cut {
+                        true => format!(" (inside `{{ … }}` a comma separates entries: write `{name}: \"decimal(12, 2)\"` in quotes, or the schema one column per line)"),
+                        false => String::new(),
+                    };
                     return Err(self.invalid(
                         name,
-                        format!("`{name}: {spec}` is not a usable decimal: {rule}"),
-                    ))
+                        format!("`{name}: {spec}` is not a usable decimal: {rule}{hint}"),
+                    ));
                 }
             };
             if name.is_empty() || name.starts_with("_tidemark") {
