@@ -226,7 +226,10 @@ impl Deduper {
         }
         if let Some(c) = self.current.as_mut() {
             if let Winner::Here(w) = c.winner {
-                c.winner = Winner::Carried(batch.slice(w, 1));
+                c.winner = Winner::Carried(match self.partial {
+                    Some(_) => super::partial::own_row(batch, w),
+                    None => batch.slice(w, 1),
+                });
             }
         }
         out.into_batch()

@@ -178,7 +178,7 @@ impl Filler {
         }
         let mut columns: Vec<ArrayRef> = self.row.columns().to_vec();
         for c in fill {
-            columns[c] = batch.column(c).slice(i, 1);
+            columns[c] = cell(batch.column(c), i);
         }
         self.row = RecordBatch::try_new(self.row.schema(), columns)?;
         self.open = open;
@@ -205,7 +205,7 @@ pub fn fill_from(
     let mut columns: Vec<ArrayRef> = row.columns().to_vec();
     for &c in open {
         if carrier.carries(from.column(c).as_ref(), i) {
-            columns[c] = from.column(c).slice(i, 1);
+            columns[c] = cell(from.column(c), i);
         }
     }
     RecordBatch::try_new(row.schema(), columns)
@@ -213,12 +213,19 @@ pub fn fill_from(
 
 /// A one-row slice of `batch` as an owned batch (its arrays keep only what the row needs).
 pub fn own_row(batch: &RecordBatch, i: usize) -> RecordBatch {
-    let columns: Vec<ArrayRef> = batch
-        .columns()
-        .iter()
-        .map(|c| arrow::array::make_array(c.slice(i, 1).to_data()))
-        .collect();
+    let columns: Vec<ArrayRef> = batch.columns().iter().map(|c| cell(c, i)).collect();
     RecordBatch::try_new(batch.schema(), columns).unwrap_or_else(|_| batch.slice(i, 1))
+}
+
+/// Row `i` of `col` as a one-row array of its own. A string or binary view is compacted: its
+/// slice would keep (and clone the list of) every data buffer of the whole batch.
+pub fn cell(col: &ArrayRef, i: usize) -> ArrayRef {
+    let one = col.slice(i, 1);
+    match one.data_type() {
+        DataType::Utf8View => std::sync::Arc::new(one.as_string_view().gc()),
+        DataType::BinaryView => std::sync::Arc::new(one.as_binary_view().gc()),
+        _ => one,
+    }
 }
 
 #[cfg(test)]

@@ -115,7 +115,7 @@ impl Deduper {
                     self.apply_group(&mut filler, std::mem::take(&mut group))?;
                     tuple = Some(t.owned());
                 }
-                group.push((batch.slice(i, 1), e.is_deleted(i)));
+                group.push((partial::own_row(batch, i), e.is_deleted(i)));
                 Fill::Filling {
                     filler,
                     group,
