@@ -68,21 +68,32 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
     let mut rows = Rows::new(shape.cols, shape.rescue);
     let mut refusal = None;
     for_each_line(body, shape, &mut rows, |rows, line_no, line| {
-        if refusal.is_some() {
-            return;
-        }
-        match event(line) {
-            Ok(Event::Row { fields, object }) => {
-                record(rows, object, line_no, line, fields.as_bytes(), shape)
-            }
-            Ok(Event::Tombstone) => {}
-            Ok(Event::Truncate) => refusal = Some(line_no.unwrap_or_default()),
-            Err(why) => rows.reject(Reject::new(line_no, line, why)),
+        if refusal.is_none() && document(rows, line_no, line, shape) {
+            refusal = Some(line_no.unwrap_or_default());
         }
     });
     let mut parsed = rows.finish()?;
     parsed.truncate_at = refusal;
     Ok(parsed)
+}
+
+/// One event (a file's line, a Kafka message's value) into a row, a reject, or nothing (a
+/// tombstone); `true` for a truncate event, which the caller refuses.
+pub(super) fn document(
+    rows: &mut Rows<'_>,
+    line_no: Option<u64>,
+    doc: &[u8],
+    shape: &Shape<'_>,
+) -> bool {
+    match event(doc) {
+        Ok(Event::Row { fields, object }) => {
+            record(rows, object, line_no, doc, fields.as_bytes(), shape)
+        }
+        Ok(Event::Tombstone) => {}
+        Ok(Event::Truncate) => return true,
+        Err(why) => rows.reject(Reject::new(line_no, doc, why)),
+    }
+    false
 }
 
 enum Event {
