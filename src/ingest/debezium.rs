@@ -202,11 +202,7 @@ fn logical_types(schema: &Value, side: &str) -> HashMap<String, Logical> {
         let scale = f
             .get("parameters")
             .and_then(|p| p.get("scale"))
-            .and_then(|s| {
-                s.as_str()
-                    .and_then(|t| t.parse().ok())
-                    .or(s.as_i64())
-            })
+            .and_then(|s| s.as_str().and_then(|t| t.parse().ok()).or(s.as_i64()))
             .and_then(|s| i8::try_from(s).ok());
         out.insert(
             field.to_string(),

@@ -175,7 +175,11 @@ async fn records_land_once_with_their_kafka_columns_and_reruns_add_only_new_ones
     // a rerun reads nothing new and commits nothing
     let out = run(&p, &[]);
     ok(&out);
-    assert!(out.stdout.contains("no new Kafka records"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("no new Kafka records"),
+        "{}",
+        out.stdout
+    );
     assert_eq!(version(&dir.path().join("lake/bronze")).await, v1);
     // new records: only they are appended
     produced.extend(produce(&kafka, 12..20).await);
@@ -228,7 +232,10 @@ async fn a_kill_at_any_phase_then_a_rerun_ingests_each_record_once() {
     let mut produced = produce(&kafka, 10..13).await;
     // the first run (bootstrap) killed before its commit, and just after it
     for point in ["full_reload.before_commit", "full_reload.committed_target"] {
-        let out = run(&p, &[("TIDEMARK_FAILPOINTS", &format!("ingest.{point}=abort"))]);
+        let out = run(
+            &p,
+            &[("TIDEMARK_FAILPOINTS", &format!("ingest.{point}=abort"))],
+        );
         assert_ne!(out.code, 0, "{point}");
     }
     ok(&run(&p, &[]));
@@ -257,14 +264,22 @@ async fn two_racing_runs_ingest_each_record_once() {
     let (dir, kafka, p) = setup("").await;
     let mut produced = produce(&kafka, 10..16).await;
     for round in 0..2 {
+        if round == 1 {
+            produced.extend(produce(&kafka, 16..22).await);
+        }
         // both read the same records, then wait before committing: one wins, the other plans
         // again from the winner's offsets
-        let path = if round == 0 { "full_reload" } else { "incremental" };
+        let path = if round == 0 {
+            "full_reload"
+        } else {
+            "incremental"
+        };
         let fp = format!("ingest.{path}.before_commit=sleep(800)");
         let spawn = || {
             tidemark_process(T0)
                 .arg("run")
                 .arg(&p)
+                .args(["--output", "json"])
                 .env("TIDEMARK_FAILPOINTS", &fp)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -272,6 +287,7 @@ async fn two_racing_runs_ingest_each_record_once() {
                 .expect("spawn")
         };
         let (a, b) = (spawn(), spawn());
+        let mut replans = 0;
         for child in [a, b] {
             let out = child.wait_with_output().expect("wait");
             assert!(
@@ -279,12 +295,20 @@ async fn two_racing_runs_ingest_each_record_once() {
                 "{}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            let summary: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or_default();
+            replans += summary["num_replans"].as_u64().unwrap_or(0);
+            replans += u64::from(out.status.code() == Some(75));
         }
-        assert_eq!(bronze_rows(dir.path()).await, oracle(&produced), "round {round}");
-        produced.extend(produce(&kafka, 16 + round * 3..19 + round * 3).await);
-        ok(&run(&p, &[]));
-        assert_eq!(bronze_rows(dir.path()).await, oracle(&produced));
+        assert!(replans >= 1, "round {round}: the two runs did not race");
+        assert_eq!(
+            bronze_rows(dir.path()).await,
+            oracle(&produced),
+            "round {round}"
+        );
     }
+    ok(&run(&p, &[]));
+    assert_eq!(bronze_rows(dir.path()).await, oracle(&produced));
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -299,7 +323,8 @@ async fn a_retention_gap_stops_the_run_or_is_skipped_and_counted() {
     let out = run(&p, &gone);
     assert_eq!(out.code, 65, "{}\n{}", out.stdout, out.stderr);
     assert!(
-        out.stderr.contains("topic `payments` partition 1: offsets 1 to 2"),
+        out.stderr
+            .contains("topic `payments` partition 1: offsets 1 to 2"),
         "{}",
         out.stderr
     );
@@ -309,7 +334,10 @@ async fn a_retention_gap_stops_the_run_or_is_skipped_and_counted() {
     assert!(out.stdout.contains("records lost"), "{}", out.stdout);
     let kept: Vec<(i64, i32, i64)> = first
         .into_iter()
-        .chain(more.into_iter().filter(|(_, part, off)| *part != 1 || *off >= 3))
+        .chain(
+            more.into_iter()
+                .filter(|(_, part, off)| *part != 1 || *off >= 3),
+        )
         .collect();
     assert_eq!(bronze_rows(dir.path()).await, oracle(&kept));
 }
@@ -329,7 +357,10 @@ fn config_mistakes_are_exit_78_and_an_unreachable_broker_75() {
     for (kafka, says) in [
         ("brokers: [\"127.0.0.1:1\"], topc: t", "topc"),
         ("brokers: [\"nohost\"], topic: t", "host:port"),
-        ("brokers: [\"127.0.0.1:1\"], topic: t, start: yesterday", "RFC 3339"),
+        (
+            "brokers: [\"127.0.0.1:1\"], topic: t, start: yesterday",
+            "RFC 3339",
+        ),
     ] {
         let mut c = tidemark_at(T0);
         let out = exec(c.arg("run").arg(write(kafka)));

@@ -136,7 +136,9 @@ impl Ctx<'_> {
                 _ => {
                     return Err(self.invalid(
                         "request_timeout",
-                        format!("`request_timeout: {t}` is not a duration; write it like 30s or 2m"),
+                        format!(
+                            "`request_timeout: {t}` is not a duration; write it like 30s or 2m"
+                        ),
                     ))
                 }
             },

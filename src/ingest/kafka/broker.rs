@@ -58,8 +58,12 @@ pub trait Broker: Send + Sync {
     /// none is).
     async fn offset_at(&self, partition: i32, at: DateTime<Utc>) -> Result<i64, KafkaError>;
     /// Records from `offset`, about `max_bytes` of them.
-    async fn fetch(&self, partition: i32, offset: i64, max_bytes: i32)
-        -> Result<Fetched, KafkaError>;
+    async fn fetch(
+        &self,
+        partition: i32,
+        offset: i64,
+        max_bytes: i32,
+    ) -> Result<Fetched, KafkaError>;
 }
 
 /// The brokers of `source`, through rskafka.

@@ -122,7 +122,9 @@ pub fn row_columns(
         (INGESTED_AT, ts(vec![ingested_us; rows.len()])),
         (
             PARTITION,
-            Arc::new(Int32Array::from_iter_values(rows.iter().map(|m| m.partition))),
+            Arc::new(Int32Array::from_iter_values(
+                rows.iter().map(|m| m.partition),
+            )),
         ),
         (
             OFFSET,
@@ -130,7 +132,10 @@ pub fn row_columns(
         ),
         (
             TIMESTAMP,
-            ts(rows.iter().map(|m| m.timestamp.timestamp_micros()).collect()),
+            ts(rows
+                .iter()
+                .map(|m| m.timestamp.timestamp_micros())
+                .collect()),
         ),
         (
             KEY,
@@ -140,7 +145,9 @@ pub fn row_columns(
         ),
         (
             HEADERS,
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|m| headers_json(m)))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|m| headers_json(m)),
+            )),
         ),
     ]
 }
@@ -154,7 +161,11 @@ pub fn rejects_batch(
     if d.parsed.rejects.is_empty() {
         return Ok(None);
     }
-    let of: Vec<&Message> = d.reject_of.iter().filter_map(|i| messages.get(*i)).collect();
+    let of: Vec<&Message> = d
+        .reject_of
+        .iter()
+        .filter_map(|i| messages.get(*i))
+        .collect();
     let schema = Schema::new(vec![
         Field::new("_kafka_topic", DataType::Utf8, false),
         Field::new(PARTITION, DataType::Int32, false),

@@ -69,8 +69,8 @@ impl Run<'_, '_> {
             bronze::check_foreign(t, &spec.target_uri, &self.p.name, &path).await?;
         }
         self.a.mode_for(target.is_some());
-        let rec = positions::recorded(target.as_ref(), &spec.target_uri, &self.p.name, &k.topic)
-            .await?;
+        let rec =
+            positions::recorded(target.as_ref(), &spec.target_uri, &self.p.name, &k.topic).await?;
         self.check_clock(&rec);
         let broker = broker::connect(k).await?;
         let (positions, mut lost) = positions::plan(broker.as_ref(), k, &rec, &path).await?;
@@ -86,9 +86,7 @@ impl Run<'_, '_> {
             Some(t) => Some(bronze::table_schema(t, &spec.target_uri)?),
             None => None,
         };
-        let (cols, decoded) = self
-            .decode_all(k, bronze_schema.as_deref(), &fetch)
-            .await?;
+        let (cols, decoded) = self.decode_all(k, bronze_schema.as_deref(), &fetch).await?;
         self.end_phase(Phase::Read)?;
         let rejected = decode::rejects_batch(&k.topic, &fetch.messages, &decoded)
             .map_err(RunError::arrow(Phase::Validate))?;
@@ -233,9 +231,11 @@ impl Run<'_, '_> {
             w.run,
             Some(self.now.timestamp_millis()),
         )];
-        txns.extend(w.fetch.next.iter().map(|(p, next)| {
-            Transaction::new(partition_app(&self.p.name, &k.topic, *p), *next)
-        }));
+        txns.extend(
+            w.fetch.next.iter().map(|(p, next)| {
+                Transaction::new(partition_app(&self.p.name, &k.topic, *p), *next)
+            }),
+        );
         let mut extra = serde_json::Map::new();
         let apps: Vec<String> = txns.iter().map(|t| t.app_id.clone()).collect();
         extra.insert(lake::TXN_APPS.into(), apps.into());

@@ -218,38 +218,97 @@ mod tests {
             .await
             .unwrap_err();
         assert!(
-            matches!(e, KafkaError::DataLoss { partition: 1, from: 3, to: 6, earliest: 7, .. }),
+            matches!(
+                e,
+                KafkaError::DataLoss {
+                    partition: 1,
+                    from: 3,
+                    to: 6,
+                    earliest: 7,
+                    ..
+                }
+            ),
             "{e}"
         );
         let text = e.to_string();
-        assert!(text.contains("`payments` partition 1: offsets 3 to 6"), "{text}");
+        assert!(
+            text.contains("`payments` partition 1: offsets 3 to 6"),
+            "{text}"
+        );
         let (pos, lost) = plan(&broker, &source(DataLoss::Continue), &rec, "p.yml")
             .await
             .unwrap();
-        assert_eq!(lost, vec![Lost { partition: 1, from: 3, to: 6 }]);
+        assert_eq!(
+            lost,
+            vec![Lost {
+                partition: 1,
+                from: 3,
+                to: 6
+            }]
+        );
         assert_eq!(lost[0].count(), 4);
         assert_eq!(
-            pos.iter().map(|p| (p.partition, p.from, p.high)).collect::<Vec<_>>(),
+            pos.iter()
+                .map(|p| (p.partition, p.from, p.high))
+                .collect::<Vec<_>>(),
             vec![(0, 4, 10), (1, 7, 10)]
         );
+    }
+
+    /// rskafka has no CreatePartitions request, so a partition added between runs is tested
+    /// here: it starts at its earliest offset, whatever `start` says (that is for a topic's
+    /// first run).
+    #[tokio::test]
+    async fn a_partition_added_since_the_last_run_starts_at_its_earliest() {
+        let broker = Fake(BTreeMap::from([(0, 5), (1, 5), (2, 3)]));
+        let mut src = source(DataLoss::Fail);
+        src.start = Start::Latest;
+        let rec = Recorded {
+            run: Some(2),
+            last_ms: None,
+            next: BTreeMap::from([(0, 5), (1, 4)]),
+        };
+        let (pos, lost) = plan(&broker, &src, &rec, "p.yml").await.unwrap();
+        assert!(lost.is_empty());
+        let from: Vec<(i32, i64)> = pos.iter().map(|p| (p.partition, p.from)).collect();
+        assert_eq!(from, vec![(0, 5), (1, 4), (2, 0)]);
+        let first = plan(&broker, &src, &Recorded::default(), "p.yml")
+            .await
+            .unwrap();
+        let from: Vec<i64> = first.0.iter().map(|p| p.from).collect();
+        assert_eq!(from, vec![5, 5, 3], "start: latest on the first run");
     }
 
     #[tokio::test]
     async fn records_deleted_while_reading_are_a_gap_too() {
         let src = source(DataLoss::Continue);
         let inner = Retention::new(Box::new(Fake(BTreeMap::from([(0, 10)]))), HashMap::new());
-        let planned = [Position { partition: 0, from: 2, high: 10 }];
+        let planned = [Position {
+            partition: 0,
+            from: 2,
+            high: 10,
+        }];
         // deleted after planning: the fetch at 2 is out of range, the earliest is now 5
         let broker = Retention::new(Box::new(inner), HashMap::from([(0, 5)]));
         let got = super::super::read::read(&broker, &src, &planned, "p.yml")
             .await
             .unwrap();
-        assert_eq!(got.lost, vec![Lost { partition: 0, from: 2, to: 4 }]);
+        assert_eq!(
+            got.lost,
+            vec![Lost {
+                partition: 0,
+                from: 2,
+                to: 4
+            }]
+        );
         assert_eq!(got.messages.first().map(|m| m.offset), Some(5));
         assert_eq!(got.next.get(&0), Some(&10));
         let e = super::super::read::read(&broker, &source(DataLoss::Fail), &planned, "p.yml")
             .await
             .unwrap_err();
-        assert!(matches!(e, KafkaError::DataLoss { from: 2, to: 4, .. }), "{e}");
+        assert!(
+            matches!(e, KafkaError::DataLoss { from: 2, to: 4, .. }),
+            "{e}"
+        );
     }
 }

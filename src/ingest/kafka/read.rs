@@ -104,7 +104,9 @@ async fn fetch_once(
     pipeline_path: &str,
 ) -> Result<bool, KafkaError> {
     let from = out.next.get(&p.partition).copied().unwrap_or(p.from);
-    let ask = budget.bytes.map_or(FETCH_BYTES, |b| b.clamp(1, FETCH_BYTES));
+    let ask = budget
+        .bytes
+        .map_or(FETCH_BYTES, |b| b.clamp(1, FETCH_BYTES));
     let records = match broker.fetch(p.partition, from, ask as i32).await? {
         Fetched::Records(records) => records,
         Fetched::OutOfRange => {

@@ -57,7 +57,10 @@ pub fn start() -> Kafka {
         });
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "tansu did not listen on port {port}");
+        assert!(
+            Instant::now() < deadline,
+            "tansu did not listen on port {port}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     Kafka {
