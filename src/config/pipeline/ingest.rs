@@ -594,6 +594,34 @@ quarantine: { uri: "${var.lake}/quarantine" }
     }
 
     #[test]
+    fn a_kafka_source_replaces_the_landing_and_its_mistakes_are_explained() {
+        let kafka = GOOD.replace(
+            "landing: { uri: \"${var.lake}/landing\", glob: \"events/*.jsonl\" }",
+            "kafka: { brokers: [\"k1:9092\", \"k2:9092\"], topic: payments, start: \"2025-01-06T00:00:00Z\", max_records_per_run: 1000, max_bytes_per_run: 64MiB, on_data_loss: continue, request_timeout: 10s }",
+        );
+        let p = parse(&kafka).expect("parses");
+        let k = ingest(&p).kafka.clone().expect("kafka");
+        assert_eq!(p.source_uri(), "kafka://k1:9092/payments");
+        assert_eq!(k.max_bytes_per_run, Some(64 << 20));
+        assert_eq!(k.on_data_loss, super::super::kafka::DataLoss::Continue);
+        assert_eq!(k.request_timeout, std::time::Duration::from_secs(10));
+        let err = |text: String| parse(&text).unwrap_err().to_string();
+        let both = GOOD.replace(
+            "format: json",
+            "kafka: { brokers: [\"k:1\"], topic: t }\nformat: json",
+        );
+        assert!(err(both).contains("not both"));
+        let e = err(format!("{kafka}max_files_per_run: 3\n"));
+        assert!(e.contains("kafka.max_records_per_run"), "{e}");
+        let e = err(kafka.replace("format: json", "format: csv"));
+        assert!(e.contains("one JSON document"), "{e}");
+        let e = err(kafka.replace("request_timeout: 10s", "request_timeout: soon"));
+        assert!(e.contains("not a duration"), "{e}");
+        let e = err(kafka.replace("  id: string not null", "  _kafka_offset: long"));
+        assert!(e.contains("tidemark adds"), "{e}");
+    }
+
+    #[test]
     fn decimals_are_declared_with_precision_and_scale() {
         let p = parse(&GOOD.replace(
             "amount: long",
