@@ -379,3 +379,133 @@ fn config_mistakes_are_exit_78_and_an_unreachable_broker_75() {
     assert_eq!(out.code, 75, "{}", out.stderr);
     assert!(out.stderr.contains("Kafka brokers"), "{}", out.stderr);
 }
+
+const MARKER: &str = "__debezium_unavailable_value";
+
+/// A Debezium event of a PostgreSQL row `(id, amount, note)`: `op` r, c, u or d, at log
+/// position `lsn` (its commit time follows it).
+fn dbz(op: &str, id: i64, amount: i64, note: &str, lsn: i64) -> String {
+    let row = format!("{{\"id\":{id},\"amount\":{amount},\"note\":\"{note}\"}}");
+    let (before, after) = match op {
+        "d" => (row.as_str(), "null"),
+        "u" => ("null", row.as_str()),
+        _ => ("null", row.as_str()),
+    };
+    let snapshot = if op == "r" {
+        ",\"snapshot\":\"true\""
+    } else {
+        ""
+    };
+    format!(
+        "{{\"before\":{before},\"after\":{after},\"source\":{{\"connector\":\"postgresql\",\"ts_ms\":{},\"lsn\":{lsn}{snapshot}}},\"op\":\"{op}\",\"ts_ms\":{}}}",
+        1_700_000_000_000 + lsn * 1000,
+        1_700_000_000_500 + lsn * 1000
+    )
+}
+
+/// A change feed: a snapshot of keys 0–3, then creates, updates (some with the note
+/// unavailable) and deletes; each event keyed by its row, so a key stays on one partition.
+fn feed(from: i64, to: i64, live: &mut BTreeMap<i64, (i64, String)>) -> Vec<(i64, String)> {
+    let mut out = Vec::new();
+    for step in from..to {
+        let id = (step * 7) % 6;
+        let lsn = 1000 + step;
+        let event = if step < 4 {
+            live.insert(step, (step, "s".into()));
+            dbz("r", step, step, "s", 0)
+        } else {
+            match (live.get(&id).cloned(), step % 4) {
+                (None, _) => {
+                    live.insert(id, (step, format!("c{step}")));
+                    dbz("c", id, step, &format!("c{step}"), lsn)
+                }
+                (Some((_, note)), 0) => {
+                    live.remove(&id);
+                    dbz("d", id, 0, &note, lsn)
+                }
+                (Some((_, note)), 1) => {
+                    live.insert(id, (step, note));
+                    dbz("u", id, step, MARKER, lsn)
+                }
+                (Some(_), _) => {
+                    live.insert(id, (step, format!("u{step}")));
+                    dbz("u", id, step, &format!("u{step}"), lsn)
+                }
+            }
+        };
+        out.push((id, event));
+    }
+    out
+}
+
+async fn produce_feed(kafka: &Kafka, topic: &str, events: &[(i64, String)]) {
+    let msgs: Vec<Msg> = events
+        .iter()
+        .enumerate()
+        .map(|(i, (id, v))| Msg {
+            partition: (*id % 2) as i32,
+            key: Some(format!("{{\"id\":{id}}}").into_bytes()),
+            value: Some(v.clone().into_bytes()),
+            headers: BTreeMap::new(),
+            timestamp: ts(i as i64),
+        })
+        .collect();
+    kafka.produce(topic, &msgs).await;
+}
+
+/// Silver's live rows: (id, amount, note).
+async fn silver_rows(path: &Path) -> BTreeMap<i64, (i64, String)> {
+    let mut out = BTreeMap::new();
+    for b in read_all(path).await {
+        let ids = b
+            .column_by_name("id")
+            .expect("id")
+            .as_primitive::<Int64Type>();
+        let amounts = b.column_by_name("amount").expect("amount");
+        let amounts = amounts.as_primitive::<Int64Type>();
+        let notes = b.column_by_name("note").expect("note");
+        let notes = arrow::compute::cast(notes, &DataType::Utf8).expect("cast");
+        let notes = notes.as_string::<i32>();
+        for i in 0..b.num_rows() {
+            out.insert(ids.value(i), (amounts.value(i), notes.value(i).to_string()));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_debezium_topic_merged_into_silver_equals_the_source_table() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path().display();
+    let kafka = common::kafka::start();
+    kafka.create_topic("cdc", 2).await;
+    let ingest = dir.path().join("ingest.yml");
+    std::fs::write(
+        &ingest,
+        format!(
+            "name: cdc_raw\nkind: ingest\nkafka: {{ brokers: [\"{}\"], topic: cdc }}\nformat: debezium\ntarget: {{ uri: \"{d}/lake/bronze\" }}\nschema:\n  id: long not null\n  amount: long\n  note: string\nquarantine: {{ uri: \"{d}/lake/q_raw\" }}\n",
+            kafka.addr
+        ),
+    )
+    .expect("ingest pipeline");
+    let merge = dir.path().join("merge.yml");
+    std::fs::write(
+        &merge,
+        format!(
+            "name: cdc\nkind: cdc_merge\nsource: {{ uri: \"{d}/lake/bronze\" }}\ntarget: {{ uri: \"{d}/lake/silver\" }}\nkeys: [id]\nsequence_by: _sequence\ntie_breakers: [_source_position, _source_ts]\noverlap: 10m\ndeletes: {{ column: _op, values: [d], mode: hard }}\nunavailable_marker: {MARKER}\nquarantine: {{ uri: \"{d}/lake/q_silver\" }}\n"
+        ),
+    )
+    .expect("merge pipeline");
+    let mut live = BTreeMap::new();
+    for (from, to) in [(0, 24), (24, 40)] {
+        let events = feed(from, to, &mut live);
+        produce_feed(&kafka, "cdc", &events).await;
+        ok(&run(&ingest, &[]));
+        ok(&run(&merge, &[]));
+        assert_eq!(
+            silver_rows(&dir.path().join("lake/silver")).await,
+            live,
+            "after events {from}..{to}"
+        );
+    }
+}
