@@ -196,11 +196,12 @@ async fn records_land_once_with_their_kafka_columns_and_reruns_add_only_new_ones
     // `lateness` reads this bronze as it reads a file ingest's: `_ingested_at` and an event time
     for event in ["updated_at", "_kafka_timestamp"] {
         let mut c = tidemark_at(T0);
-        let out = exec(
-            c.arg("lateness")
-                .arg(dir.path().join("lake/bronze"))
-                .args(["--event-time", event, "--output", "json"]),
-        );
+        let out = exec(c.arg("lateness").arg(dir.path().join("lake/bronze")).args([
+            "--event-time",
+            event,
+            "--output",
+            "json",
+        ]));
         ok(&out);
         let report: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
         assert!(report.is_object(), "{report}");

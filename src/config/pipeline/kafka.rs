@@ -6,7 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::Deserialize;
 
 use super::common::Ctx;
-use super::ingest::Format;
+use super::ingest::{all_files, Format, RawIngest, RawLanding};
 use crate::config::size::parse_size;
 use crate::config::ConfigError;
 
@@ -171,7 +171,127 @@ impl Ctx<'_> {
     }
 }
 
+impl Ctx<'_> {
+    /// The source: exactly one of `landing:` and `kafka:` (a landing's glob checked, a Kafka
+    /// block validated, and the file-only limits refused for Kafka).
+    pub(super) fn source(
+        &self,
+        landing: Option<RawLanding>,
+        kafka: Option<RawKafka>,
+        raw: &RawIngest,
+    ) -> Result<(RawLanding, Option<KafkaSource>), ConfigError> {
+        match (landing, kafka) {
+            (Some(_), Some(_)) => Err(self.invalid(
+                "kafka",
+                "an ingest reads either landing files (`landing:`) or a Kafka topic (`kafka:`), not both: remove one",
+            )),
+            (None, None) => Err(self.invalid(
+                "kind",
+                "an ingest needs its source: `landing: { uri: …, glob: … }` (files) or `kafka: { brokers: […], topic: … }`",
+            )),
+            (Some(l), None) => {
+                if glob::Pattern::new(&l.glob).is_err() {
+                    return Err(self.invalid(
+                        "glob",
+                        format!(
+                            "`landing.glob: {}` is not a glob pattern; write it like `*.jsonl` or `events/**/*.json`",
+                            l.glob
+                        ),
+                    ));
+                }
+                Ok((l, None))
+            }
+            (None, Some(k)) => {
+                for (key, given) in [
+                    ("max_files_per_run", raw.max_files_per_run.is_some()),
+                    ("max_bytes_per_run", raw.max_bytes_per_run.is_some()),
+                ] {
+                    if given {
+                        return Err(self.invalid(
+                            key,
+                            format!("`{key}` bounds landing files; a Kafka ingest's bounds are `kafka.max_records_per_run` and `kafka.max_bytes_per_run`"),
+                        ));
+                    }
+                }
+                if raw.schema.is_none() {
+                    return Err(self.invalid(
+                        "kafka",
+                        "a Kafka ingest needs a declared `schema:` (the columns of each message value)",
+                    ));
+                }
+                let k = self.kafka(k, raw.format)?;
+                let landing = RawLanding {
+                    uri: k.uri(),
+                    glob: all_files(),
+                };
+                Ok((landing, Some(k)))
+            }
+        }
+    }
+}
+
 fn is_host_port(b: &str) -> bool {
     b.rsplit_once(':')
         .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use super::*;
+    use crate::config::pipeline::ingest::Ingest;
+    use crate::config::pipeline::{Pipeline, Spec};
+    use crate::config::Vars;
+
+    const GOOD: &str = r#"
+name: events
+kind: ingest
+landing: { uri: "${var.lake}/landing", glob: "events/*.jsonl" }
+format: json
+target: { uri: "${var.lake}/bronze" }
+schema:
+  id: string not null
+quarantine: { uri: "${var.lake}/quarantine" }
+"#;
+
+    fn parse(text: &str) -> Result<Pipeline, ConfigError> {
+        let vars = Vars::from_args(&["lake=/tmp/lake"]).expect("vars");
+        Pipeline::parse(Path::new("p.yml"), text, &vars)
+    }
+
+    fn ingest(p: &Pipeline) -> &Ingest {
+        match &p.spec {
+            Spec::Ingest(i) => i,
+            _ => panic!("not an ingest"),
+        }
+    }
+
+    #[test]
+    fn a_kafka_source_replaces_the_landing_and_its_mistakes_are_explained() {
+        let kafka = GOOD.replace(
+            "landing: { uri: \"${var.lake}/landing\", glob: \"events/*.jsonl\" }",
+            "kafka: { brokers: [\"k1:9092\", \"k2:9092\"], topic: payments, start: \"2025-01-06T00:00:00Z\", max_records_per_run: 1000, max_bytes_per_run: 64MiB, on_data_loss: continue, request_timeout: 10s }",
+        );
+        let p = parse(&kafka).expect("parses");
+        let k = ingest(&p).kafka.clone().expect("kafka");
+        assert_eq!(p.source_uri(), "kafka://k1:9092/payments");
+        assert_eq!(k.max_bytes_per_run, Some(64 << 20));
+        assert_eq!(k.on_data_loss, DataLoss::Continue);
+        assert_eq!(k.request_timeout, std::time::Duration::from_secs(10));
+        let err = |text: String| parse(&text).unwrap_err().to_string();
+        let both = GOOD.replace(
+            "format: json",
+            "kafka: { brokers: [\"k:1\"], topic: t }\nformat: json",
+        );
+        assert!(err(both).contains("not both"));
+        let e = err(format!("{kafka}max_files_per_run: 3\n"));
+        assert!(e.contains("kafka.max_records_per_run"), "{e}");
+        let e = err(kafka.replace("format: json", "format: csv"));
+        assert!(e.contains("one JSON document"), "{e}");
+        let e = err(kafka.replace("request_timeout: 10s", "request_timeout: soon"));
+        assert!(e.contains("not a duration"), "{e}");
+        let e = err(kafka.replace("  id: string not null", "  _kafka_offset: long"));
+        assert!(e.contains("tidemark adds"), "{e}");
+    }
 }
