@@ -193,6 +193,11 @@ async fn records_land_once_with_their_kafka_columns_and_reruns_add_only_new_ones
     assert_eq!(version(&dir.path().join("lake/bronze")).await, v2);
     ok(&run(&p, &[]));
     assert_eq!(bronze_rows(dir.path()).await, oracle(&produced));
+    // a full reload (and so `reconcile`) is refused: the topic may no longer hold everything
+    let mut c = tidemark_at(T0);
+    let out = exec(c.arg("run").arg(&p).arg("--full-reload"));
+    assert_eq!(out.code, 64, "{}", out.stderr);
+    assert!(out.stderr.contains("reads a Kafka topic"), "{}", out.stderr);
     // `lateness` reads this bronze as it reads a file ingest's: `_ingested_at` and an event time
     for event in ["updated_at", "_kafka_timestamp"] {
         let mut c = tidemark_at(T0);

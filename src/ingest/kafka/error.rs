@@ -44,6 +44,9 @@ pub enum KafkaError {
         recorded: i64,
         high: i64,
     },
+    /// `--full-reload` (and `reconcile`, which is a dry full reload) of a Kafka ingest.
+    #[error("{pipeline} reads a Kafka topic: `--full-reload` (and `reconcile`, which compares bronze with a full reload) would need the whole topic again, which the brokers may no longer hold, so it is not supported. To rebuild bronze from the topic, point `target.uri` at a new table and run the pipeline (it starts where `kafka.start` says); nothing was written")]
+    NoFullReload { pipeline: String },
     /// A Debezium truncate event.
     #[error("the message at offset {offset} of Kafka topic `{topic}` partition {partition} is a Debezium truncate event (`op: t`): the source table was emptied, which tidemark cannot apply as row changes. Nothing was written and the offsets stay where they were; decide what the truncate means (rebuild bronze and silver from a reload with `--full-reload`, or move the pipeline past it), then rerun")]
     Truncate {
@@ -60,6 +63,7 @@ impl Classify for KafkaError {
             | KafkaError::Timeout { .. }
             | KafkaError::Broker { .. } => ErrorClass::Retryable,
             KafkaError::TopicMissing { .. } => ErrorClass::Unavailable,
+            KafkaError::NoFullReload { .. } => ErrorClass::Usage,
             KafkaError::DataLoss { .. }
             | KafkaError::AheadOfTopic { .. }
             | KafkaError::Truncate { .. } => ErrorClass::BadData,

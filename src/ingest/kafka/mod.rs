@@ -63,6 +63,9 @@ impl Run<'_, '_> {
     pub(super) async fn execute_kafka(&mut self, k: &KafkaSource) -> Result<(), RunError> {
         let spec = self.spec;
         let path = self.p.path.display().to_string();
+        if self.opts.full_reload {
+            return Err(KafkaError::NoFullReload { pipeline: path }.into());
+        }
         let target = lake::open_if_exists(&spec.target_uri).await?;
         if let Some(t) = &target {
             bronze::check_retention(t, &spec.target_uri)?;
