@@ -337,9 +337,22 @@ pub struct Written {
     pub files_removed: u64,
 }
 
+/// The columns tidemark adds to a file ingest's rows.
+fn file_columns() -> [(&'static str, DataType); 2] {
+    [
+        (INGESTED_AT, arrow_type(ColumnType::Timestamp)),
+        (SOURCE_FILE, DataType::Utf8),
+    ]
+}
+
 /// The schema bronze has after this commit: its columns in order (or the parsed ones for a new
-/// table), then the columns this run adds.
-fn output_schema(bronze: Option<&Schema>, cols: &[Col], rescue: bool) -> Arc<Schema> {
+/// table), then the columns this run adds, then the `system` columns tidemark adds it lacks.
+pub(super) fn output_schema(
+    bronze: Option<&Schema>,
+    cols: &[Col],
+    rescue: bool,
+    system: &[(&str, DataType)],
+) -> Arc<Schema> {
     let mut fields: Vec<Field> = match bronze {
         Some(s) => s.fields().iter().map(|f| f.as_ref().clone()).collect(),
         None => Vec::new(),
@@ -353,15 +366,40 @@ fn output_schema(bronze: Option<&Schema>, cols: &[Col], rescue: bool) -> Arc<Sch
     if rescue && !has(&fields, RESCUED) {
         fields.push(Field::new(RESCUED, DataType::Utf8, true));
     }
-    for (name, ty) in [
-        (INGESTED_AT, arrow_type(ColumnType::Timestamp)),
-        (SOURCE_FILE, DataType::Utf8),
-    ] {
+    for (name, ty) in system {
         if !has(&fields, name) {
-            fields.push(Field::new(name, ty, true));
+            fields.push(Field::new(*name, ty.clone(), true));
         }
     }
     Arc::new(Schema::new(fields))
+}
+
+/// Parsed `rows` in the output `schema`: each column from `fixed` (what tidemark adds), else
+/// from the rows, else null; cast to the schema's type.
+pub(super) fn conform(
+    schema: &Arc<Schema>,
+    rows: &RecordBatch,
+    fixed: &[(&str, ArrayRef)],
+) -> Result<RecordBatch, ArrowError> {
+    let n = rows.num_rows();
+    let columns = schema
+        .fields()
+        .iter()
+        .map(|f| -> Result<ArrayRef, ArrowError> {
+            let given = fixed.iter().find(|(name, _)| name == f.name());
+            let array: ArrayRef = match (given, rows.column_by_name(f.name())) {
+                (Some((_, a)), _) => a.clone(),
+                (None, Some(c)) => c.clone(),
+                (None, None) => arrow::array::new_null_array(f.data_type(), n),
+            };
+            if array.data_type() == f.data_type() {
+                Ok(array)
+            } else {
+                arrow::compute::cast(&array, f.data_type())
+            }
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    RecordBatch::try_new(schema.clone(), columns)
 }
 
 /// One file's rows in the output schema, with its `_ingested_at` and `_source_file`.
@@ -372,28 +410,14 @@ fn file_batch(
     source: &str,
 ) -> Result<RecordBatch, ArrowError> {
     let n = rows.num_rows();
-    let columns = schema
-        .fields()
-        .iter()
-        .map(|f| -> Result<ArrayRef, ArrowError> {
-            let array: ArrayRef = match f.name().as_str() {
-                INGESTED_AT => Arc::new(
-                    TimestampMicrosecondArray::from(vec![ingested_us; n]).with_timezone("UTC"),
-                ),
-                SOURCE_FILE => Arc::new(StringArray::from(vec![source; n])),
-                name => match rows.column_by_name(name) {
-                    Some(c) => c.clone(),
-                    None => arrow::array::new_null_array(f.data_type(), n),
-                },
-            };
-            if array.data_type() == f.data_type() {
-                Ok(array)
-            } else {
-                arrow::compute::cast(&array, f.data_type())
-            }
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(schema.clone(), columns)
+    let fixed: [(&str, ArrayRef); 2] = [
+        (
+            INGESTED_AT,
+            Arc::new(TimestampMicrosecondArray::from(vec![ingested_us; n]).with_timezone("UTC")),
+        ),
+        (SOURCE_FILE, Arc::new(StringArray::from(vec![source; n]))),
+    ];
+    conform(schema, rows, &fixed)
 }
 
 /// Each parsed file's rows in the output schema with their arrival time, and the record
@@ -447,7 +471,7 @@ fn rows_and_entries(
 }
 
 /// A new bronze table at `uri`.
-fn created(uri: &str, phase: Phase) -> Result<DeltaTable, RunError> {
+pub(super) fn created(uri: &str, phase: Phase) -> Result<DeltaTable, RunError> {
     lake::create_url(uri)
         .map_err(RunError::from)
         .and_then(|url| {
@@ -464,7 +488,7 @@ pub async fn write(w: Write<'_>) -> Result<Written, RunError> {
         Some(t) => Some(table_schema(t, uri)?),
         None => None,
     };
-    let schema = output_schema(bronze.as_deref(), w.cols, w.spec.rescue);
+    let schema = output_schema(bronze.as_deref(), w.cols, w.spec.rescue, &file_columns());
     let grows = bronze
         .as_ref()
         .is_some_and(|b| b.fields().len() != schema.fields().len());

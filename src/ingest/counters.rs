@@ -37,11 +37,33 @@ pub struct IngestCounters {
     pub num_rows_differing: Option<u64>,
     #[serde(skip)]
     pub files_differing: Vec<String>,
+    /// A Kafka ingest's counts (its landing-file counters stay 0).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<KafkaCounters>,
+}
+
+/// What a Kafka ingest counts.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct KafkaCounters {
+    pub topic: String,
+    pub num_partitions: u64,
+    /// Records fetched (rows, quarantined values and tombstones).
+    pub num_records_read: u64,
+    /// Records with a null value (or a Debezium tombstone): no row.
+    pub num_tombstones: u64,
+    /// Records below the high watermarks seen at the start, left for the next run by
+    /// `max_records_per_run` / `max_bytes_per_run`.
+    pub num_records_pending: u64,
+    /// Records deleted from the topic before they were read (`on_data_loss: continue`).
+    pub num_records_lost: u64,
 }
 
 impl CounterText for IngestCounters {
     fn lines(&self, s: &RunSummary) -> Vec<(&'static str, String)> {
         let c = self;
+        if let Some(k) = &c.kafka {
+            return kafka_lines(c, k, s);
+        }
         let mut rows = vec![
             ("landing", s.source_uri.clone()),
             (
@@ -83,7 +105,10 @@ impl CounterText for IngestCounters {
     }
 
     fn no_commit(&self, _s: &RunSummary) -> String {
-        "no new landing files: no commit".to_string()
+        match self.kafka {
+            Some(_) => "no new Kafka records: no commit".to_string(),
+            None => "no new landing files: no commit".to_string(),
+        }
     }
 
     /// Rows appended are the ingest's inserts.
@@ -95,4 +120,40 @@ impl CounterText for IngestCounters {
             ..LedgerCounts::default()
         }
     }
+}
+
+/// A Kafka ingest's lines of the summary.
+fn kafka_lines(
+    c: &IngestCounters,
+    k: &KafkaCounters,
+    s: &RunSummary,
+) -> Vec<(&'static str, String)> {
+    let mut rows = vec![
+        ("kafka", s.source_uri.clone()),
+        (
+            "records",
+            format!(
+                "{} read from {} partition(s): {} tombstone(s), {} left for the next run",
+                k.num_records_read, k.num_partitions, k.num_tombstones, k.num_records_pending
+            ),
+        ),
+    ];
+    if k.num_records_lost > 0 {
+        rows.push((
+            "records lost",
+            format!("{} (deleted before they were read)", k.num_records_lost),
+        ));
+    }
+    if s.target_version.is_some() || k.num_records_read > 0 {
+        rows.extend([
+            ("ingested at", fmt_time(&c.ingested_at)),
+            ("bytes read", c.num_bytes_read.to_string()),
+            ("quarantined", s.quarantined_text()),
+            ("rows written", c.num_rows_written.to_string()),
+        ]);
+    }
+    if !c.columns_added.is_empty() {
+        rows.push(("columns added", c.columns_added.join(", ")));
+    }
+    rows
 }

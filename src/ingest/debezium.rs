@@ -76,23 +76,52 @@ pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::Arr
             return;
         }
         lines += 1;
-        match event(line) {
-            Err(why) if why == UNWRAPPED => {
-                unwrapped += 1;
-                rows.reject(Reject::new(line_no, line, why));
-            }
-            Ok(Event::Row { fields, object }) => {
-                record(rows, object, line_no, line, fields.as_bytes(), shape)
-            }
-            Ok(Event::Tombstone) => {}
-            Ok(Event::Truncate) => refusal = Some(line_no.unwrap_or_default()),
-            Err(why) => rows.reject(Reject::new(line_no, line, why)),
+        match document(rows, line_no, line, shape) {
+            Doc::Truncate => refusal = Some(line_no.unwrap_or_default()),
+            Doc::Unwrapped => unwrapped += 1,
+            Doc::Read => {}
         }
     });
     let mut parsed = rows.finish()?;
     parsed.truncate_at = refusal;
     parsed.not_debezium = lines > 0 && unwrapped == lines;
     Ok(parsed)
+}
+
+/// What one event did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Doc {
+    /// A row, a reject, or nothing (a tombstone).
+    Read,
+    /// A truncate event: the caller refuses it.
+    Truncate,
+    /// A plain row without the envelope (rejected): a file of only these is not Debezium.
+    Unwrapped,
+}
+
+/// One event (a file's line, a Kafka message's value) into a row, a reject, or nothing (a
+/// tombstone).
+pub(super) fn document(
+    rows: &mut Rows<'_>,
+    line_no: Option<u64>,
+    doc: &[u8],
+    shape: &Shape<'_>,
+) -> Doc {
+    match event(doc) {
+        Ok(Event::Row { fields, object }) => {
+            record(rows, object, line_no, doc, fields.as_bytes(), shape)
+        }
+        Ok(Event::Tombstone) => {}
+        Ok(Event::Truncate) => return Doc::Truncate,
+        Err(why) => {
+            let unwrapped = why == UNWRAPPED;
+            rows.reject(Reject::new(line_no, doc, why));
+            if unwrapped {
+                return Doc::Unwrapped;
+            }
+        }
+    }
+    Doc::Read
 }
 
 enum Event {

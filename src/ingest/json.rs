@@ -14,11 +14,16 @@ use crate::config::pipeline::ingest::ColumnType;
 pub fn parse(body: &[u8], shape: &Shape<'_>) -> Result<Parsed, arrow::error::ArrowError> {
     let mut rows = Rows::new(shape.cols, shape.rescue);
     for_each_line(body, shape, &mut rows, |rows, line_no, line| {
-        if let Some(object) = object_of(rows, line_no, line) {
-            record(rows, object, line_no, line, line, shape);
-        }
+        document(rows, line_no, line, shape)
     });
     rows.finish()
+}
+
+/// One JSON document (a file's line, a Kafka message's value) into a row, or a reject.
+pub(super) fn document(rows: &mut Rows<'_>, line_no: Option<u64>, doc: &[u8], shape: &Shape<'_>) {
+    if let Some(object) = object_of(rows, line_no, doc) {
+        record(rows, object, line_no, doc, doc, shape);
+    }
 }
 
 /// Calls `f` with each line of a JSON-lines body that may hold a record (number from 1, text
@@ -36,28 +41,42 @@ pub(super) fn for_each_line(
         if line.iter().all(u8::is_ascii_whitespace) {
             continue;
         }
-        if line.len() as u64 > shape.max_record_bytes {
-            rows.reject(Reject::new(
-                line_no,
-                line,
-                format!(
-                    "the line is {}, over `max_record_bytes` ({})",
-                    crate::report::size(line.len() as u64),
-                    crate::report::size(shape.max_record_bytes)
-                ),
-            ));
-            continue;
+        if admissible(rows, line_no, line, shape) {
+            f(rows, line_no, line);
         }
-        if let Err(e) = std::str::from_utf8(line) {
-            rows.reject(Reject::new(
-                line_no,
-                line,
-                format!("not valid UTF-8 (at byte {})", e.valid_up_to()),
-            ));
-            continue;
-        }
-        f(rows, line_no, line);
     }
+}
+
+/// Whether a record may be parsed: within `max_record_bytes` and UTF-8 (otherwise it is
+/// rejected, and `false`).
+pub(super) fn admissible(
+    rows: &mut Rows<'_>,
+    line_no: Option<u64>,
+    line: &[u8],
+    shape: &Shape<'_>,
+) -> bool {
+    if line.len() as u64 > shape.max_record_bytes {
+        rows.reject(Reject::new(
+            line_no,
+            line,
+            format!(
+                "the {} is {}, over `max_record_bytes` ({})",
+                if line_no.is_some() { "line" } else { "value" },
+                crate::report::size(line.len() as u64),
+                crate::report::size(shape.max_record_bytes)
+            ),
+        ));
+        return false;
+    }
+    if let Err(e) = std::str::from_utf8(line) {
+        rows.reject(Reject::new(
+            line_no,
+            line,
+            format!("not valid UTF-8 (at byte {})", e.valid_up_to()),
+        ));
+        return false;
+    }
+    true
 }
 
 /// The JSON object a line holds; a line that is not one is rejected (`None`).

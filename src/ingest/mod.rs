@@ -21,6 +21,7 @@ pub mod decimal;
 mod delivery;
 mod error;
 mod json;
+mod kafka;
 pub mod landing;
 mod parquet;
 mod plan;
@@ -73,11 +74,18 @@ impl RunKind for Ingest {
     }
 
     fn tables(&self) -> Vec<(Table, &str)> {
-        vec![
-            (Table::Target, &self.target_uri),
-            (Table::Record, &self.record_uri),
-            (Table::Quarantine, &self.quarantine.uri),
-        ]
+        match self.kafka {
+            // (a Kafka ingest keeps its offsets in bronze's log: no record beside it)
+            Some(_) => vec![
+                (Table::Target, &self.target_uri),
+                (Table::Quarantine, &self.quarantine.uri),
+            ],
+            None => vec![
+                (Table::Target, &self.target_uri),
+                (Table::Record, &self.record_uri),
+                (Table::Quarantine, &self.quarantine.uri),
+            ],
+        }
     }
 
     /// One `_ingested_at` per run, in milliseconds: the precision the ingest record keeps it in.
@@ -97,7 +105,10 @@ impl RunKind for Ingest {
             now,
             c: IngestCounters::default(),
         };
-        run.execute().await?;
+        match &self.kafka {
+            Some(k) => run.execute_kafka(k).await?,
+            None => run.execute().await?,
+        }
         info!(
             files = run.c.num_files_ingested,
             rows = run.c.num_rows_written,
@@ -315,7 +326,7 @@ impl Run<'_, '_> {
             None => None,
         };
         let mut cols = self
-            .columns(bronze_schema.as_deref(), landing, files)
+            .columns(bronze_schema.as_deref(), Some((landing, files)))
             .await?;
         let (mut parsed, deferred) = self.read(landing, files, &cols).await?;
         if let Some(first) = deferred.first() {

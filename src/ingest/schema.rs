@@ -66,6 +66,7 @@ pub fn from_arrow(dt: &DataType) -> Option<ColumnType> {
 /// Whether `name` is one of the columns ingest itself adds.
 pub fn is_bookkeeping(name: &str) -> bool {
     [INGESTED_AT, SOURCE_FILE, RESCUED].contains(&name)
+        || name.starts_with(crate::config::pipeline::kafka::COLUMN_PREFIX)
 }
 
 /// The schema of parsed rows: the data columns, then `_rescued_data` when rescuing.

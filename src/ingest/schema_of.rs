@@ -16,8 +16,7 @@ impl Run<'_, '_> {
     pub(super) async fn columns(
         &mut self,
         bronze: Option<&arrow::datatypes::Schema>,
-        landing: &Landing,
-        files: &[LandingFile],
+        source: Option<(&Landing, &[LandingFile])>,
     ) -> Result<Vec<Col>, RunError> {
         let spec = self.spec;
         let schema_err = |message: String| IngestError::Schema {
@@ -69,6 +68,13 @@ impl Run<'_, '_> {
                 _ => cols,
             });
         }
+        let Some((landing, files)) = source else {
+            return Err(schema_err(
+                "the columns cannot be inferred from this source; declare them with `schema:`"
+                    .to_string(),
+            )
+            .into());
+        };
         let mut found: Vec<(String, Option<ColumnType>)> = Vec::new();
         let shape = self.shape(&[]);
         for f in files.iter().take(5) {

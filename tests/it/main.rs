@@ -24,6 +24,7 @@ mod foreign;
 mod ingest;
 mod ingest_edges;
 mod jobs;
+mod kafka;
 mod kind_faults;
 mod kind_foreign;
 mod lake_features;

@@ -5,6 +5,7 @@
 use serde::Deserialize;
 
 use super::common::{Ctx, RawQuarantine};
+use super::kafka::{KafkaSource, RawKafka};
 use super::{Quarantine, SchemaChange};
 use crate::config::size::parse_size;
 use crate::config::{ConfigError, Vars};
@@ -203,6 +204,9 @@ pub struct Ingest {
     pub max_bytes_per_run: Option<u64>,
     pub max_record_bytes: u64,
     pub quarantine: Quarantine,
+    /// A Kafka topic read instead of landing files (`kafka:`); `landing_uri` is then its
+    /// [`KafkaSource::uri`].
+    pub kafka: Option<KafkaSource>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -211,7 +215,8 @@ pub(super) struct RawIngest {
     pub(super) name: String,
     #[serde(rename = "kind")]
     pub(super) _kind: serde::de::IgnoredAny,
-    pub(super) landing: RawLanding,
+    pub(super) landing: Option<RawLanding>,
+    pub(super) kafka: Option<RawKafka>,
     pub(super) format: Format,
     pub(super) csv: Option<RawCsv>,
     pub(super) target: RawIngestTarget,
@@ -236,7 +241,7 @@ pub(super) struct RawLanding {
     pub(super) glob: String,
 }
 
-fn all_files() -> String {
+pub(super) fn all_files() -> String {
     "**/*".to_string()
 }
 
@@ -293,7 +298,8 @@ impl Ctx<'_> {
     }
 
     /// Checks an `ingest` file: formats, schema, limits and locations.
-    pub(super) fn ingest(&self, raw: RawIngest, vars: &Vars) -> Result<Ingest, ConfigError> {
+    pub(super) fn ingest(&self, mut raw: RawIngest, vars: &Vars) -> Result<Ingest, ConfigError> {
+        let (landing, kafka) = self.source(raw.landing.take(), raw.kafka.take(), &raw)?;
         let csv = self.csv_options(raw.format, raw.csv)?;
         let schema = match raw.schema {
             Some(m) => self.declared(m)?,
@@ -303,15 +309,6 @@ impl Ctx<'_> {
             return Err(self.invalid(
                 "header",
                 "`csv.header: false` needs a declared `schema:` (the columns, in file order)",
-            ));
-        }
-        if glob::Pattern::new(&raw.landing.glob).is_err() {
-            return Err(self.invalid(
-                "glob",
-                format!(
-                    "`landing.glob: {}` is not a glob pattern; write it like `*.jsonl` or `events/**/*.json`",
-                    raw.landing.glob
-                ),
             ));
         }
         if raw.max_files_per_run == Some(0) {
@@ -324,22 +321,28 @@ impl Ctx<'_> {
         let max_record_bytes = self
             .ingest_size("max_record_bytes", &raw.max_record_bytes)?
             .unwrap_or(DEFAULT_MAX_RECORD_BYTES);
-        let landing_uri = self.substitute("landing.uri", &raw.landing.uri, vars)?;
+        let landing_uri = match &kafka {
+            Some(k) => k.uri(),
+            None => self.substitute("landing.uri", &landing.uri, vars)?,
+        };
         let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
         let quarantine = self.quarantine(raw.quarantine, vars)?;
         let record_uri = match &raw.target.record {
             Some(r) => self.substitute("target.record", r, vars)?,
             None => format!("{}_ingest_record", target_uri.trim_end_matches('/')),
         };
-        self.separate(&[
-            ("landing.uri", &landing_uri),
-            ("target.uri", &target_uri),
-            ("quarantine.uri", &quarantine.uri),
-            ("target.record", &record_uri),
-        ])?;
+        let mut places = vec![
+            ("target.uri", target_uri.as_str()),
+            ("quarantine.uri", quarantine.uri.as_str()),
+            ("target.record", record_uri.as_str()),
+        ];
+        if kafka.is_none() {
+            places.insert(0, ("landing.uri", landing_uri.as_str()));
+        }
+        self.separate(&places)?;
         Ok(Ingest {
             landing_uri,
-            glob: raw.landing.glob,
+            glob: landing.glob,
             format: raw.format,
             csv,
             target_uri,
@@ -352,6 +355,7 @@ impl Ctx<'_> {
             max_bytes_per_run,
             max_record_bytes,
             quarantine,
+            kafka,
         })
     }
 
@@ -409,7 +413,9 @@ impl Ctx<'_> {
             if name.is_empty() || name.starts_with("_tidemark") {
                 return Err(self.invalid("schema", format!("`{name}` is not a usable column name")));
             }
-            if [INGESTED_AT, SOURCE_FILE, RESCUED].contains(&name) {
+            if [INGESTED_AT, SOURCE_FILE, RESCUED].contains(&name)
+                || name.starts_with(super::kafka::COLUMN_PREFIX)
+            {
                 return Err(self.invalid(
                     name,
                     format!("`{name}` is a column tidemark adds to every ingested row; leave it out of `schema:`"),

@@ -15,6 +15,7 @@ mod common;
 pub mod dimension;
 pub mod expect;
 pub mod ingest;
+pub mod kafka;
 mod kinds;
 mod raw;
 

@@ -4,6 +4,7 @@
 
 pub mod delta_fixture;
 pub mod held;
+pub mod kafka;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
