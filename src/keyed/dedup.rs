@@ -77,16 +77,20 @@ enum Winner {
     Carried(RecordBatch),
 }
 
+/// An older row of the current key: row `.1` of batch `.0` (shared, not copied: only the cells
+/// that fill the winner are), and whether it is a delete.
+type Older = (RecordBatch, usize, bool);
+
 /// Partial updates: where filling the key's winner from its older rows stands.
 enum Fill {
     /// Rows so far share the winner's tuple; the losers (lesser content: older) wait here, to
     /// be applied once the ties end.
-    Ties(Vec<(RecordBatch, bool)>),
+    Ties(Vec<Older>),
     /// Older rows are streaming past. Rows of one tuple come in any order: they are gathered
     /// (`group`, of tuple `tuple`) and applied newest content first when the tuple changes.
     Filling {
         filler: Filler,
-        group: Vec<(RecordBatch, bool)>,
+        group: Vec<Older>,
         tuple: Option<OwnedRow>,
     },
     /// Nothing older can change the winner (it carries every column, or it is a delete).
@@ -221,7 +225,7 @@ impl Deduper {
             self.counts.superseded += 1;
             if let Some(Fill::Ties(losers)) = self.current.as_mut().and_then(|c| c.fill.as_mut()) {
                 let deleted = self.enc.encode_order(&loser)?.is_deleted(0);
-                losers.push((loser, deleted));
+                losers.push((loser, 0, deleted));
             }
         }
         if let Some(c) = self.current.as_mut() {

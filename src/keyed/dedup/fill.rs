@@ -4,7 +4,7 @@
 use arrow::array::RecordBatch;
 use arrow::error::ArrowError;
 
-use super::{Current, Deduper, EncodedBatch, Fill, Winner};
+use super::{Current, Deduper, EncodedBatch, Fill, Older, Winner};
 use crate::keyed::partial::{self, Filler};
 
 impl Deduper {
@@ -30,7 +30,7 @@ impl Deduper {
     pub(super) fn start_filling(
         &self,
         c: &Current,
-        losers: Vec<(RecordBatch, bool)>,
+        losers: Vec<Older>,
         batch: &RecordBatch,
         e: &EncodedBatch,
     ) -> Result<Fill, ArrowError> {
@@ -55,24 +55,24 @@ impl Deduper {
     pub(super) fn apply_group(
         &self,
         filler: &mut Filler,
-        group: Vec<(RecordBatch, bool)>,
+        group: Vec<Older>,
     ) -> Result<(), ArrowError> {
         let Some(carrier) = &self.partial else {
             return Ok(());
         };
         let mut ranked = Vec::with_capacity(group.len());
         let several = group.len() > 1;
-        for (row, deleted) in group {
+        for (row, i, deleted) in group {
             // (contents are encoded only to order several rows of one tuple, which is rare)
             let content = match several {
-                true => Some(self.enc.encode_content(&row)?.row(0).owned()),
+                true => Some(self.enc.encode_content(&row.slice(i, 1))?.row(0).owned()),
                 false => None,
             };
-            ranked.push((content, row, deleted));
+            ranked.push((content, row, i, deleted));
         }
         ranked.sort_by(|a, b| b.0.cmp(&a.0));
-        for (_, row, deleted) in ranked {
-            filler.older(carrier, &row, 0, deleted)?;
+        for (_, row, i, deleted) in ranked {
+            filler.older(carrier, &row, i, deleted)?;
         }
         Ok(())
     }
@@ -115,7 +115,7 @@ impl Deduper {
                     self.apply_group(&mut filler, std::mem::take(&mut group))?;
                     tuple = Some(t.owned());
                 }
-                group.push((partial::own_row(batch, i), e.is_deleted(i)));
+                group.push((batch.clone(), i, e.is_deleted(i)));
                 Fill::Filling {
                     filler,
                     group,
