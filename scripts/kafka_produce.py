@@ -15,12 +15,17 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--brokers", required=True)
     ap.add_argument("--topic", required=True)
+    ap.add_argument(
+        "--unbatched",
+        action="store_true",
+        help="one record per produce request (tansu's in-memory engine keeps offsets per batch)",
+    )
     ap.add_argument("files", nargs="+")
     args = ap.parse_args()
     producer = KafkaProducer(
         bootstrap_servers=args.brokers.split(","),
-        linger_ms=20,
-        batch_size=1 << 20,
+        linger_ms=0 if args.unbatched else 20,
+        batch_size=0 if args.unbatched else 1 << 20,
         acks=1,
     )
     start, n, nbytes = time.time(), 0, 0
