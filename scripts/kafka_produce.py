@@ -35,7 +35,10 @@ def main():
                 line = line.rstrip(b"\n")
                 if not line:
                     continue
-                key = json.loads(line).get("payment_id", "").encode()
+                try:
+                    key = str(json.loads(line).get("payment_id", "")).encode()
+                except (ValueError, AttributeError):
+                    key = None  # not a JSON object: sent as it is, without a key
                 producer.send(args.topic, key=key, value=line)
                 n += 1
                 nbytes += len(line)
