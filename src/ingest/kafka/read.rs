@@ -75,13 +75,33 @@ pub async fn read(
         .copied()
         .collect();
     while !active.is_empty() && !budget.exhausted() {
+        // One fetch per partition, all at once (a round trip each, not one after another);
+        // applied in partition order, so the bounds cut the same records whatever answers first.
+        let ask = budget
+            .bytes
+            .map_or(FETCH_BYTES, |b| b.clamp(1, FETCH_BYTES));
+        let fetched = futures::future::try_join_all(active.iter().map(|p| {
+            let from = out.next.get(&p.partition).copied().unwrap_or(p.from);
+            broker.fetch(p.partition, from, ask as i32)
+        }))
+        .await?;
         let mut still = Vec::with_capacity(active.len());
-        for p in active {
+        for (p, records) in active.into_iter().zip(fetched) {
             if budget.exhausted() {
                 still.push(p);
                 continue;
             }
-            if fetch_once(broker, source, p, &mut out, &mut budget, pipeline_path).await? {
+            if apply(
+                broker,
+                source,
+                p,
+                records,
+                &mut out,
+                &mut budget,
+                pipeline_path,
+            )
+            .await?
+            {
                 still.push(p);
             }
         }
@@ -94,20 +114,19 @@ pub async fn read(
     Ok(out)
 }
 
-/// One fetch of partition `p` from its next offset; `true` while it has more to read.
-async fn fetch_once(
+/// What one fetch of partition `p` from its next offset gave, taken within the bounds; `true`
+/// while it has more to read.
+async fn apply(
     broker: &dyn Broker,
     source: &KafkaSource,
     p: Position,
+    fetched: Fetched,
     out: &mut Fetch,
     budget: &mut Budget,
     pipeline_path: &str,
 ) -> Result<bool, KafkaError> {
     let from = out.next.get(&p.partition).copied().unwrap_or(p.from);
-    let ask = budget
-        .bytes
-        .map_or(FETCH_BYTES, |b| b.clamp(1, FETCH_BYTES));
-    let records = match broker.fetch(p.partition, from, ask as i32).await? {
+    let records = match fetched {
         Fetched::Records(records) => records,
         Fetched::OutOfRange => {
             let (earliest, _) = broker.bounds(p.partition).await?;
