@@ -238,20 +238,22 @@ impl RunError {
         phase: Phase,
         uri: &'u str,
     ) -> impl FnOnce(deltalake::DeltaTableError) -> Self + 'u {
-        move |source| match crate::lake::store_fault(&source) {
-            Some(fault) => RunError::Lake(LakeError::Store {
-                action: "write to",
-                uri: uri.to_string(),
-                fault,
-            }),
-            None if decimal_overflow(&source).is_some() => RunError::DecimalOverflow {
-                detail: decimal_overflow(&source).unwrap_or_default(),
-            },
-            None => RunError::Write {
+        move |source| {
+            if let Some(fault) = crate::lake::store_fault(&source) {
+                return RunError::Lake(LakeError::Store {
+                    action: "write to",
+                    uri: uri.to_string(),
+                    fault,
+                });
+            }
+            if let Some(detail) = decimal_overflow(&source) {
+                return RunError::DecimalOverflow { detail };
+            }
+            RunError::Write {
                 phase,
                 uri: uri.to_string(),
                 source: Box::new(source),
-            },
+            }
         }
     }
 
