@@ -56,7 +56,7 @@ pub async fn deltas(
         return Ok((Vec::new(), 0));
     };
     let mut keys: Vec<String> = vec![EVENT_DATE.to_string()];
-    keys.extend(spec.group_by.iter().cloned());
+    keys.extend(spec.group_keys());
     let measures: Vec<Side> = spec
         .measures
         .iter()
@@ -108,7 +108,7 @@ pub async fn deltas(
     let changed = any(&Side::changed);
     let stuck = any(&Side::stuck);
     let mut out: Vec<Expr> = vec![ident(EVENT_DATE), date_lit(reported_in).alias(REPORTED_IN)];
-    out.extend(spec.group_by.iter().map(ident));
+    out.extend(spec.group_keys().iter().map(ident));
     out.extend(measures.iter().map(|m| m.difference(booked_types.as_ref())));
     let now_lit = lit(datafusion::scalar::ScalarValue::TimestampMicrosecond(
         Some(now.timestamp_micros()),

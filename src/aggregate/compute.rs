@@ -12,7 +12,9 @@ use datafusion::logical_expr::{lit, when, Expr, ExprSchemable, SortExpr};
 use datafusion::prelude::{coalesce, ident, DataFrame};
 
 use super::days::{date_lit, Days};
-use crate::config::pipeline::aggregate::{Agg, Measure, DATA_AS_OF, EVENT_DATE, IS_FINAL};
+use crate::config::pipeline::aggregate::{
+    Agg, Measure, DATA_AS_OF, EVENT_DATE, IS_FINAL, WINDOW_END, WINDOW_START,
+};
 use crate::config::pipeline::{Aggregate, Pipeline, DELETED_COLUMN};
 use crate::run::{Phase, RunError};
 
@@ -60,6 +62,14 @@ pub fn grouped(
     if let Some(d) = days {
         df = df.filter(d.contains_expr(ident(EVENT_DATE))).map_err(q)?;
     }
+    if let Some(w) = spec.window {
+        let tz = matches!(raw, super::days::RawRange::Instant(_)).then_some(spec.time_zone);
+        let (start, end) = super::window::bounds(ident(&spec.event_date), tz, w);
+        df = df
+            .with_column(WINDOW_START, start)
+            .and_then(|df| df.with_column(WINDOW_END, end))
+            .map_err(q)?;
+    }
     let mut aggs: Vec<Expr> = Vec::new();
     for m in &spec.measures {
         aggs.push(measure(&s, &df, m)?.alias(&m.name));
@@ -68,7 +78,7 @@ pub fn grouped(
     aggs.push(count(lit(1i64)).alias(ROWS));
     aggs.push(late_after_close(s.closed, days, &spec.data_as_of)?.alias(LATE));
     let mut groups: Vec<Expr> = vec![ident(EVENT_DATE)];
-    groups.extend(spec.group_by.iter().map(ident));
+    groups.extend(spec.group_keys().iter().map(ident));
     let out = output_columns(&s, &groups, open_from);
     let order: Vec<SortExpr> = groups.iter().map(|g| g.clone().sort(true, true)).collect();
     df.aggregate(groups, aggs)
@@ -107,6 +117,16 @@ fn checked_columns(s: &Source<'_>) -> Result<(Expr, super::days::RawRange), RunE
     let event_type = field(&spec.event_date, "column", "")?;
     let (day, raw) = super::days::event_day(spec, &event_type)
         .map_err(|m| RunError::Config(s.p.error_at("column", m)))?;
+    if let (Some(w), super::days::RawRange::Date) = (spec.window, raw) {
+        return Err(RunError::Config(s.p.error_at(
+            "window",
+            format!(
+                "`window: {}` cuts days by the time of day, and `{}` is a date: window a timestamp column, or leave `window:` out for rows per day",
+                w.label(),
+                spec.event_date
+            ),
+        )));
+    }
     field(
         &spec.data_as_of,
         "data_as_of",

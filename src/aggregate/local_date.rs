@@ -20,7 +20,7 @@ use datafusion::logical_expr::{
     ColumnarValue, Expr, ScalarFunctionArgs, ScalarUDF, ScalarUDFImpl, Signature, Volatility,
 };
 
-const MICROS_PER_DAY: i64 = 86_400_000_000;
+pub(super) const MICROS_PER_DAY: i64 = 86_400_000_000;
 const QUARTER_HOUR: i64 = 15 * 60 * 1_000_000;
 const CACHE: usize = 1024;
 
@@ -76,21 +76,21 @@ fn out_of_range(v: i64) -> ArrowError {
 }
 
 /// The zone's UTC offset (µs) at an instant, cached per quarter hour of UTC time.
-struct Offsets {
+pub(super) struct Offsets {
     tz: Option<Tz>,
     /// (quarter hour, its offset; `None`: it holds a transition)
     cache: Vec<Option<(i64, Option<i64>)>>,
 }
 
 impl Offsets {
-    fn new(tz: Option<Tz>) -> Self {
+    pub(super) fn new(tz: Option<Tz>) -> Self {
         Offsets {
             tz,
             cache: vec![None; CACHE],
         }
     }
 
-    fn at(&mut self, at: i64) -> Option<i64> {
+    pub(super) fn at(&mut self, at: i64) -> Option<i64> {
         let Some(tz) = self.tz else {
             return Some(0);
         };

@@ -23,6 +23,7 @@ mod reload;
 pub mod status;
 mod stream;
 mod touched;
+pub mod window;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -386,4 +386,5 @@ pub(super) fn definition(spec: &Aggregate) -> crate::run::definition::Definition
         })
         .collect();
     d.with("lookups", lookups.join("\u{1e}"))
+        .with_newer("window", spec.window.map(|w| w.label()).unwrap_or_default())
 }

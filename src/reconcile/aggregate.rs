@@ -298,7 +298,7 @@ async fn published_days(
 /// `event_date` and the groups: what identifies a published row.
 fn key_columns(spec: &Aggregate) -> Vec<String> {
     let mut keys = vec![EVENT_DATE.to_string()];
-    keys.extend(spec.group_by.iter().cloned());
+    keys.extend(spec.group_keys());
     keys
 }
 
@@ -518,7 +518,7 @@ fn diffs(
                 continue;
             };
             let is_final = days.get(&d).is_some_and(|s| s.is_final());
-            let group = render_key(b, &spec.group_by, i);
+            let group = render_key(b, &spec.group_keys(), i);
             for s in sides {
                 let value = |c: &str| {
                     b.column_by_name(c)

@@ -41,3 +41,4 @@ mod spill;
 mod tombstones;
 mod ux;
 mod ux_messages;
+mod windows;

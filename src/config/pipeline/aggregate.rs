@@ -17,8 +17,11 @@ pub const EVENT_DATE: &str = "event_date";
 pub const DATA_AS_OF: &str = "data_as_of";
 /// The output column: whether the day is outside the lookback (will not be restated).
 pub const IS_FINAL: &str = "is_final";
+/// The output columns of a `window:`: where each window starts and ends (half-open).
+pub const WINDOW_START: &str = "window_start";
+pub const WINDOW_END: &str = "window_end";
 /// Names a measure or group may not take.
-const RESERVED: [&str; 3] = [EVENT_DATE, DATA_AS_OF, IS_FINAL];
+const RESERVED: [&str; 5] = [EVENT_DATE, DATA_AS_OF, IS_FINAL, WINDOW_START, WINDOW_END];
 
 /// An aggregate function of a measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, serde::Serialize)]
@@ -100,6 +103,48 @@ pub struct Aggregate {
     pub after_close: AfterClose,
     /// Dimension columns joined to each source row, as of a time (`lookups:`).
     pub lookups: Vec<Lookup>,
+    /// Tumbling windows within each event day (`window:`): rows of gold per window and group.
+    pub window: Option<Window>,
+}
+
+/// Tumbling windows of a whole number of minutes that divides a day: each local day is cut
+/// into windows counted in elapsed time from its first instant (so an hour window is a local
+/// hour, DST days have 23 or 25 of them, and the last window of a day ends at the next day's
+/// first instant).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Window {
+    pub minutes: u32,
+}
+
+impl Window {
+    /// The window's length in microseconds.
+    pub fn micros(self) -> i64 {
+        i64::from(self.minutes) * 60_000_000
+    }
+
+    /// As a person writes it: `5m`, `1h`, `1d`.
+    pub fn label(self) -> String {
+        match self.minutes {
+            1440 => "1d".to_string(),
+            m if m % 60 == 0 => format!("{}h", m / 60),
+            m => format!("{m}m"),
+        }
+    }
+}
+
+impl Aggregate {
+    /// What identifies a row of gold within its event day: the window (with `window:`), then
+    /// the groups.
+    pub fn group_keys(&self) -> Vec<String> {
+        let window = self
+            .window
+            .map(|_| [WINDOW_START.to_string(), WINDOW_END.to_string()]);
+        window
+            .into_iter()
+            .flatten()
+            .chain(self.group_by.iter().cloned())
+            .collect()
+    }
 }
 
 /// A dimension looked up for each source row: its version valid at the row's `as_of` time (or
@@ -145,6 +190,8 @@ pub(super) struct RawAggregate {
     after_close: AfterClose,
     #[serde(default)]
     lookups: Vec<RawLookup>,
+    #[serde(default)]
+    window: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -252,6 +299,7 @@ impl Ctx<'_> {
             ("adjustments.uri", &adjustments_uri),
         ])?;
         let lookups = self.lookups(raw.lookups, vars)?;
+        let window = raw.window.as_deref().map(|w| self.window(w)).transpose()?;
         Ok(Aggregate {
             source_uri,
             target_uri,
@@ -270,6 +318,31 @@ impl Ctx<'_> {
             max_lookback_days,
             after_close: raw.after_close,
             lookups,
+            window,
+        })
+    }
+
+    /// `window:`: a whole number of minutes that divides a day (`1m`, `5m`, `15m`, `1h`, `6h`,
+    /// `1d`).
+    fn window(&self, value: &str) -> Result<Window, ConfigError> {
+        let bad = |why: &str| {
+            self.invalid(
+                "window",
+                format!("`window: {value}` {why}; write a length that divides a day, like 1m, 5m, 15m, 1h or 1d"),
+            )
+        };
+        let d =
+            humantime::parse_duration(value.trim()).map_err(|_| bad("is not a length of time"))?;
+        let secs = d.as_secs();
+        if secs % 60 != 0 || d.subsec_nanos() != 0 || secs == 0 {
+            return Err(bad("is not a whole number of minutes"));
+        }
+        let minutes = secs / 60;
+        if minutes > 1440 || 1440 % minutes != 0 {
+            return Err(bad("does not divide a day into equal windows"));
+        }
+        Ok(Window {
+            minutes: minutes as u32,
         })
     }
 
@@ -481,10 +554,10 @@ impl super::Settings for Aggregate {
             overlap: None,
         }
     }
-    /// A row of gold is a day and its groups.
+    /// A row of gold is a day, its window (with `window:`) and its groups.
     fn row_keys(&self) -> Vec<String> {
         std::iter::once(EVENT_DATE.to_string())
-            .chain(self.group_by.iter().cloned())
+            .chain(self.group_keys())
             .collect()
     }
 }
