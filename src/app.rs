@@ -409,6 +409,16 @@ fn run_options(args: &RunArgs, pipeline: &Pipeline) -> Result<RunOptions, AppErr
             pipeline.kind()
         )));
     }
+    if let (Some(_), crate::config::pipeline::Spec::Aggregate(a)) =
+        (args.logical_date, &pipeline.spec)
+    {
+        if a.watermark.is_some() {
+            return Err(AppError::Usage(format!(
+                "`{}` closes windows by its watermark (the data's own clock, `watermark:`), so --logical-date does not apply: run it without one, or restate days on purpose with --from/--to",
+                pipeline.name
+            )));
+        }
+    }
     if let (Some(from), Some(to)) = (args.restate_from, args.restate_to) {
         if from > to {
             return Err(AppError::Usage(format!(

@@ -33,6 +33,9 @@ pub struct Source<'a> {
     /// Closed days and when they closed (µs, UTC: the start of their `final_since` day):
     /// their rows arriving later are counted as late after close.
     pub closed: &'a BTreeMap<NaiveDate, i64>,
+    /// With `window:` and `watermark:`: windows ending at or before it (µs) are final, in an
+    /// open day too.
+    pub final_before: Option<i64>,
 }
 
 /// The grouped rows for `days` (every day when `None`), sorted by day and groups, with the
@@ -79,7 +82,8 @@ pub fn grouped(
     aggs.push(late_after_close(s.closed, days, &spec.data_as_of)?.alias(LATE));
     let mut groups: Vec<Expr> = vec![ident(EVENT_DATE)];
     groups.extend(spec.group_keys().iter().map(ident));
-    let out = output_columns(&s, &groups, open_from);
+    let zone = matches!(raw, super::days::RawRange::Instant(_)).then(|| "UTC".into());
+    let out = output_columns(&s, &groups, open_from, zone);
     let order: Vec<SortExpr> = groups.iter().map(|g| g.clone().sort(true, true)).collect();
     df.aggregate(groups, aggs)
         .and_then(|df| df.select(out))
@@ -251,7 +255,12 @@ fn measure(s: &Source<'_>, df: &DataFrame, m: &Measure) -> Result<Expr, RunError
 
 /// The output's columns: groups, measures, data_as_of, whether the day is final, and the
 /// helper columns.
-fn output_columns(s: &Source<'_>, groups: &[Expr], open_from: NaiveDate) -> Vec<Expr> {
+fn output_columns(
+    s: &Source<'_>,
+    groups: &[Expr],
+    open_from: NaiveDate,
+    zone: Option<std::sync::Arc<str>>,
+) -> Vec<Expr> {
     let mut out: Vec<Expr> = groups.to_vec();
     out.extend(s.spec.measures.iter().map(|m| ident(&m.name)));
     out.push(ident(DATA_AS_OF));
@@ -260,6 +269,13 @@ fn output_columns(s: &Source<'_>, groups: &[Expr], open_from: NaiveDate) -> Vec<
     if !s.closed.is_empty() {
         is_final = is_final
             .or(ident(EVENT_DATE).in_list(s.closed.keys().map(|d| date_lit(*d)).collect(), false));
+    }
+    if let (Some(x), Some(_)) = (s.final_before, s.spec.window) {
+        let x = lit(datafusion::scalar::ScalarValue::TimestampMicrosecond(
+            Some(x),
+            zone,
+        ));
+        is_final = is_final.or(ident(WINDOW_END).lt_eq(x));
     }
     out.push(is_final.alias(IS_FINAL));
     out.push(ident(ROWS));

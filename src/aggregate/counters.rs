@@ -36,13 +36,21 @@ pub struct AggregateCounters {
     pub num_adjustment_rows: u64,
     /// The adjustments table's version this run committed.
     pub adjustments_version: Option<u64>,
+    /// With `watermark:`: the newest event time seen (RFC 3339), the watermark (that minus
+    /// `delay`), and the end at or before which windows are final (minus `allowed_lateness`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub event_time_seen: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watermark: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub final_before: Option<String>,
 }
 
 impl CounterText for AggregateCounters {
     fn lines(&self, s: &RunSummary) -> Vec<(&'static str, String)> {
         let c = self;
         let day = |d: Option<chrono::NaiveDate>| d.map_or("-".into(), |d| d.to_string());
-        vec![
+        let mut lines = vec![
             (
                 "source version",
                 s.source_version.map_or("-".into(), |v| v.to_string()),
@@ -89,7 +97,21 @@ impl CounterText for AggregateCounters {
                 "status version",
                 c.status_version.map_or("-".into(), |v| v.to_string()),
             ),
-        ]
+        ];
+        if let Some(w) = &c.watermark {
+            lines.insert(
+                2,
+                (
+                    "watermark",
+                    format!(
+                        "{w} (newest event {}; final up to {})",
+                        c.event_time_seen.as_deref().unwrap_or("-"),
+                        c.final_before.as_deref().unwrap_or("-")
+                    ),
+                ),
+            );
+        }
+        lines
     }
 
     fn no_commit(&self, _s: &RunSummary) -> String {

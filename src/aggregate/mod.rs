@@ -16,6 +16,7 @@ mod adjust;
 pub mod compute;
 mod counters;
 pub mod days;
+mod freeze;
 mod local_date;
 mod lookup;
 mod plan;
@@ -23,6 +24,7 @@ mod reload;
 pub mod status;
 mod stream;
 mod touched;
+pub mod watermark;
 pub mod window;
 mod write;
 
@@ -72,10 +74,20 @@ impl RunKind for Aggregate {
     /// nothing was committed to gold.
     async fn execute(&self, a: &mut Attempt<'_>) -> Result<AggregateCounters, RunError> {
         let (p, opts, now) = (a.p, a.opts, a.now);
+        // (with `watermark:` the data's clock is read first: it sets the days' finality)
+        let ticked;
+        let (spec, source, clock) = match self.watermark {
+            None => (self, None, None),
+            Some(w) => {
+                let (effective, source, clock) = watermark::by_watermark(self, w, a, now).await?;
+                ticked = effective;
+                (&ticked, Some(source), clock)
+            }
+        };
         let mut run = Run {
             a,
             p,
-            spec: self,
+            spec,
             opts,
             now,
             c: AggregateCounters::default(),
@@ -83,6 +95,8 @@ impl RunKind for Aggregate {
             newest_logical: None,
             gold_version: None,
             source_table: None,
+            source,
+            clock,
         };
         run.execute().await?;
         info!(
@@ -136,6 +150,8 @@ struct ReadDays {
     held: Option<write::Prints>,
     facts: BTreeMap<NaiveDate, compute::DayFacts>,
     rows: Vec<arrow::array::RecordBatch>,
+    /// What final windows of open days owe (see [`freeze`]).
+    frozen_booked: Vec<arrow::array::RecordBatch>,
 }
 
 /// What the compare decided.
@@ -161,6 +177,10 @@ struct Run<'r, 'a> {
     newest_logical: Option<NaiveDate>,
     /// Gold's version before this run (`None`: no gold yet).
     gold_version: Option<u64>,
+    /// The source, when opened before the plan (to read the data's clock).
+    source: Option<deltalake::DeltaTable>,
+    /// The data's clock (`watermark:`).
+    clock: Option<watermark::Ticked>,
 }
 
 impl Run<'_, '_> {
@@ -186,13 +206,20 @@ impl Run<'_, '_> {
     /// columns, lookups and definition against them, and picks the days.
     async fn plan(&mut self) -> Result<Opened, RunError> {
         let spec = self.spec;
-        let source = lake::open_required(&spec.source_uri, "source").await?;
+        let source = match self.source.take() {
+            Some(s) => s,
+            None => lake::open_required(&spec.source_uri, "source").await?,
+        };
         self.a.summary.source_version = source.version();
         let gold = lake::open_if_exists(&spec.target_uri).await?;
         let status_table = lake::open_if_exists(&spec.status_uri).await?;
         let adjustments = lake::open_if_exists(&spec.adjustments_uri).await?;
         let old_status = status::read(&self.a.ctx, status_table.as_ref(), &spec.status_uri).await?;
-        let logical = days::logical_date(spec, self.opts.logical_date, self.now);
+        let logical = match &self.clock {
+            Some(t) => t.logical,
+            None => days::logical_date(spec, self.opts.logical_date, self.now),
+        };
+        self.count_clock();
         let full = self.opts.full_reload || gold.is_none();
         self.gold_version = gold.as_ref().and_then(|g| g.version());
         self.a.mode_for(gold.is_some());
@@ -218,6 +245,7 @@ impl Run<'_, '_> {
                     spec,
                     df: df.clone(),
                     closed: &BTreeMap::new(),
+                    final_before: None,
                 },
                 Some(&logical_day),
                 logical,
@@ -254,6 +282,7 @@ impl Run<'_, '_> {
                 spec,
                 df: o.df.clone(),
                 closed: &o.closed,
+                final_before: self.clock.and_then(|t| t.windows_final_before),
             },
             Some(&read),
             o.plan.days.open_from,
@@ -288,13 +317,15 @@ impl Run<'_, '_> {
         let facts = compute::day_facts(&batches)?;
         let rows = compute::without_helpers(&batches)?;
         self.a.summary.num_source_rows_read = facts.values().map(|f| f.rows.max(0) as u64).sum();
+        let frozen = self.freeze_windows(o, rows).await?;
         self.end_phase(Phase::Read)?;
         Ok(ReadDays {
             schema,
             prints,
             held,
             facts,
-            rows,
+            rows: frozen.rows,
+            frozen_booked: frozen.booked,
         })
     }
 
@@ -307,7 +338,7 @@ impl Run<'_, '_> {
             // (no gold: a bootstrap, which `restate_all` ran)
             None => span.each().collect(),
         };
-        let booked = self
+        let mut booked = self
             .adjustments_due(
                 &o.plan,
                 &o.closed,
@@ -316,6 +347,7 @@ impl Run<'_, '_> {
                 o.adjustments.as_ref(),
             )
             .await?;
+        booked.extend(r.frozen_booked.iter().cloned());
         self.count(&span, &changed, &o.old_status, &r.rows, &booked);
         let mut new_status = status::next(&o.old_status, &span, &r.facts, &changed, self.now);
         status::adjusted(&mut new_status, &booked, &r.facts, o.logical, self.now);
@@ -358,6 +390,20 @@ impl Run<'_, '_> {
         self.commit_status(o.status_table, &o.old_status, &c.new_status, false)
             .await?;
         self.end_phase(Phase::Write)
+    }
+
+    /// The data's clock in the summary and facts (`watermark:`).
+    fn count_clock(&mut self) {
+        let Some(t) = self.clock else {
+            return;
+        };
+        let text = |v: Option<i64>| {
+            v.and_then(DateTime::<Utc>::from_timestamp_micros)
+                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
+        };
+        self.c.event_time_seen = text(t.clock.seen);
+        self.c.watermark = text(t.clock.watermark(t.watermark));
+        self.c.final_before = text(t.clock.final_before);
     }
 
     /// The summary's counts of the new day status: days final for the first time, days open.
@@ -447,11 +493,15 @@ impl Run<'_, '_> {
         let newest = self
             .newest_logical
             .map(|d| plan::newest_logical_transaction(&app, d));
+        let seen = self
+            .clock
+            .and_then(|t| t.clock.seen)
+            .map(|s| watermark::transaction(&app, s));
         self.a.commit_properties(
             &self.c,
             serde_json::Map::new(),
             &record,
-            newest.into_iter().collect(),
+            newest.into_iter().chain(seen).collect(),
         )
     }
 }
@@ -491,6 +541,7 @@ pub async fn recompute(
             spec,
             df,
             closed,
+            final_before: None,
         },
         None,
         far,

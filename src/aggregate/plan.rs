@@ -32,7 +32,10 @@ impl Run<'_, '_> {
             None => None,
         };
         self.newest_logical = Some(newest.map_or(logical, |n| n.max(logical)));
-        let open_before = newest.map(|n| days::open_from(spec, n));
+        let open_before = match &self.clock {
+            Some(t) => t.open_before(spec),
+            None => newest.map(|n| days::open_from(spec, n)),
+        };
         let oldest_open = old_status
             .values()
             .find(|s| !s.is_final() && s.event_date <= logical)

@@ -48,11 +48,13 @@ impl Run<'_, '_> {
         open_from: NaiveDate,
     ) -> Result<Arc<stream::Observed>, RunError> {
         let spec = self.spec;
+        let final_before = self.clock.and_then(|t| t.windows_final_before);
         let source = |df: datafusion::prelude::DataFrame| compute::Source {
             p: self.p,
             spec,
             df,
             closed,
+            final_before,
         };
         let mut chunks = Vec::new();
         if let Some((first, last)) = compute::day_bounds(source(df.clone())).await? {

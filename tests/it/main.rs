@@ -41,4 +41,5 @@ mod spill;
 mod tombstones;
 mod ux;
 mod ux_messages;
+mod watermark;
 mod windows;

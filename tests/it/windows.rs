@@ -18,8 +18,12 @@ use proptest::prelude::*;
 const MINUTE: i64 = 60_000_000;
 
 fn pipeline(dir: &Path, window: &str) -> std::path::PathBuf {
+    pipeline_with(dir, window, "")
+}
+
+fn pipeline_with(dir: &Path, window: &str, extra: &str) -> std::path::PathBuf {
     let text = format!(
-        "name: windowed\nkind: aggregate\nsource: {{ uri: \"{d}/silver\" }}\ntarget: {{ uri: \"{d}/gold\" }}\nevent_date: {{ column: created_at, time_zone: Europe/Amsterdam }}\nwindow: {window}\ngroup_by: [merchant_id]\nmeasures:\n  - {{ name: payments, agg: count }}\n  - {{ name: amount_cents, agg: sum, column: amount_cents }}\n",
+        "name: windowed\nkind: aggregate\nsource: {{ uri: \"{d}/silver\" }}\ntarget: {{ uri: \"{d}/gold\" }}\nevent_date: {{ column: created_at, time_zone: Europe/Amsterdam }}\nwindow: {window}\ngroup_by: [merchant_id]\nmeasures:\n  - {{ name: payments, agg: count }}\n  - {{ name: amount_cents, agg: sum, column: amount_cents }}\n{extra}",
         d = dir.display()
     );
     let p = dir.join("windowed.yml");
@@ -28,16 +32,61 @@ fn pipeline(dir: &Path, window: &str) -> std::path::PathBuf {
 }
 
 fn run(p: &Path, logical: &str) -> Out {
-    exec(
-        tidemark_at(
-            Utc.with_ymd_and_hms(2024, 10, 29, 12, 0, 0)
-                .unwrap()
-                .timestamp_micros(),
-        )
-        .arg("run")
-        .arg(p)
-        .args(["--logical-date", logical]),
-    )
+    let mut c = tidemark_at(NOW);
+    c.arg("run").arg(p);
+    if !logical.is_empty() {
+        c.args(["--logical-date", logical]);
+    }
+    exec(&mut c)
+}
+
+/// The clock of every run: after every event.
+const NOW: i64 = 1_730_203_200_000_000; // 2024-10-29T12:00:00Z
+
+/// Gold's windows plus the adjustments booked for them (a window whose rows all went away
+/// drops out).
+async fn with_adjustments(dir: &Path) -> Windows {
+    let mut out = gold(dir).await;
+    if !dir.join("gold_adjustments").exists() {
+        return out;
+    }
+    for b in read_all(&dir.join("gold_adjustments")).await {
+        let mut booked = Windows::new();
+        collect(&b, &mut booked);
+        for (k, v) in booked {
+            let w = out.entry(k).or_insert((v.0, 0, 0));
+            w.1 += v.1;
+            w.2 += v.2;
+        }
+    }
+    out.retain(|_, v| v.1 != 0);
+    out
+}
+
+/// Gold's `is_final` per window.
+async fn finality(dir: &Path) -> BTreeMap<(i64, String), bool> {
+    let mut out = BTreeMap::new();
+    for b in read_all(&dir.join("gold")).await {
+        let s = b
+            .column_by_name("window_start")
+            .expect("start")
+            .as_primitive::<TimestampMicrosecondType>()
+            .clone();
+        let m = arrow::compute::cast(b.column_by_name("merchant_id").expect("m"), &DataType::Utf8)
+            .expect("utf8");
+        let f = b
+            .column_by_name("is_final")
+            .expect("final")
+            .as_boolean()
+            .clone();
+        for i in 0..b.num_rows() {
+            out.insert(
+                (s.value(i), m.as_string::<i32>().value(i).to_string()),
+                f.value(i),
+            );
+        }
+    }
+    out
 }
 
 /// A window of gold: (start, end, merchant) → (event_date, payments, amount).
@@ -187,12 +236,18 @@ proptest! {
         minutes in prop::sample::select(vec![1i64, 5, 15, 60, 1440]),
         order in any::<u64>(),
         batches in 1..4usize,
+        by_watermark in prop::bool::ANY,
+        adjust in prop::bool::ANY,
     ) {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
         rt.block_on(async {
             let dir = tempfile::tempdir().expect("tmp");
             let d = dir.path();
-            let p = pipeline(d, &format!("{minutes}m"));
+            // (by the watermark: no logical date; the clock is the data's)
+            let (p, logical) = match by_watermark {
+                true => (pipeline_with(d, &format!("{minutes}m"), &format!("watermark: {{ delay: 10m, allowed_lateness: 5m }}\nafter_close: {}\n", if adjust { "adjust" } else { "restate" })), ""),
+                false => (pipeline(d, &format!("{minutes}m")), "2024-10-28"),
+            };
             let mut shuffled = pays.clone();
             let mut rng = order;
             for i in (1..shuffled.len()).rev() {
@@ -200,12 +255,38 @@ proptest! {
                 shuffled.swap(i, (rng >> 33) as usize % (i + 1));
             }
             let size = shuffled.len().div_ceil(batches);
+            // (with `adjust`, a window gold labelled final is never rewritten afterwards)
+            let mut published_final = Windows::new();
             for chunk in shuffled.chunks(size) {
                 write_source(d, chunk).await;
-                let out = run(&p, "2024-10-28");
+                let out = run(&p, logical);
                 prop_assert_eq!(out.code, 0, "{}", out.stderr);
+                if by_watermark && adjust {
+                    let now = gold(d).await;
+                    for (k, v) in &published_final {
+                        prop_assert_eq!(now.get(k), Some(v), "final window {:?} rewritten", k);
+                    }
+                    let labels = finality(d).await;
+                    published_final = now
+                        .into_iter()
+                        .filter(|((s, _, m), _)| labels.get(&(*s, m.clone())) == Some(&true))
+                        .collect();
+                }
             }
-            prop_assert_eq!(gold(d).await, oracle(&pays, minutes));
+            let want = oracle(&pays, minutes);
+            // (final windows are never rewritten with `adjust`: gold plus the adjustments)
+            prop_assert_eq!(with_adjustments(d).await, want.clone());
+            if by_watermark {
+                // final: the window ends at or before the newest event − delay − lateness
+                let newest = pays.iter().map(|p| p.created).max().expect("a payment");
+                let final_before = newest - 15 * MINUTE;
+                let labels: BTreeMap<(i64, String), bool> = gold(d)
+                    .await
+                    .keys()
+                    .map(|(s, e, m)| ((*s, m.clone()), *e <= final_before))
+                    .collect();
+                prop_assert_eq!(finality(d).await, labels);
+            }
             Ok(())
         })?;
     }

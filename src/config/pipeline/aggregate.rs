@@ -105,6 +105,19 @@ pub struct Aggregate {
     pub lookups: Vec<Lookup>,
     /// Tumbling windows within each event day (`window:`): rows of gold per window and group.
     pub window: Option<Window>,
+    /// Finality by the data's own clock (`watermark:`) instead of the logical date's lookback.
+    pub watermark: Option<Watermark>,
+}
+
+/// `watermark:`: the watermark is the newest event time seen (never moving back) minus
+/// `delay`; a window (a day without `window:`) is final once the watermark is at or past its
+/// end plus `allowed_lateness`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Watermark {
+    /// µs.
+    pub delay: i64,
+    /// µs.
+    pub allowed_lateness: i64,
 }
 
 /// Tumbling windows of a whole number of minutes that divides a day: each local day is cut
@@ -192,6 +205,16 @@ pub(super) struct RawAggregate {
     lookups: Vec<RawLookup>,
     #[serde(default)]
     window: Option<String>,
+    #[serde(default)]
+    watermark: Option<RawWatermark>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWatermark {
+    delay: String,
+    #[serde(default)]
+    allowed_lateness: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -300,6 +323,11 @@ impl Ctx<'_> {
         ])?;
         let lookups = self.lookups(raw.lookups, vars)?;
         let window = raw.window.as_deref().map(|w| self.window(w)).transpose()?;
+        let watermark = raw
+            .watermark
+            .as_ref()
+            .map(|w| self.watermark(w, &recompute))
+            .transpose()?;
         Ok(Aggregate {
             source_uri,
             target_uri,
@@ -319,6 +347,40 @@ impl Ctx<'_> {
             after_close: raw.after_close,
             lookups,
             window,
+            watermark,
+        })
+    }
+
+    /// `watermark:`: a delay and an allowed lateness (each a length of time, 0 or more); the
+    /// lookback is the other finality rule, so both together are refused.
+    fn watermark(
+        &self,
+        raw: &RawWatermark,
+        recompute: &RawRecompute,
+    ) -> Result<Watermark, ConfigError> {
+        if recompute.lookback.is_some() {
+            return Err(self.invalid(
+                "lookback",
+                "`recompute.lookback` closes days by the logical date, and `watermark:` closes them by the data's own clock: keep one (with `watermark:`, the days still open are restated each run)",
+            ));
+        }
+        let micros = |key: &str, value: &str| {
+            humantime::parse_duration(value.trim())
+                .ok()
+                .and_then(|d| i64::try_from(d.as_micros()).ok())
+                .ok_or_else(|| {
+                    self.invalid(
+                        key,
+                        format!("`watermark.{key}: {value}` is not a length of time; write it like 10m, 30s or 2h"),
+                    )
+                })
+        };
+        Ok(Watermark {
+            delay: micros("delay", &raw.delay)?,
+            allowed_lateness: match &raw.allowed_lateness {
+                Some(v) => micros("allowed_lateness", v)?,
+                None => 0,
+            },
         })
     }
 

@@ -1,0 +1,182 @@
+//! `kind: aggregate` with `watermark:` through the binary: finality by the data's own clock —
+//! the watermark in the summary and the facts, never moving back; a late row for a final
+//! window restated or booked; the options that do not apply refused.
+
+use crate::aggregate::{pay, replace_source, write_source, Pay};
+use crate::common::*;
+
+use std::path::Path;
+
+use arrow::array::AsArray;
+use arrow::datatypes::{DataType, Int64Type, TimestampMicrosecondType};
+use chrono::{TimeZone, Utc};
+
+const MINUTE: i64 = 60_000_000;
+
+fn pipeline(dir: &Path, extra: &str) -> std::path::PathBuf {
+    let text = format!(
+        "name: fives\nkind: aggregate\nsource: {{ uri: \"{d}/silver\" }}\ntarget: {{ uri: \"{d}/gold\" }}\nevent_date: {{ column: created_at, time_zone: Europe/Amsterdam }}\nwindow: 5m\nmeasures:\n  - {{ name: payments, agg: count }}\n  - {{ name: amount_cents, agg: sum, column: amount_cents }}\n{extra}",
+        d = dir.display()
+    );
+    let p = dir.join("fives.yml");
+    std::fs::write(&p, text).expect("write");
+    p
+}
+
+fn run(p: &Path, args: &[&str]) -> Out {
+    let now = Utc.with_ymd_and_hms(2024, 10, 28, 12, 0, 0).unwrap();
+    exec(
+        tidemark_at(now.timestamp_micros())
+            .arg("run")
+            .arg(p)
+            .args(["--output", "json"])
+            .args(args),
+    )
+}
+
+fn json(out: &Out) -> serde_json::Value {
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    serde_json::from_str(out.stdout.trim()).expect("json")
+}
+
+/// Gold's windows: start → (payments, is_final).
+async fn windows(dir: &Path) -> Vec<(i64, i64, bool)> {
+    let mut out = Vec::new();
+    for b in read_all(&dir.join("gold")).await {
+        let s = b
+            .column_by_name("window_start")
+            .expect("start")
+            .as_primitive::<TimestampMicrosecondType>()
+            .clone();
+        let n = arrow::compute::cast(b.column_by_name("payments").expect("n"), &DataType::Int64)
+            .expect("int");
+        let f = b
+            .column_by_name("is_final")
+            .expect("f")
+            .as_boolean()
+            .clone();
+        for i in 0..b.num_rows() {
+            out.push((
+                s.value(i),
+                n.as_primitive::<Int64Type>().value(i),
+                f.value(i),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// One payment every 5 minutes from 09:00Z to 09:55Z on 28 October 2024.
+fn hour() -> (i64, Vec<Pay>) {
+    let nine = Utc
+        .with_ymd_and_hms(2024, 10, 28, 9, 0, 0)
+        .unwrap()
+        .timestamp_micros();
+    let pays = (0..12)
+        .map(|k| pay(&format!("p{k}"), nine + k * 5 * MINUTE + MINUTE, "m1", 100))
+        .collect();
+    (nine, pays)
+}
+
+#[tokio::test]
+async fn windows_close_as_the_watermark_passes_them_and_it_never_moves_back() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let (nine, mut pays) = hour();
+    write_source(d, &pays).await;
+    let p = pipeline(d, "watermark: { delay: 10m }\n");
+    let v = json(&run(&p, &[]));
+    // newest event 09:56Z; watermark 09:46Z: the windows ending by then are final
+    assert_eq!(v["event_time_seen"], "2024-10-28T09:56:00Z", "{v}");
+    assert_eq!(v["watermark"], "2024-10-28T09:46:00Z", "{v}");
+    assert_eq!(v["final_before"], "2024-10-28T09:46:00Z", "{v}");
+    assert_eq!(v["logical_date"], "2024-10-28", "{v}");
+    let w = windows(d).await;
+    assert_eq!(w.len(), 12);
+    for (s, n, f) in &w {
+        assert_eq!(*n, 1);
+        assert_eq!(*f, s + 5 * MINUTE <= nine + 46 * MINUTE, "window at {s}");
+    }
+    // the newest payment deleted: the watermark stays where it was
+    pays.pop();
+    replace_source(d, &pays).await;
+    let v = json(&run(&p, &[]));
+    assert_eq!(v["watermark"], "2024-10-28T09:46:00Z", "{v}");
+    // a late payment for the 09:00 window (final): restated (after_close: restate)
+    pays.push(pay("late", nine + 2 * MINUTE, "m1", 5));
+    replace_source(d, &pays).await;
+    json(&run(&p, &[]));
+    let w = windows(d).await;
+    assert_eq!(w[0], (nine, 2, true));
+    // --logical-date does not apply
+    let out = run(&p, &["--logical-date", "2024-10-28"]);
+    assert_eq!(out.code, 64, "{}", out.stderr);
+    assert!(out.stderr.contains("watermark"), "{}", out.stderr);
+}
+
+#[tokio::test]
+async fn with_adjust_a_late_row_for_a_final_window_is_booked_not_rewritten() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let (nine, mut pays) = hour();
+    write_source(d, &pays).await;
+    let p = pipeline(
+        d,
+        "watermark: { delay: 10m, allowed_lateness: 5m }\nafter_close: adjust\n",
+    );
+    json(&run(&p, &[]));
+    let before = windows(d).await;
+    assert!(before[0].2, "the 09:00 window is final: {before:?}");
+    // late rows: one for the final 09:00 window, one for the open 09:55 one
+    pays.push(pay("late", nine + 2 * MINUTE, "m1", 5));
+    pays.push(pay("open", nine + 57 * MINUTE, "m1", 7));
+    replace_source(d, &pays).await;
+    let v = json(&run(&p, &[]));
+    assert_eq!(v["num_adjustment_rows"], 1, "{v}");
+    let after = windows(d).await;
+    assert_eq!(after[0], before[0], "a final window is never rewritten");
+    assert_eq!(after[11].1, 2, "the open window takes its row: {after:?}");
+    let booked = read_all(&d.join("gold_adjustments")).await;
+    let rows: usize = booked.iter().map(|b| b.num_rows()).sum();
+    assert_eq!(rows, 1);
+    let b = &booked[0];
+    let start = b
+        .column_by_name("window_start")
+        .expect("start")
+        .as_primitive::<TimestampMicrosecondType>()
+        .value(0);
+    assert_eq!(start, nine);
+    // the rerun books nothing again
+    let v = json(&run(&p, &[]));
+    assert_eq!(v["num_adjustment_rows"], 0, "{v}");
+}
+
+#[test]
+fn watermark_settings_that_cannot_hold_are_refused_at_their_line() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    for (extra, needle, line) in [
+        (
+            "watermark: { delay: 10m }\nrecompute: { lookback: 3d }\n",
+            "keep one",
+            "fives.yml:11",
+        ),
+        (
+            "watermark: { delay: soon }\n",
+            "not a length of time",
+            "fives.yml:10",
+        ),
+        (
+            "watermark: { delay: 1m, allowed: 2m }\n",
+            "allowed",
+            "fives.yml:10",
+        ),
+    ] {
+        let p = pipeline(d, extra);
+        let out = run(&p, &[]);
+        assert_eq!(out.code, 78, "{extra}: {}", out.stderr);
+        assert!(out.stderr.contains(needle), "{extra}: {}", out.stderr);
+        assert!(out.stderr.contains(line), "{extra}: {}", out.stderr);
+    }
+}
