@@ -220,9 +220,13 @@ impl Run<'_, '_> {
             None => days::logical_date(spec, self.opts.logical_date, self.now),
         };
         self.count_clock();
-        let full = self.opts.full_reload || gold.is_none();
+        // A bootstrap always commits the status table after gold: gold without it is a
+        // bootstrap killed between the two, which runs again (an incremental run would write
+        // the status of its window only, never of the days the bootstrap closed).
+        let bootstrapped = gold.is_some() && status_table.is_some();
+        let full = self.opts.full_reload || !bootstrapped;
         self.gold_version = gold.as_ref().and_then(|g| g.version());
-        self.a.mode_for(gold.is_some());
+        self.a.mode_for(bootstrapped);
         self.source_table = Some(lake::record::table_fingerprint(
             &lake::record::table_id(&source)
                 .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?,

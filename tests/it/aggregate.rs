@@ -909,6 +909,49 @@ async fn a_run_killed_between_its_commits_converges_on_the_rerun() {
     }
 }
 
+/// A bootstrap killed after gold's commit, before its status table's first one: the rerun
+/// bootstraps again, so every published day has its status — the final ones the bootstrap
+/// closed too (an incremental rerun wrote the status of its window only, and the closed days
+/// never got one).
+#[tokio::test]
+async fn a_bootstrap_killed_before_its_status_commit_runs_again_on_the_rerun() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let pays = six_days();
+    write_source(d, &pays).await;
+    let p = pipeline(d, "recompute: { lookback: 2d }\nafter_close: adjust\n");
+    let killed = exec(
+        tidemark_at(at(2024, 4, 10, 12, 0))
+            .env(
+                "TIDEMARK_FAILPOINTS",
+                "aggregate.full_reload.after_write=abort",
+            )
+            .arg("run")
+            .arg(&p)
+            .args(["--logical-date", "2024-04-06"]),
+    );
+    assert_ne!(killed.code, 0, "the run was killed");
+    assert!(
+        version(&d.join("gold")).await.is_some(),
+        "gold was committed"
+    );
+    assert!(version(&d.join("gold_status")).await.is_none());
+    let s = run(&p, "2024-04-06", &[]);
+    assert_eq!(s["mode"], "bootstrap", "{s}");
+    assert_eq!(without_final(&gold(d).await), oracle(&pays));
+    let st = status(d).await;
+    let days: Vec<NaiveDate> = st.keys().copied().collect();
+    assert_eq!(
+        days,
+        (1..=6)
+            .map(|dd| day(&format!("2024-04-0{dd}")))
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(st[&day("2024-04-01")].0, "final");
+    assert_eq!(st[&day("2024-04-01")].1, 2);
+    assert_eq!(st[&day("2024-04-05")].0, "open");
+}
+
 /// `recompute.touched`: only the open days the source changed are restated; nothing changed,
 /// nothing recomputed (and no error).
 #[tokio::test]

@@ -9,15 +9,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::common::debezium::{
+    self, decimal_field, envelope_schema, precise, text_decimal, MARKER,
+};
 use crate::common::*;
 use crate::readme::blocks;
 
 use arrow::array::AsArray;
 use arrow::datatypes::DataType;
-use base64::Engine;
 use serde_json::{json, Value};
 
-const MARKER: &str = "__debezium_unavailable_value";
 /// 2025-01-06T00:00:00Z in milliseconds.
 const T0_MS: i64 = T0 / 1_000;
 const H_MS: i64 = 3_600_000;
@@ -42,31 +43,12 @@ fn created(id: i64) -> i64 {
     T0_MS + id * 2 * H_MS
 }
 
-/// The unscaled integer as Kafka Connect's precise decimal: minimal big-endian two's
-/// complement, base64.
-fn precise(cents: i64) -> String {
-    let bytes = cents.to_be_bytes();
-    let mut start = 0;
-    while start < 7
-        && ((bytes[start] == 0 && bytes[start + 1] & 0x80 == 0)
-            || (bytes[start] == 0xff && bytes[start + 1] & 0x80 != 0))
-    {
-        start += 1;
-    }
-    base64::engine::general_purpose::STANDARD.encode(&bytes[start..])
-}
-
-fn text_decimal(cents: i64) -> String {
-    let sign = if cents < 0 { "-" } else { "" };
-    format!("{sign}{}.{:02}", cents.abs() / 100, cents.abs() % 100)
-}
-
 fn row(c: &Change, envelope: bool) -> Value {
     let amount = c.cents.map(|v| {
         if envelope {
-            precise(v)
+            precise(v.into())
         } else {
-            text_decimal(v)
+            text_decimal(v.into(), 2)
         }
     });
     let mut r = json!({"payment_id": c.id});
@@ -87,42 +69,19 @@ fn row(c: &Change, envelope: bool) -> Value {
 }
 
 fn schema_envelope() -> Value {
-    let fields = json!([
+    envelope_schema(json!([
         {"field": "payment_id", "type": "int64"},
         {"field": "merchant_id", "type": "string", "optional": true},
-        {"field": "amount", "type": "bytes", "optional": true, "name": "org.apache.kafka.connect.data.Decimal", "parameters": {"scale": "2", "connect.decimal.precision": "12"}},
+        decimal_field("amount", 12, 2),
         {"field": "status", "type": "string", "optional": true},
         {"field": "note", "type": "string", "optional": true},
         {"field": "created_at", "type": "int64", "optional": true, "name": "io.debezium.time.MicroTimestamp"}
-    ]);
-    json!({"type": "struct", "fields": [
-        {"field": "before", "type": "struct", "optional": true, "fields": fields},
-        {"field": "after", "type": "struct", "optional": true, "fields": fields},
-        {"field": "source", "type": "struct", "fields": []},
-        {"field": "op", "type": "string"}
-    ]})
+    ]))
 }
 
 fn event(c: &Change, envelope: bool) -> String {
-    let r = row(c, envelope);
-    let (before, after) = if c.op == "d" {
-        (r, Value::Null)
-    } else {
-        (Value::Null, r)
-    };
-    let payload = json!({
-        "before": before,
-        "after": after,
-        "source": {"connector": "postgresql", "ts_ms": c.ts_ms, "lsn": c.lsn,
-                   "snapshot": if c.op == "r" { "true" } else { "false" }},
-        "op": c.op,
-        "ts_ms": c.ts_ms + 250,
-    });
-    let v = match envelope {
-        true => json!({"schema": schema_envelope(), "payload": payload}),
-        false => payload,
-    };
-    v.to_string()
+    let schema = envelope.then(schema_envelope);
+    debezium::event(c.op, row(c, envelope), c.ts_ms, c.lsn, schema.as_ref())
 }
 
 fn land(dir: &Path, name: &str, changes: &[Change], envelope: bool) {

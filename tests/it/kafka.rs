@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Int32Type, Int64Type, TimestampMicrosecondType};
 use chrono::{TimeZone, Utc};
+use common::debezium::{self, MARKER};
 use common::kafka::{Kafka, Msg};
 use common::*;
 
@@ -259,14 +260,7 @@ async fn a_kill_at_any_phase_then_a_rerun_ingests_each_record_once() {
     ok(&run(&p, &[]));
     assert_eq!(bronze_rows(dir.path()).await, oracle(&produced));
     let mut n = 13;
-    for point in [
-        "after_plan",
-        "after_read",
-        "after_validate",
-        "before_commit",
-        "committed_target",
-        "after_commit",
-    ] {
+    for point in common::kafka::INCREMENTAL_POINTS {
         produced.extend(produce(&kafka, n..n + 3).await);
         n += 3;
         let fp = format!("ingest.incremental.{point}=abort");
@@ -398,27 +392,11 @@ fn config_mistakes_are_exit_78_and_an_unreachable_broker_75() {
     assert!(out.stderr.contains("Kafka brokers"), "{}", out.stderr);
 }
 
-const MARKER: &str = "__debezium_unavailable_value";
-
 /// A Debezium event of a PostgreSQL row `(id, amount, note)`: `op` r, c, u or d, at log
 /// position `lsn` (its commit time follows it).
-fn dbz(op: &str, id: i64, amount: i64, note: &str, lsn: i64) -> String {
-    let row = format!("{{\"id\":{id},\"amount\":{amount},\"note\":\"{note}\"}}");
-    let (before, after) = match op {
-        "d" => (row.as_str(), "null"),
-        "u" => ("null", row.as_str()),
-        _ => ("null", row.as_str()),
-    };
-    let snapshot = if op == "r" {
-        ",\"snapshot\":\"true\""
-    } else {
-        ""
-    };
-    format!(
-        "{{\"before\":{before},\"after\":{after},\"source\":{{\"connector\":\"postgresql\",\"ts_ms\":{},\"lsn\":{lsn}{snapshot}}},\"op\":\"{op}\",\"ts_ms\":{}}}",
-        1_700_000_000_000 + lsn * 1000,
-        1_700_000_000_500 + lsn * 1000
-    )
+fn dbz(op: &str, id: i64, amount: i64, note: &str, lsn: u64) -> String {
+    let row = serde_json::json!({"id": id, "amount": amount, "note": note});
+    debezium::event(op, row, 1_700_000_000_000 + lsn as i64 * 1000, lsn, None)
 }
 
 /// A change feed: a snapshot of keys 0–3, then creates, updates (some with the note
@@ -427,7 +405,7 @@ fn feed(from: i64, to: i64, live: &mut BTreeMap<i64, (i64, String)>) -> Vec<(i64
     let mut out = Vec::new();
     for step in from..to {
         let id = (step * 7) % 6;
-        let lsn = 1000 + step;
+        let lsn = 1000 + step as u64;
         let event = if step < 4 {
             live.insert(step, (step, "s".into()));
             dbz("r", step, step, "s", 0)

@@ -25,6 +25,7 @@ mod ingest;
 mod ingest_edges;
 mod jobs;
 mod kafka;
+mod kafka_gold;
 mod kind_faults;
 mod kind_foreign;
 mod lake_features;

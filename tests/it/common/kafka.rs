@@ -14,6 +14,17 @@ use rskafka::client::partition::{Compression, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
 use rskafka::record::Record;
 
+/// Where a Kafka ingest's incremental run can be killed (failpoints
+/// `ingest.incremental.<point>`), in the order the run passes them.
+pub const INCREMENTAL_POINTS: [&str; 6] = [
+    "after_plan",
+    "after_read",
+    "after_validate",
+    "before_commit",
+    "committed_target",
+    "after_commit",
+];
+
 /// A running broker; killed on drop.
 pub struct Kafka {
     child: Child,

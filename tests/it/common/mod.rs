@@ -2,6 +2,7 @@
 //! a target back, and pipeline files.
 #![allow(dead_code)]
 
+pub mod debezium;
 pub mod delta_fixture;
 pub mod held;
 pub mod kafka;
