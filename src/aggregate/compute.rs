@@ -147,6 +147,18 @@ fn checked_columns(s: &Source<'_>) -> Result<(Expr, super::days::RawRange), RunE
     Ok((day, raw))
 }
 
+/// The rows of `df` that count (see [`counted_rows`]), for the rows no day can hold.
+pub fn counted(p: &Pipeline, spec: &Aggregate, df: DataFrame) -> Result<DataFrame, RunError> {
+    let s = Source {
+        p,
+        spec,
+        df: df.clone(),
+        closed: &BTreeMap::new(),
+        final_before: None,
+    };
+    counted_rows(&s, df)
+}
+
 /// The rows that count: no tombstones (a tidemark silver's soft deletes are not payments), and
 /// those meeting `where`.
 fn counted_rows(s: &Source<'_>, mut df: DataFrame) -> Result<DataFrame, RunError> {

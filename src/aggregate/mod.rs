@@ -24,6 +24,7 @@ mod reload;
 pub mod status;
 mod stream;
 mod touched;
+mod unplaced;
 pub mod watermark;
 pub mod window;
 mod write;
@@ -59,6 +60,7 @@ impl RunKind for Aggregate {
             (Table::Target, &self.target_uri),
             (Table::Status, &self.status_uri),
             (Table::Adjustments, &self.adjustments_uri),
+            (Table::Quarantine, &self.quarantine.uri),
         ]
     }
 
@@ -192,9 +194,11 @@ impl Run<'_, '_> {
     async fn execute(&mut self) -> Result<(), RunError> {
         let o = self.plan().await?;
         if o.full {
+            self.quarantine_unplaced(&o.df, true).await?;
             return self.restate_all(o).await;
         }
         let read = self.read_days(&o).await?;
+        self.quarantine_unplaced(&o.df, false).await?;
         let compared = self.compare_days(&o, &read).await?;
         if self.opts.dry_run {
             return Ok(());

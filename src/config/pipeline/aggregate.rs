@@ -107,6 +107,9 @@ pub struct Aggregate {
     pub window: Option<Window>,
     /// Finality by the data's own clock (`watermark:`) instead of the logical date's lookback.
     pub watermark: Option<Watermark>,
+    /// The source's rows no day or window can count (no event time), with the reason (default
+    /// `<target>_quarantine`).
+    pub quarantine: super::Quarantine,
 }
 
 /// `watermark:`: the watermark is the newest event time seen (never moving back) minus
@@ -207,6 +210,8 @@ pub(super) struct RawAggregate {
     window: Option<String>,
     #[serde(default)]
     watermark: Option<RawWatermark>,
+    #[serde(default)]
+    quarantine: Option<super::common::RawQuarantine>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -315,11 +320,20 @@ impl Ctx<'_> {
             Some(s) => self.substitute("adjustments.uri", &s.uri, vars)?,
             None => beside("adjustments"),
         };
+        let quarantine = match raw.quarantine {
+            Some(q) => self.quarantine(q, vars)?,
+            None => super::Quarantine {
+                uri: beside("quarantine"),
+                max_rows: None,
+                max_fraction: None,
+            },
+        };
         self.separate(&[
             ("source.uri", &source_uri),
             ("target.uri", &target_uri),
             ("status.uri", &status_uri),
             ("adjustments.uri", &adjustments_uri),
+            ("quarantine.uri", &quarantine.uri),
         ])?;
         let lookups = self.lookups(raw.lookups, vars)?;
         let window = raw.window.as_deref().map(|w| self.window(w)).transpose()?;
@@ -348,6 +362,7 @@ impl Ctx<'_> {
             lookups,
             window,
             watermark,
+            quarantine,
         })
     }
 
