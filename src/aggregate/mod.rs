@@ -27,6 +27,7 @@ mod touched;
 mod unplaced;
 pub mod watermark;
 pub mod window;
+pub mod window_status;
 mod write;
 
 use std::collections::{BTreeMap, BTreeSet};

@@ -16,19 +16,134 @@ pub async fn status(args: StatusArgs) -> Result<String, AppError> {
             .into());
     };
     let days = crate::aggregate::day_status(spec).await?;
+    let clock = clock(spec, &p.app_id()).await;
+    // (with `window:`: the windows of the open days, and of the newest one)
+    let shown: Vec<chrono::NaiveDate> = days
+        .values()
+        .filter(|d| !d.is_final())
+        .map(|d| d.event_date)
+        .chain(days.keys().next_back().copied())
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    let windows = crate::aggregate::window_status::windows(spec, &shown).await?;
     Ok(match args.output {
-        OutputFormat::Text => render(&p.name, spec, &days, args.days, args.wide),
+        OutputFormat::Text => {
+            let mut out = render(&p.name, spec, &days, args.days, args.wide);
+            if let Some(c) = &clock {
+                out.push_str(&super::fit::wrap(&c.line));
+            }
+            out.push_str(&render_windows(spec, &windows, args.windows));
+            out
+        }
         OutputFormat::Json => {
-            let v = serde_json::json!({
+            let mut v = serde_json::json!({
                 "aggregate": p.name,
                 "status_uri": spec.status_uri,
                 "time_zone": spec.time_zone.name(),
                 "lookback_days": spec.lookback_days,
                 "days": days.values().rev().collect::<Vec<_>>(),
             });
+            if let Some(w) = spec.window {
+                v["window"] = w.label().into();
+                v["windows"] = serde_json::json!(windows.iter().rev().collect::<Vec<_>>());
+            }
+            if let Some(c) = clock {
+                v["watermark"] = c.json;
+            }
             serde_json::to_string(&v).unwrap_or_default() + "\n"
         }
     })
+}
+
+/// Where the data's clock stood at the last run (`watermark:`), as a line and as JSON.
+struct ClockView {
+    line: String,
+    json: serde_json::Value,
+}
+
+async fn clock(spec: &crate::config::pipeline::Aggregate, app: &str) -> Option<ClockView> {
+    let w = spec.watermark?;
+    let seen = crate::aggregate::window_status::event_time_seen(spec, app).await;
+    let at = |v: Option<i64>| {
+        v.and_then(chrono::DateTime::from_timestamp_micros)
+            .map_or("-".to_string(), |t| {
+                t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
+            })
+    };
+    let watermark = seen.map(|s| s - w.delay);
+    let final_before = watermark.map(|m| m - w.allowed_lateness);
+    let delay = humantime::format_duration(std::time::Duration::from_micros(w.delay.max(0) as u64));
+    let lateness = humantime::format_duration(std::time::Duration::from_micros(
+        w.allowed_lateness.max(0) as u64,
+    ));
+    Some(ClockView {
+        line: format!(
+            "watermark {} (newest event {} − delay {delay}); final: windows ending by {} (allowed lateness {lateness})\n",
+            at(watermark),
+            at(seen),
+            at(final_before)
+        ),
+        json: serde_json::json!({
+            "event_time_seen": seen.map(|v| at(Some(v))),
+            "watermark": watermark.map(|v| at(Some(v))),
+            "final_before": final_before.map(|v| at(Some(v))),
+            "delay": delay.to_string(),
+            "allowed_lateness": lateness.to_string(),
+        }),
+    })
+}
+
+/// The newest `limit` windows (of the open days and the newest day), local times.
+fn render_windows(
+    spec: &crate::config::pipeline::Aggregate,
+    windows: &[crate::aggregate::window_status::WindowStatus],
+    limit: usize,
+) -> String {
+    let Some(w) = spec.window else {
+        return String::new();
+    };
+    if windows.is_empty() {
+        return String::new();
+    }
+    let local = |v: i64| {
+        chrono::DateTime::from_timestamp_micros(v).map_or("-".to_string(), |t| {
+            t.with_timezone(&spec.time_zone)
+                .format("%Y-%m-%d %H:%M %:z")
+                .to_string()
+        })
+    };
+    let mut t = super::fit::table(false);
+    t.set_header(vec![
+        "window start",
+        "window end",
+        "status",
+        "groups",
+        "data as of (UTC)",
+    ]);
+    for x in windows.iter().rev().take(limit) {
+        t.add_row(vec![
+            local(x.window_start),
+            local(x.window_end),
+            (if x.is_final { "final" } else { "open" }).to_string(),
+            x.groups.to_string(),
+            x.data_as_of
+                .and_then(chrono::DateTime::from_timestamp_micros)
+                .map_or("-".to_string(), |t| t.format("%Y-%m-%d %H:%M").to_string()),
+        ]);
+    }
+    let mut out = format!(
+        "{} windows of the open days and the newest ({}, newest first):\n{t}\n",
+        w.label(),
+        spec.time_zone.name()
+    );
+    let hidden = windows.len().saturating_sub(limit);
+    if hidden > 0 {
+        out.push_str(&format!(
+            "({hidden} older window(s) not shown: --windows N, or --output json for all)\n"
+        ));
+    }
+    out
 }
 
 /// The status table as text, the newest `limit` days first; `wide` adds the groups and when
@@ -40,10 +155,13 @@ pub fn render(
     limit: usize,
     wide: bool,
 ) -> String {
+    let rule = match spec.watermark {
+        Some(_) => "final by the watermark".to_string(),
+        None => format!("lookback {}d", spec.lookback_days),
+    };
     let mut out = format!(
-        "{name}: day status ({} days; lookback {}d; open days may still change) — {}\n",
+        "{name}: day status ({} days; {rule}; open days may still change) — {}\n",
         spec.time_zone.name(),
-        spec.lookback_days,
         spec.status_uri
     );
     if days.is_empty() {

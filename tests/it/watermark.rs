@@ -23,10 +23,12 @@ fn pipeline(dir: &Path, extra: &str) -> std::path::PathBuf {
     p
 }
 
+/// The clock of every command.
+const NOON: i64 = 1_730_116_800_000_000; // 2024-10-28T12:00:00Z
+
 fn run(p: &Path, args: &[&str]) -> Out {
-    let now = Utc.with_ymd_and_hms(2024, 10, 28, 12, 0, 0).unwrap();
     exec(
-        tidemark_at(now.timestamp_micros())
+        tidemark_at(NOON)
             .arg("run")
             .arg(p)
             .args(["--output", "json"])
@@ -98,6 +100,32 @@ async fn windows_close_as_the_watermark_passes_them_and_it_never_moves_back() {
         assert_eq!(*n, 1);
         assert_eq!(*f, s + 5 * MINUTE <= nine + 46 * MINUTE, "window at {s}");
     }
+    // `tidemark status` shows the clock and the windows
+    let status = |json: bool| {
+        let mut c = tidemark_at(NOON);
+        c.arg("status").arg(&p);
+        if json {
+            c.args(["--output", "json"]);
+        }
+        exec(&mut c)
+    };
+    let out = status(false);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    for needle in [
+        "final by the watermark",
+        "watermark 2024-10-28T09:46:00Z (newest event 2024-10-28T09:56:00Z",
+        "5m windows of the open days",
+        "2024-10-28 10:40 +01:00",
+    ] {
+        assert!(out.stdout.contains(needle), "{needle}: {}", out.stdout);
+    }
+    let v: serde_json::Value = serde_json::from_str(status(true).stdout.trim()).expect("json");
+    let listed = v["windows"].as_array().expect("windows");
+    assert_eq!(listed.len(), 12, "{v}");
+    assert_eq!(listed[0]["window_start"], "2024-10-28T09:55:00Z", "{v}");
+    assert_eq!(listed[0]["is_final"], false, "{v}");
+    assert_eq!(listed[11]["is_final"], true, "{v}");
+    assert_eq!(v["watermark"]["watermark"], "2024-10-28T09:46:00Z", "{v}");
     // the newest payment deleted: the watermark stays where it was
     pays.pop();
     replace_source(d, &pays).await;
