@@ -156,11 +156,18 @@ pub async fn demo(args: DemoArgs, _clock: Arc<dyn Clock>) -> Result<Output, AppE
         jobs_commands::run_job(&bundle, job_name, false, args.output, clock, warnings).await?;
     out.push_str(&result.stdout);
     let gold = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
-        Spec::Aggregate(a) => Some((t.pipeline.name.clone(), a.clone())),
+        Spec::Aggregate(a) if a.window.is_none() => Some((t.pipeline.name.clone(), a.clone())),
         _ => None,
     });
     if let (true, None, Some((name, spec))) = (text, &result.failure, gold) {
         out.push_str(&gold_story(&name, &spec).await?);
+    }
+    let windowed = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
+        Spec::Aggregate(a) if a.window.is_some() => Some((t.pipeline.clone(), a.clone())),
+        _ => None,
+    });
+    if let (true, None, Some((p, spec))) = (text, &result.failure, windowed) {
+        out.push_str(&super::status_command::windows_story(&p, &spec).await?);
     }
     let dimension = job.tasks.iter().find_map(|t| match &t.pipeline.spec {
         Spec::Dimension(d) => Some(d.target_uri.clone()),

@@ -2,6 +2,8 @@
 
 use super::*;
 use crate::cli::StatusArgs;
+use crate::config::pipeline::Aggregate;
+use crate::config::Pipeline;
 
 /// `tidemark status`.
 pub async fn status(args: StatusArgs) -> Result<String, AppError> {
@@ -56,13 +58,38 @@ pub async fn status(args: StatusArgs) -> Result<String, AppError> {
     })
 }
 
+/// The demo's view of a windowed gold after the hour: the clock and the newest windows.
+pub async fn windows_story(p: &Pipeline, spec: &Aggregate) -> Result<String, AppError> {
+    let days = crate::aggregate::day_status(spec).await?;
+    let mut newest: Vec<chrono::NaiveDate> = days.keys().rev().take(2).copied().collect();
+    newest.reverse();
+    let windows = crate::aggregate::window_status::windows(spec, &newest).await?;
+    let mut out = format!(
+        "\n{}: gold by the hour, final by the data's own clock\n",
+        p.name
+    );
+    if let Some(c) = clock(spec, &p.app_id()).await {
+        out.push_str(&super::fit::wrap(&c.line));
+    }
+    out.push_str(&render_windows(spec, &windows, 6));
+    out.push_str(&super::fit::wrap(&format!(
+        "an hour is final once the watermark is {} past its end; a payment landing for a final hour is booked in {} (`tidemark status {}` shows every window)\n",
+        humantime::format_duration(std::time::Duration::from_micros(
+            spec.watermark.map_or(0, |w| w.allowed_lateness).max(0) as u64
+        )),
+        spec.adjustments_uri,
+        p.path.display()
+    )));
+    Ok(out)
+}
+
 /// Where the data's clock stood at the last run (`watermark:`), as a line and as JSON.
 struct ClockView {
     line: String,
     json: serde_json::Value,
 }
 
-async fn clock(spec: &crate::config::pipeline::Aggregate, app: &str) -> Option<ClockView> {
+async fn clock(spec: &Aggregate, app: &str) -> Option<ClockView> {
     let w = spec.watermark?;
     let seen = crate::aggregate::window_status::event_time_seen(spec, app).await;
     let at = |v: Option<i64>| {
@@ -133,7 +160,7 @@ fn render_windows(
         ]);
     }
     let mut out = format!(
-        "{} windows of the open days and the newest ({}, newest first):\n{t}\n",
+        "{} windows ({}, newest first):\n{t}\n",
         w.label(),
         spec.time_zone.name()
     );

@@ -979,8 +979,9 @@ fn demo_bootstraps_then_runs_incrementally() {
     assert_eq!(job["job"], "payments_hourly", "{job}");
     assert_eq!(job["status"], "succeeded", "{job}");
     // ingest_events, ingest_partner (landing -> bronze), merge_payments (bronze -> silver), then
-    // daily_payments (silver -> gold), merchants (the dimension) and daily_segments (gold by
-    // segment, looked up as of each payment).
+    // daily_payments (silver -> gold), hourly_payments (gold by the hour, final by the
+    // watermark), merchants (the dimension) and daily_segments (gold by segment, looked up as of
+    // each payment).
     let keys: Vec<&str> = job["tasks"]
         .as_array()
         .expect("tasks")
@@ -994,6 +995,7 @@ fn demo_bootstraps_then_runs_incrementally() {
             "ingest_partner",
             "merge_payments",
             "daily_payments",
+            "hourly_payments",
             "merchants",
             "daily_segments"
         ],
@@ -1032,6 +1034,13 @@ fn demo_bootstraps_then_runs_incrementally() {
         "{text}"
     );
     assert!(text.contains("final"), "{text}");
+    // ... and gold by the hour: the data's clock and the newest hour windows.
+    assert!(
+        text.contains("hourly_payments: gold by the hour, final by the data's own clock"),
+        "{text}"
+    );
+    assert!(text.contains("1h windows (Europe/Amsterdam"), "{text}");
+    assert!(text.contains("watermark 2024-01-31T"), "{text}");
     // ... and, like `status` and `runs`, fits 100 columns.
     for line in text.lines() {
         assert!(

@@ -114,7 +114,7 @@ async fn windows_close_as_the_watermark_passes_them_and_it_never_moves_back() {
     for needle in [
         "final by the watermark",
         "watermark 2024-10-28T09:46:00Z (newest event 2024-10-28T09:56:00Z",
-        "5m windows of the open days",
+        "5m windows (Europe/Amsterdam, newest first)",
         "2024-10-28 10:40 +01:00",
     ] {
         assert!(out.stdout.contains(needle), "{needle}: {}", out.stdout);
