@@ -1,16 +1,20 @@
 //! Fetching each partition from its position up to the high watermark seen when planning,
-//! within the run's bounds (`max_records_per_run`, `max_bytes_per_run`): the partitions take
-//! turns, one fetch each, so a backlog on one does not starve the others.
+//! within the run's bounds (`max_records_per_run`, `max_bytes_per_run`): the partitions' answers
+//! are applied in turns, one answer each, so a backlog on one does not starve the others, while
+//! every partition's fetches run ahead on their own ([`super::lanes`]).
 
 use std::collections::BTreeMap;
 
 use super::broker::{Broker, Fetched, Message};
 use super::error::KafkaError;
+use super::lanes::{Lanes, AHEAD};
 use super::positions::{gap_allowed, Lost, Position};
 use crate::config::pipeline::kafka::KafkaSource;
 
-/// Bytes asked per fetch (at most; less when the run's byte bound is closer).
-const FETCH_BYTES: u64 = 1 << 20;
+/// Bytes asked per fetch (less with a byte bound, see [`ask`]). Brokers cap it (Kafka:
+/// `fetch.max.bytes`, 50 MiB by default; tansu: 5 MiB): a larger answer is fewer round trips,
+/// and against tansu fewer listings of the whole partition (each fetch lists it).
+const FETCH_BYTES: u64 = 8 << 20;
 
 /// What the read gave.
 #[derive(Debug, Default)]
@@ -69,49 +73,57 @@ pub async fn read(
         records: source.max_records_per_run,
         bytes: source.max_bytes_per_run,
     };
-    let mut active: Vec<Position> = positions
+    let active: Vec<Position> = positions
         .iter()
         .filter(|p| p.from < p.high)
         .copied()
         .collect();
-    while !active.is_empty() && !budget.exhausted() {
-        // One fetch per partition, all at once (a round trip each, not one after another);
-        // applied in partition order, so the bounds cut the same records whatever answers first.
-        let ask = budget
-            .bytes
-            .map_or(FETCH_BYTES, |b| b.clamp(1, FETCH_BYTES));
-        let fetched = futures::future::try_join_all(active.iter().map(|p| {
-            let from = out.next.get(&p.partition).copied().unwrap_or(p.from);
-            broker.fetch(p.partition, from, ask as i32)
-        }))
-        .await?;
-        let mut still = Vec::with_capacity(active.len());
-        for (p, records) in active.into_iter().zip(fetched) {
+    let mut lanes = Lanes::start(broker, &active, ask(source, active.len()));
+    let mut turn: Vec<usize> = (0..active.len()).collect();
+    while !turn.is_empty() && !budget.exhausted() {
+        // Each partition's answers in turn, in partition order, so the bounds cut the same
+        // records whatever answers first; the fetches themselves run ahead (see `lanes`).
+        let mut still = Vec::with_capacity(turn.len());
+        for i in turn {
             if budget.exhausted() {
-                still.push(p);
-                continue;
+                break;
             }
+            let Some(fetched) = lanes.next(i).await? else {
+                continue;
+            };
+            let p = active[i];
             if apply(
                 broker,
                 source,
                 p,
-                records,
+                fetched,
                 &mut out,
                 &mut budget,
                 pipeline_path,
             )
             .await?
             {
-                still.push(p);
+                lanes.resume(i, out.next.get(&p.partition).copied().unwrap_or(p.from));
+                still.push(i);
             }
         }
-        active = still;
+        turn = still;
     }
     out.pending = positions
         .iter()
         .map(|p| (p.high - out.next.get(&p.partition).copied().unwrap_or(p.from)).max(0) as u64)
         .sum();
     Ok(out)
+}
+
+/// Bytes asked per fetch: [`FETCH_BYTES`], or with a byte bound its share of it (every
+/// partition may have [`AHEAD`] answers not yet applied, which the bound then also caps).
+fn ask(source: &KafkaSource, partitions: usize) -> i32 {
+    let ahead = (partitions.max(1) * AHEAD) as u64;
+    let bytes = source
+        .max_bytes_per_run
+        .map_or(FETCH_BYTES, |b| (b / ahead).clamp(1, FETCH_BYTES));
+    i32::try_from(bytes).unwrap_or(i32::MAX)
 }
 
 /// What one fetch of partition `p` from its next offset gave, taken within the bounds; `true`
