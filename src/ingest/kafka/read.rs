@@ -182,3 +182,122 @@ async fn apply(
     out.next.insert(p.partition, next);
     Ok(next < p.high)
 }
+
+#[cfg(test)]
+mod tests {
+    //! The pipelined read against a fake broker whose partitions answer at different speeds.
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use async_trait::async_trait;
+    use chrono::{DateTime, Utc};
+
+    use super::*;
+    use crate::config::pipeline::kafka::{DataLoss, Start, DEFAULT_REQUEST_TIMEOUT};
+
+    /// Partitions holding offsets 0..end, answering `chunk` records per fetch after
+    /// `delay_ms[partition]`; counts the records it sent.
+    struct Slow {
+        end: i64,
+        chunk: i64,
+        delay_ms: [u64; 3],
+        sent: AtomicU64,
+    }
+
+    #[async_trait]
+    impl Broker for Slow {
+        async fn partitions(&self) -> Result<Vec<i32>, KafkaError> {
+            Ok(vec![0, 1, 2])
+        }
+        async fn bounds(&self, _: i32) -> Result<(i64, i64), KafkaError> {
+            Ok((0, self.end))
+        }
+        async fn offset_at(&self, _: i32, _: DateTime<Utc>) -> Result<i64, KafkaError> {
+            Ok(0)
+        }
+        async fn fetch(&self, p: i32, offset: i64, _: i32) -> Result<Fetched, KafkaError> {
+            let delay = self.delay_ms.get(p as usize).copied().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+            let to = (offset + self.chunk).min(self.end);
+            self.sent.fetch_add((to - offset) as u64, Ordering::Relaxed);
+            Ok(Fetched::Records(
+                (offset..to)
+                    .map(|o| Message {
+                        partition: p,
+                        offset: o,
+                        key: None,
+                        value: Some(b"{}".to_vec()),
+                        headers: Default::default(),
+                        timestamp: Utc::now(),
+                    })
+                    .collect(),
+            ))
+        }
+    }
+
+    fn source(max_records: Option<u64>) -> KafkaSource {
+        KafkaSource {
+            brokers: vec!["fake:9092".into()],
+            topic: "payments".into(),
+            start: Start::Earliest,
+            max_records_per_run: max_records,
+            max_bytes_per_run: None,
+            on_data_loss: DataLoss::Fail,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+        }
+    }
+
+    async fn run(delay_ms: [u64; 3], max_records: Option<u64>) -> (Fetch, u64) {
+        let broker = Slow {
+            end: 20,
+            chunk: 4,
+            delay_ms,
+            sent: AtomicU64::new(0),
+        };
+        let planned: Vec<Position> = (0..3)
+            .map(|partition| Position {
+                partition,
+                from: 0,
+                high: 20,
+            })
+            .collect();
+        let got = read(&broker, &source(max_records), &planned, "p.yml")
+            .await
+            .unwrap();
+        (got, broker.sent.load(Ordering::Relaxed))
+    }
+
+    fn taken(f: &Fetch) -> Vec<(i32, i64)> {
+        f.messages.iter().map(|m| (m.partition, m.offset)).collect()
+    }
+
+    #[tokio::test]
+    async fn the_bounds_cut_the_same_prefixes_whichever_partition_answers_first() {
+        let (slow_first, sent) = run([30, 0, 0], Some(25)).await;
+        let (slow_last, _) = run([0, 0, 30], Some(25)).await;
+        assert_eq!(taken(&slow_first), taken(&slow_last));
+        assert_eq!(slow_first.next, slow_last.next);
+        assert_eq!(slow_first.messages.len(), 25);
+        for (p, next) in &slow_first.next {
+            let offsets: Vec<i64> = slow_first
+                .messages
+                .iter()
+                .filter(|m| m.partition == *p)
+                .map(|m| m.offset)
+                .collect();
+            assert_eq!(offsets, (0..*next).collect::<Vec<_>>(), "partition {p}");
+        }
+        assert_eq!(slow_first.pending, 60 - 25);
+        // fetched ahead: at most AHEAD answers of 4 records per partition beyond what was taken
+        assert!(sent <= 25 + 3 * AHEAD as u64 * 4, "{sent}");
+    }
+
+    #[tokio::test]
+    async fn an_unbounded_read_takes_every_partition_to_its_high_watermark() {
+        let (got, sent) = run([5, 0, 1], None).await;
+        assert_eq!(got.messages.len(), 60);
+        assert_eq!(sent, 60);
+        assert!(got.next.values().all(|n| *n == 20));
+        assert!(got.stalled.is_empty() && got.pending == 0);
+    }
+}
