@@ -13,9 +13,16 @@ use rskafka::client::error::{Error as ClientError, ProtocolError};
 use rskafka::client::partition::{OffsetAt, PartitionClient, UnknownTopicHandling};
 use rskafka::client::{Client, ClientBuilder};
 use rskafka::BackoffConfig;
+use tracing::debug;
 
 use super::error::KafkaError;
 use crate::config::pipeline::kafka::KafkaSource;
+
+/// How long a fetch may wait for records to arrive (ms). A run reads below the high
+/// watermarks it planned, so the records are there and Kafka answers at once; the wait only
+/// bounds an answer with nothing to give (read again next run). tansu 0.6 waits this long on
+/// every fetch, and answers one connection's requests one after another.
+const MAX_WAIT_MS: i32 = 10;
 
 /// One record of a partition, as fetched.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,16 +218,17 @@ impl Broker for Rskafka {
         max_bytes: i32,
     ) -> Result<Fetched, KafkaError> {
         let c = self.partition(partition).await?;
+        let started = std::time::Instant::now();
         let got = bounded(
             &self.brokers,
             self.timeout,
             "a fetch",
-            c.fetch_records(offset, 1..max_bytes.max(2), 100),
+            c.fetch_records(offset, 1..max_bytes.max(2), MAX_WAIT_MS),
         )
         .await?;
         match got {
-            Ok((records, _high)) => Ok(Fetched::Records(
-                records
+            Ok((records, high)) => {
+                let got: Vec<Message> = records
                     .into_iter()
                     .map(|r| Message {
                         partition,
@@ -230,8 +238,19 @@ impl Broker for Rskafka {
                         headers: r.record.headers,
                         timestamp: r.record.timestamp,
                     })
-                    .collect(),
-            )),
+                    .collect();
+                debug!(
+                    partition,
+                    offset,
+                    asked = max_bytes,
+                    records = got.len(),
+                    bytes = got.iter().map(Message::size).sum::<u64>(),
+                    high,
+                    ms = started.elapsed().as_secs_f64() * 1e3,
+                    "Kafka fetch"
+                );
+                Ok(Fetched::Records(got))
+            }
             Err(ClientError::ServerError {
                 protocol_error: ProtocolError::OffsetOutOfRange,
                 ..

@@ -39,6 +39,7 @@ mod broker;
 mod commit;
 mod decode;
 mod error;
+mod lanes;
 mod positions;
 mod read;
 
