@@ -179,17 +179,45 @@ fn collect(b: &RecordBatch, out: &mut Windows) {
     }
 }
 
-/// Payments from 25 to 28 October 2024 (Amsterdam's clocks go back at 03:00 on the 27th: 02:00
-/// to 03:00 happens twice) and a few on the 20th, a closed day by the 28th.
-fn payments() -> impl Strategy<Value = Vec<Pay>> {
-    let start = Utc
-        .with_ymd_and_hms(2024, 10, 25, 21, 0, 0)
-        .unwrap()
-        .timestamp_micros();
-    let early = Utc
-        .with_ymd_and_hms(2024, 10, 20, 9, 0, 0)
-        .unwrap()
-        .timestamp_micros();
+/// The days of a scenario: Amsterdam's return from summer time (clocks go back at 03:00 on 27
+/// October 2024: 02:00 to 03:00 happens twice) or its start (at 02:00 on 31 March 2024 the
+/// clocks jump to 03:00: that day has 23 hours).
+#[derive(Debug, Clone, Copy)]
+struct Season {
+    /// The first instant of the scenario's main days (three days and an hour of them).
+    start: i64,
+    /// A few payments a week before: a closed day by the logical date.
+    early: i64,
+    /// Two hours around the change (UTC), where most payments fall.
+    change: i64,
+    /// The logical date of the runs by the logical date.
+    logical: &'static str,
+}
+
+fn seasons() -> [Season; 2] {
+    let at = |y, mo, d, h| {
+        Utc.with_ymd_and_hms(y, mo, d, h, 0, 0)
+            .unwrap()
+            .timestamp_micros()
+    };
+    [
+        Season {
+            start: at(2024, 10, 25, 21),
+            early: at(2024, 10, 20, 9),
+            change: at(2024, 10, 27, 0),
+            logical: "2024-10-28",
+        },
+        Season {
+            start: at(2024, 3, 28, 22),
+            early: at(2024, 3, 22, 9),
+            change: at(2024, 3, 31, 0),
+            logical: "2024-04-01",
+        },
+    ]
+}
+
+/// Payments over the season's days, most of them around its clock change, a few on a closed day.
+fn payments(season: Season) -> impl Strategy<Value = Vec<Pay>> {
     let one = (
         prop::bool::weighted(0.1),
         0..(73 * 3600i64),
@@ -197,16 +225,15 @@ fn payments() -> impl Strategy<Value = Vec<Pay>> {
         -500..5000i64,
     )
         .prop_map(move |(old, secs, m, amount)| {
-            let base = if old { early } else { start };
+            let base = if old { season.early } else { season.start };
             (base + secs * 1_000_000, ["m1", "m2", "m3"][m], amount)
         });
-    // (most around the repeated hour: 00:00Z to 01:59Z on the 27th)
-    let dst = (0..(2 * 3600i64), 0..3usize, 1..100i64).prop_map(|(secs, m, amount)| {
-        let at = Utc
-            .with_ymd_and_hms(2024, 10, 27, 0, 0, 0)
-            .unwrap()
-            .timestamp_micros();
-        (at + secs * 1_000_000, ["m1", "m2", "m3"][m], amount)
+    let dst = (0..(2 * 3600i64), 0..3usize, 1..100i64).prop_map(move |(secs, m, amount)| {
+        (
+            season.change + secs * 1_000_000,
+            ["m1", "m2", "m3"][m],
+            amount,
+        )
     });
     (
         prop::collection::vec(one, 1..40),
@@ -232,10 +259,11 @@ proptest! {
     /// rows give the same windows whatever the order and pace of their arrival.
     #[test]
     fn windows_equal_the_oracle_whatever_the_order_and_batches(
-        pays in payments(),
+        (season, pays) in prop::sample::select(seasons().to_vec())
+            .prop_flat_map(|s| (Just(s), payments(s))),
         minutes in prop::sample::select(vec![1i64, 5, 15, 60, 1440]),
         order in any::<u64>(),
-        batches in 1..4usize,
+        batches in 1..7usize,
         by_watermark in prop::bool::ANY,
         adjust in prop::bool::ANY,
     ) {
@@ -246,7 +274,7 @@ proptest! {
             // (by the watermark: no logical date; the clock is the data's)
             let (p, logical) = match by_watermark {
                 true => (pipeline_with(d, &format!("{minutes}m"), &format!("watermark: {{ delay: 10m, allowed_lateness: 5m }}\nafter_close: {}\n", if adjust { "adjust" } else { "restate" })), ""),
-                false => (pipeline(d, &format!("{minutes}m")), "2024-10-28"),
+                false => (pipeline(d, &format!("{minutes}m")), season.logical),
             };
             let mut shuffled = pays.clone();
             let mut rng = order;
