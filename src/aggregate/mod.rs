@@ -10,7 +10,8 @@
 //! write replaces the days in one commit (Delta replace-where on the `event_date` partitions:
 //! readers never see half a day), then rewrites the status table if any of its rows changed.
 //! A rerun with nothing new commits nothing; a crash between the two commits is repaired by the
-//! next run (gold then compares equal, the status does not).
+//! next run (gold then compares equal, the status does not; a booking the status missed is
+//! counted from the adjustments table's log: `repair`).
 
 mod adjust;
 pub mod compute;
@@ -21,6 +22,7 @@ mod local_date;
 mod lookup;
 mod plan;
 mod reload;
+mod repair;
 pub mod status;
 mod stream;
 mod touched;
@@ -100,6 +102,7 @@ impl RunKind for Aggregate {
             source_table: None,
             source,
             clock,
+            adjustments_seen: None,
         };
         run.execute().await?;
         info!(
@@ -135,6 +138,8 @@ struct Opened {
     status_table: Option<deltalake::DeltaTable>,
     adjustments: Option<deltalake::DeltaTable>,
     old_status: BTreeMap<NaiveDate, status::DayStatus>,
+    /// Bookings of earlier runs the status does not count yet (see `repair`).
+    missed: repair::Missed,
     /// When each closed day closed (from the status table).
     closed: BTreeMap<NaiveDate, i64>,
     logical: NaiveDate,
@@ -184,6 +189,8 @@ struct Run<'r, 'a> {
     source: Option<deltalake::DeltaTable>,
     /// The data's clock (`watermark:`).
     clock: Option<watermark::Ticked>,
+    /// The adjustments table's version before this run (`None`: no table yet).
+    adjustments_seen: Option<u64>,
 }
 
 impl Run<'_, '_> {
@@ -261,9 +268,14 @@ impl Run<'_, '_> {
             )?;
             self.a.check_definition(g, &spec.target_uri).await?;
         }
-        let plan = self
+        let mut plan = self
             .plan_days(&source, status_table.as_ref(), &old_status, logical, full)
             .await?;
+        let missed = self
+            .missed_bookings(status_table.as_ref(), adjustments.as_ref())
+            .await?;
+        repair::widen(&mut plan, &missed);
+        self.adjustments_seen = adjustments.as_ref().and_then(|t| t.version());
         self.c.logical_date = Some(logical);
         self.end_phase(Phase::Plan)?;
         Ok(Opened {
@@ -272,6 +284,7 @@ impl Run<'_, '_> {
             adjustments,
             closed: status::closes(&old_status, spec.time_zone),
             old_status,
+            missed,
             logical,
             full,
             df,
@@ -359,7 +372,9 @@ impl Run<'_, '_> {
         booked.extend(r.frozen_booked.iter().cloned());
         self.count(&span, &changed, &o.old_status, &r.rows, &booked);
         let mut new_status = status::next(&o.old_status, &span, &r.facts, &changed, self.now);
-        status::adjusted(&mut new_status, &booked, &r.facts, o.logical, self.now);
+        let run_id = &self.a.summary.run_id;
+        let runs = repair::runs_by_day(&o.missed, status::days_of(&booked), run_id);
+        status::adjusted(&mut new_status, &runs, &r.facts, o.logical, self.now);
         self.count_status(&o.old_status, &new_status);
         self.end_phase(Phase::Compare)?;
         Ok(Compared {
@@ -440,12 +455,15 @@ impl Run<'_, '_> {
         if self.opts.dry_run || (new == old && !always) {
             return Ok(());
         }
+        // (and the adjustments' version whose bookings it counts)
+        let seen = self.c.adjustments_version.or(self.adjustments_seen);
+        let accounted = repair::accounted_transaction(&self.p.app_id(), seen);
         self.c.status_version = status::write(
             table,
             &self.spec.status_uri,
             &self.p.name,
             new,
-            self.commit_properties(),
+            self.commit_properties_with(vec![accounted]),
         )
         .await?;
         Ok(())
@@ -489,6 +507,14 @@ impl Run<'_, '_> {
     /// The run's facts in each commit, what it read of the source (version and table), its
     /// definition, and the newest logical date of its runs.
     fn commit_properties(&self) -> deltalake::kernel::transaction::CommitProperties {
+        self.commit_properties_with(Vec::new())
+    }
+
+    /// [`Run::commit_properties`] with `more` transactions.
+    fn commit_properties_with(
+        &self,
+        more: Vec<deltalake::kernel::Transaction>,
+    ) -> deltalake::kernel::transaction::CommitProperties {
         let recorded = match self.opts.restate_from.is_some() || self.keep_unconsumed {
             true => self.c.previous_source_version,
             false => self.a.summary.source_version,
@@ -510,7 +536,7 @@ impl Run<'_, '_> {
             &self.c,
             serde_json::Map::new(),
             &record,
-            newest.into_iter().chain(seen).collect(),
+            newest.into_iter().chain(seen).chain(more).collect(),
         )
     }
 }

@@ -15,6 +15,7 @@ impl Run<'_, '_> {
             gold,
             status_table,
             old_status,
+            missed,
             closed,
             logical,
             df,
@@ -29,7 +30,8 @@ impl Run<'_, '_> {
         self.write_all(observed, gold).await?;
         self.clear_adjustments().await?;
         let facts = seen.lock().map(|d| d.clone()).unwrap_or_default();
-        let new_status = self.status_after_reload(&facts, old_status, logical);
+        let mut new_status = self.status_after_reload(&facts, old_status, logical);
+        repair::count_after_reload(&mut new_status, &missed, &facts, logical, self.now);
         self.end_phase(Phase::Write)?;
         // (always: the status table records what the reload read — a recreated source's new
         // table id included — and the next run reads that record)

@@ -130,17 +130,17 @@ pub fn next(
     out
 }
 
-/// Counts the adjustments booked this run against their (closed) days.
+/// Counts the runs that booked adjustments for (closed) days, `runs` of them per day (this run,
+/// and earlier ones the status did not count yet), with the days' facts as this run read them.
 pub fn adjusted(
     rows: &mut BTreeMap<NaiveDate, DayStatus>,
-    booked: &[RecordBatch],
+    runs: &BTreeMap<NaiveDate, i64>,
     facts: &BTreeMap<NaiveDate, DayFacts>,
     logical: NaiveDate,
     now: DateTime<Utc>,
 ) {
-    let days: std::collections::BTreeSet<NaiveDate> = days_of(booked).into_iter().collect();
     let at = Some(now.timestamp_micros());
-    for d in days {
+    for (&d, &n) in runs {
         let f = facts.get(&d).copied().unwrap_or_default();
         // (a closed day never published before, or older than max_lookback: its row starts here)
         let s = rows.entry(d).or_insert_with(|| DayStatus {
@@ -157,7 +157,7 @@ pub fn adjusted(
             adjusted_after_close: 0,
             late_rows_after_close: 0,
         });
-        s.adjusted_after_close += 1;
+        s.adjusted_after_close += n;
         s.last_recomputed = at;
         s.rows = f.rows;
         s.groups = f.groups;

@@ -6,7 +6,12 @@ use crate::aggregate::oracle;
 use crate::aggregate::*;
 use crate::common::*;
 
+use std::collections::BTreeMap;
 use std::path::Path;
+
+use arrow::array::{Array, AsArray};
+use arrow::datatypes::DataType;
+use chrono::NaiveDate;
 
 /// The run's exit, stdout and stderr (whatever the code).
 fn try_run(p: &Path, logical: &str, extra: &[&str]) -> Out {
@@ -168,7 +173,7 @@ async fn write_float_source_for(dir: &Path, merchant: &str, rows: &[(&str, i64, 
     use arrow::array::{
         BooleanArray, Float64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
     };
-    use arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    use arrow::datatypes::{Field, Schema, TimeUnit};
     use std::sync::Arc;
     let ts = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
     let schema = Arc::new(Schema::new(vec![
@@ -289,4 +294,89 @@ async fn days_after_2099_keep_daylight_saving() {
     run(&p, "2100-12-05", &[]);
     let days: Vec<_> = gold(d).await.keys().map(|k| k.0).collect();
     assert_eq!(days, vec![day("2100-07-02"), day("2100-12-02")]);
+}
+
+/// Every column of every status row as text, by day (the tests' clock is fixed, so two runs
+/// that did the same write the same times).
+async fn status_rows(dir: &Path) -> BTreeMap<NaiveDate, Vec<String>> {
+    let mut out = BTreeMap::new();
+    for b in read_all(&dir.join("gold_status")).await {
+        let text: Vec<_> = (b.columns().iter())
+            .map(|c| arrow::compute::cast(c, &DataType::Utf8).expect("utf8"))
+            .collect();
+        let days = b
+            .column_by_name("event_date")
+            .expect("event_date")
+            .as_primitive::<arrow::datatypes::Date32Type>();
+        for i in 0..b.num_rows() {
+            let row = (b.schema().fields().iter().zip(&text))
+                .map(|(f, c)| {
+                    let c = c.as_string::<i32>();
+                    let v = if c.is_null(i) { "null" } else { c.value(i) };
+                    format!("{}={v}", f.name())
+                })
+                .collect();
+            out.insert(days.value_as_date(i).expect("day"), row);
+        }
+    }
+    out
+}
+
+/// A run killed after booking an adjustment, before the status table's commit (at
+/// `committed_adjustments` or `committed_target`, or at both, one rerun after the other): the
+/// rerun books nothing again, and the status table ends exactly as after an uninterrupted
+/// run — the closed day counted as adjusted once, its rows, groups and late rows current.
+#[tokio::test]
+async fn a_run_killed_after_booking_leaves_the_status_as_an_uninterrupted_run_would() {
+    const AT: &str = "aggregate.incremental.";
+    let kills: [&[&str]; 3] = [
+        &["committed_adjustments"],
+        &["committed_target"],
+        &["committed_adjustments", "committed_target"],
+    ];
+    let mut want = None;
+    for points in [&[][..]].into_iter().chain(kills) {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        let mut pays = six_days();
+        write_source(d, &pays).await;
+        let p = pipeline(d, "recompute: { lookback: 2d }\nafter_close: adjust\n");
+        run(&p, "2024-04-06", &[]);
+        // A late payment for the 2nd (closed), after its close, and one for the 5th (open).
+        let mut late = pay("late2", at(2024, 4, 2, 15, 0), "m1", 55);
+        late.arrived = at(2024, 4, 10, 13, 0);
+        pays.push(late);
+        pays.push(pay("late5", at(2024, 4, 5, 15, 0), "m2", 66));
+        replace_source(d, &pays).await;
+        for point in points {
+            let killed = exec(
+                tidemark_at(at(2024, 4, 10, 12, 0))
+                    .env("TIDEMARK_FAILPOINTS", format!("{AT}{point}=abort"))
+                    .arg("run")
+                    .arg(&p)
+                    .args(["--logical-date", "2024-04-06"]),
+            );
+            assert_ne!(killed.code, 0, "{points:?}: not killed at {point}");
+        }
+        let s = run(&p, "2024-04-06", &[]);
+        assert_eq!(with_adjustments(d).await, oracle(&pays), "{points:?}: {s}");
+        let booked = read_all(&d.join("gold_adjustments")).await;
+        let rows: usize = booked.iter().map(|b| b.num_rows()).sum();
+        assert_eq!(rows, 1, "{points:?}: booked once");
+        let st = status_rows(d).await;
+        let adjusted = st[&day("2024-04-02")]
+            .iter()
+            .any(|c| c == "adjusted_after_close=1");
+        assert!(adjusted, "{points:?}: {:?}", st[&day("2024-04-02")]);
+        match &want {
+            None => want = Some(st),
+            Some(want) => assert_eq!(&st, want, "{points:?}: the status after the rerun"),
+        }
+        let again = run(&p, "2024-04-06", &[]);
+        assert!(again["status_version"].is_null(), "{points:?}: {again}");
+        assert!(
+            again["adjustments_version"].is_null(),
+            "{points:?}: {again}"
+        );
+    }
 }
