@@ -65,14 +65,17 @@ pub fn grouped(
     if let Some(d) = days {
         df = df.filter(d.contains_expr(ident(EVENT_DATE))).map_err(q)?;
     }
-    if let Some(w) = spec.window {
-        let tz = matches!(raw, super::days::RawRange::Instant(_)).then_some(spec.time_zone);
-        let (start, end) = super::window::bounds(ident(&spec.event_date), tz, w);
-        df = df
-            .with_column(WINDOW_START, start)
-            .and_then(|df| df.with_column(WINDOW_END, end))
-            .map_err(q)?;
+    // A window's start per row; its end once per group, from the start (the window holding its
+    // own start), after the aggregate.
+    let tz = matches!(raw, super::days::RawRange::Instant(_)).then_some(spec.time_zone);
+    let window_end = spec.window.map(|w| {
+        let (start, _) = super::window::bounds(ident(&spec.event_date), tz, w);
+        (start, super::window::bounds(ident(WINDOW_START), tz, w).1)
+    });
+    if let Some((start, _)) = &window_end {
+        df = df.with_column(WINDOW_START, start.clone()).map_err(q)?;
     }
+    let window_end = window_end.map(|(_, end)| end);
     let mut aggs: Vec<Expr> = Vec::new();
     for m in &spec.measures {
         aggs.push(measure(&s, &df, m)?.alias(&m.name));
@@ -81,9 +84,14 @@ pub fn grouped(
     aggs.push(count(lit(1i64)).alias(ROWS));
     aggs.push(late_after_close(s.closed, days, &spec.data_as_of)?.alias(LATE));
     let mut groups: Vec<Expr> = vec![ident(EVENT_DATE)];
-    groups.extend(spec.group_keys().iter().map(ident));
+    groups.extend(
+        spec.group_keys()
+            .iter()
+            .filter(|k| k.as_str() != WINDOW_END)
+            .map(ident),
+    );
     let zone = matches!(raw, super::days::RawRange::Instant(_)).then(|| "UTC".into());
-    let out = output_columns(&s, &groups, open_from, zone);
+    let out = output_columns(&s, &groups, open_from, (window_end, zone));
     let order: Vec<SortExpr> = groups.iter().map(|g| g.clone().sort(true, true)).collect();
     df.aggregate(groups, aggs)
         .and_then(|df| df.select(out))
@@ -271,9 +279,15 @@ fn output_columns(
     s: &Source<'_>,
     groups: &[Expr],
     open_from: NaiveDate,
-    zone: Option<std::sync::Arc<str>>,
+    (window_end, zone): (Option<Expr>, Option<std::sync::Arc<str>>),
 ) -> Vec<Expr> {
-    let mut out: Vec<Expr> = groups.to_vec();
+    let mut out: Vec<Expr> = Vec::new();
+    for g in groups {
+        out.push(g.clone());
+        if let (Some(end), true) = (&window_end, *g == ident(WINDOW_START)) {
+            out.push(end.clone().alias(WINDOW_END));
+        }
+    }
     out.extend(s.spec.measures.iter().map(|m| ident(&m.name)));
     out.push(ident(DATA_AS_OF));
     // Final: before the open window, or closed by an earlier run (a closed day stays closed).
@@ -282,12 +296,12 @@ fn output_columns(
         is_final = is_final
             .or(ident(EVENT_DATE).in_list(s.closed.keys().map(|d| date_lit(*d)).collect(), false));
     }
-    if let (Some(x), Some(_)) = (s.final_before, s.spec.window) {
+    if let (Some(x), Some(end)) = (s.final_before, window_end) {
         let x = lit(datafusion::scalar::ScalarValue::TimestampMicrosecond(
             Some(x),
             zone,
         ));
-        is_final = is_final.or(ident(WINDOW_END).lt_eq(x));
+        is_final = is_final.or(end.lt_eq(x));
     }
     out.push(is_final.alias(IS_FINAL));
     out.push(ident(ROWS));

@@ -64,6 +64,8 @@ pub struct Windows {
     size: i64,
     /// Local day number → (its first instant, the next day's).
     days: HashMap<i64, (i64, i64)>,
+    /// The day looked up last.
+    last: Option<(i64, (i64, i64))>,
 }
 
 impl Windows {
@@ -73,6 +75,7 @@ impl Windows {
             tz,
             size,
             days: HashMap::new(),
+            last: None,
         }
     }
 
@@ -80,11 +83,19 @@ impl Windows {
     pub fn of(&mut self, at: i64) -> Option<(i64, i64)> {
         let off = self.offsets.at(at)?;
         let day = at.checked_add(off)?.div_euclid(MICROS_PER_DAY);
-        let (first, next) = match self.days.get(&day) {
-            Some(b) => *b,
-            None => {
-                let b = (self.first_instant(day)?, self.first_instant(day + 1)?);
-                self.days.insert(day, b);
+        let (first, next) = match self.last {
+            // (rows come clustered by time: most are on the day of the row before)
+            Some((d, b)) if d == day => b,
+            _ => {
+                let b = match self.days.get(&day) {
+                    Some(b) => *b,
+                    None => {
+                        let b = (self.first_instant(day)?, self.first_instant(day + 1)?);
+                        self.days.insert(day, b);
+                        b
+                    }
+                };
+                self.last = Some((day, b));
                 b
             }
         };
