@@ -472,10 +472,10 @@ pub struct StatusArgs {
     /// Days listed, newest first (JSON lists every day).
     #[arg(long, default_value_t = 14, value_parser = parse_limit)]
     pub days: usize,
-    /// With `window:`: windows listed (of the open days and the newest), newest first (JSON
-    /// lists them all).
-    #[arg(long, default_value_t = 24, value_parser = parse_limit)]
-    pub windows: usize,
+    /// With `window:`: windows listed (of the open days and the newest), newest first; default
+    /// 24 (JSON lists them all).
+    #[arg(long, value_parser = parse_limit)]
+    pub windows: Option<usize>,
     /// Every column (groups, when each day was last recomputed) at full width; the default
     /// table fits 100 columns.
     #[arg(long)]

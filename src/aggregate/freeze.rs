@@ -7,12 +7,14 @@
 use std::sync::Arc;
 
 use arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
-use arrow::datatypes::{DataType, Date32Type, Int64Type, SchemaRef};
+use std::collections::HashMap;
+
+use arrow::datatypes::{DataType, Date32Type, Int64Type, SchemaRef, TimeUnit};
 use datafusion::logical_expr::{cast, lit, Expr};
 use datafusion::prelude::ident;
 
 use super::{adjust, days::Days, AfterClose, Opened, Run};
-use crate::config::pipeline::aggregate::{EVENT_DATE, WINDOW_END};
+use crate::config::pipeline::aggregate::{DATA_AS_OF, EVENT_DATE, WINDOW_END};
 use crate::run::{Phase, RunError};
 
 /// What the day's rows become: the rows to publish, and the adjustments the frozen windows owe.
@@ -56,29 +58,41 @@ impl Run<'_, '_> {
             keep,
         )
         .await?;
+        let kept = published
+            .collect()
+            .await
+            .map_err(RunError::scan(Phase::Compare, &spec.target_uri))?
+            .iter()
+            .map(|b| conform(b, &schema))
+            .collect::<Result<Vec<_>, _>>()?;
+        let published = match kept.is_empty() {
+            true => self
+                .a
+                .ctx
+                .read_batch(RecordBatch::new_empty(schema.clone())),
+            false => self.a.ctx.read_batches(kept.clone()),
+        }
+        .map_err(q)?;
+        // (a booking's `arrived_at`: the latest arrival its window had not seen when published,
+        // else — a removal — the run's time; the days' close times say nothing of a window's)
+        let fresh = only_new_arrivals(fresh, &kept, spec)?;
         let (booked, stuck) = adjust::deltas(
             &self.a.ctx,
             spec,
             fresh,
-            Some(published.clone()),
+            Some(published),
             booked,
             o.plan.days.logical,
             &self.a.summary.run_id,
             self.now,
-            &o.closed,
+            &std::collections::BTreeMap::new(),
         )
         .await?;
         if stuck > 0 {
             self.warn(format!("{stuck} group(s) of final windows have a published total that is NaN while a fresh recompute's is not: no adjustment can change a NaN total, so none was booked. Rebuild with `--full-reload`"));
         }
-        let kept = published
-            .collect()
-            .await
-            .map_err(RunError::scan(Phase::Compare, &spec.target_uri))?;
         let mut out = live;
-        for b in kept {
-            out.push(conform(&b, &schema)?);
-        }
+        out.extend(kept);
         Ok(Frozen { rows: out, booked })
     }
 }
@@ -157,4 +171,95 @@ fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, RunError>
         })
         .collect::<Result<Vec<_>, _>>()?;
     RecordBatch::try_new(Arc::clone(schema), columns).map_err(a)
+}
+
+/// The fresh rows with `data_as_of` kept only where it is later than the published row's of the
+/// same window and group (a row gold counted is no late arrival), else null.
+fn only_new_arrivals(
+    fresh: Vec<RecordBatch>,
+    published: &[RecordBatch],
+    spec: &crate::config::pipeline::Aggregate,
+) -> Result<Vec<RecordBatch>, RunError> {
+    let a = |e| RunError::arrow(Phase::Compare)(e);
+    let mut keys: Vec<String> = vec![EVENT_DATE.to_string()];
+    keys.extend(spec.group_keys());
+    let mut seen: HashMap<String, i64> = HashMap::new();
+    for b in published {
+        let arrival = micros(b)?;
+        for (i, k) in row_keys(b, &keys)?.into_iter().enumerate() {
+            if let Some(t) = arrival.get(i).copied().flatten() {
+                seen.insert(k, t);
+            }
+        }
+    }
+    fresh
+        .into_iter()
+        .map(|b| {
+            let arrival = micros(&b)?;
+            let keep: BooleanArray = row_keys(&b, &keys)?
+                .iter()
+                .zip(&arrival)
+                .map(|(k, t)| Some(t.is_some_and(|t| seen.get(k).is_none_or(|p| t > *p))))
+                .collect();
+            let Some(i) = b.schema().index_of(DATA_AS_OF).ok() else {
+                return Ok(b);
+            };
+            let nulls = arrow::array::new_null_array(b.column(i).data_type(), b.num_rows());
+            let column =
+                arrow::compute::kernels::zip::zip(&keep, b.column(i), &nulls).map_err(a)?;
+            let mut columns = b.columns().to_vec();
+            columns[i] = column;
+            RecordBatch::try_new(b.schema(), columns).map_err(a)
+        })
+        .collect()
+}
+
+/// Each row's `data_as_of` in µs.
+fn micros(b: &RecordBatch) -> Result<Vec<Option<i64>>, RunError> {
+    let a = |e| RunError::arrow(Phase::Compare)(e);
+    let Some(c) = b.column_by_name(DATA_AS_OF) else {
+        return Ok(vec![None; b.num_rows()]);
+    };
+    let c = arrow::compute::cast(c, &DataType::Timestamp(TimeUnit::Microsecond, None))
+        .and_then(|c| arrow::compute::cast(&c, &DataType::Int64))
+        .map_err(a)?;
+    Ok(c.as_primitive::<Int64Type>().iter().collect())
+}
+
+/// Each row's key columns rendered as one text.
+fn row_keys(b: &RecordBatch, keys: &[String]) -> Result<Vec<String>, RunError> {
+    let a = |e| RunError::arrow(Phase::Compare)(e);
+    let options = arrow::util::display::FormatOptions::default().with_null("\u{0}");
+    let columns = keys
+        .iter()
+        .map(|k| {
+            let c = b.column_by_name(k).ok_or_else(|| {
+                a(arrow::error::ArrowError::SchemaError(format!(
+                    "no column {k}"
+                )))
+            })?;
+            // (the same key in gold and in the fresh rows, whatever their timestamp zones)
+            let c = match c.data_type() {
+                DataType::Timestamp(_, _) => {
+                    arrow::compute::cast(c, &DataType::Int64).map_err(a)?
+                }
+                _ => c.clone(),
+            };
+            Ok(c)
+        })
+        .collect::<Result<Vec<_>, RunError>>()?;
+    let formatters = columns
+        .iter()
+        .map(|c| arrow::util::display::ArrayFormatter::try_new(c.as_ref(), &options))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(a)?;
+    Ok((0..b.num_rows())
+        .map(|i| {
+            formatters
+                .iter()
+                .map(|f| f.value(i).to_string())
+                .collect::<Vec<_>>()
+                .join("\u{1f}")
+        })
+        .collect())
 }

@@ -421,10 +421,7 @@ impl Run<'_, '_> {
         let Some(t) = self.clock else {
             return;
         };
-        let text = |v: Option<i64>| {
-            v.and_then(DateTime::<Utc>::from_timestamp_micros)
-                .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-        };
+        let text = |v: Option<i64>| v.and_then(|v| watermark::text(v, t.instants));
         self.c.event_time_seen = text(t.clock.seen);
         self.c.watermark = text(t.clock.watermark(t.watermark));
         self.c.final_before = text(t.clock.final_before);

@@ -67,6 +67,34 @@ pub fn local_date(t: i64, spec: &Aggregate, instants: bool) -> Option<NaiveDate>
     })
 }
 
+/// An instant as RFC 3339 (UTC, `Z`), or a wall-clock time (a column without a zone) as it
+/// reads, without a zone.
+pub fn text(t: i64, instants: bool) -> Option<String> {
+    let at = DateTime::<Utc>::from_timestamp_micros(t)?;
+    Some(match instants {
+        true => at.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
+        false => at.naive_utc().format("%Y-%m-%dT%H:%M:%S%.f").to_string(),
+    })
+}
+
+/// Whether `spec`'s event column holds instants (a zoned timestamp), not wall-clock times;
+/// `true` when the source cannot tell.
+pub async fn event_instants(spec: &Aggregate) -> bool {
+    let Ok(Some(source)) = lake::open_if_exists(&spec.source_uri).await else {
+        return true;
+    };
+    let field = source
+        .snapshot()
+        .ok()
+        .and_then(|s| s.schema().field(&spec.event_date).cloned());
+    !matches!(
+        field.map(|f| f.data_type().clone()),
+        Some(deltalake::kernel::DataType::Primitive(
+            deltalake::kernel::PrimitiveType::TimestampNtz
+        ))
+    )
+}
+
 /// The transaction app id recording the newest event time seen.
 fn app(pipeline_app: &str) -> String {
     format!("{pipeline_app}/event_time_seen")
@@ -100,7 +128,6 @@ pub async fn clock(
     now: DateTime<Utc>,
     instants: bool,
 ) -> Result<Clock, RunError> {
-    let newest = newest_event(ctx, spec, source).await?;
     let limit = match instants {
         true => now.timestamp_micros(),
         // (a wall-clock column: now on the pipeline's wall clock)
@@ -110,8 +137,7 @@ pub async fn clock(
             .and_utc()
             .timestamp_micros(),
     };
-    let capped = newest.is_some_and(|n| n > limit);
-    let newest = newest.map(|n| n.min(limit));
+    let (newest, capped) = newest_event(ctx, spec, source, limit).await?;
     let seen = match (seen_before, newest) {
         (Some(a), Some(b)) => Some(a.max(b)),
         (a, b) => a.or(b),
@@ -124,28 +150,45 @@ pub async fn clock(
     })
 }
 
-/// The newest event time among the source's rows (µs), `None` when it has none.
+/// The newest event time among the source's rows at or before `limit` (µs; `None` when there
+/// is none), and whether some row is dated after it. From the log's statistics when they
+/// suffice (every file has them, and nothing is dated past the limit), else a scan of the
+/// column: a row dated in the future never stands for the data's clock.
 async fn newest_event(
     ctx: &SessionContext,
     spec: &Aggregate,
     source: &DeltaTable,
-) -> Result<Option<i64>, RunError> {
-    match max_from_stats(source, &spec.event_date)
+    limit: i64,
+) -> Result<(Option<i64>, bool), RunError> {
+    let future = match max_from_stats(source, &spec.event_date)
         .map_err(RunError::delta(Phase::Plan, &spec.source_uri))?
     {
-        StatsMax::Empty => return Ok(None),
+        StatsMax::Empty => return Ok((None, false)),
         // (statistics are truncated to milliseconds: the watermark is at most 999 µs behind)
-        StatsMax::Max(v) => return Ok(Some(v)),
-        StatsMax::Missing => {}
-    }
+        StatsMax::Max(v) if v <= limit => return Ok((Some(v), false)),
+        StatsMax::Max(_) => true,
+        StatsMax::Missing => false,
+    };
     let q = |e| RunError::query(Phase::Plan)(e);
     let micros =
         arrow::datatypes::DataType::Timestamp(arrow::datatypes::TimeUnit::Microsecond, None);
+    let column = cast(ident(&spec.event_date), micros);
+    let at_most = datafusion::logical_expr::lit(
+        datafusion::scalar::ScalarValue::TimestampMicrosecond(Some(limit), None),
+    );
     let df = crate::run::frame(ctx, source, &spec.source_uri, Phase::Plan)
         .await?
         .aggregate(
             vec![],
-            vec![max(cast(ident(&spec.event_date), micros)).alias("newest")],
+            vec![
+                max(
+                    datafusion::logical_expr::when(column.clone().lt_eq(at_most), column.clone())
+                        .end()
+                        .map_err(q)?,
+                )
+                .alias("newest"),
+                max(column).alias("any"),
+            ],
         )
         .map_err(q)?;
     let batches = df
@@ -153,12 +196,16 @@ async fn newest_event(
         .await
         .map_err(RunError::scan(Phase::Plan, &spec.source_uri))?;
     let Some(b) = batches.iter().find(|b| b.num_rows() > 0) else {
-        return Ok(None);
+        return Ok((None, future));
     };
-    let v = arrow::compute::cast(b.column(0), &arrow::datatypes::DataType::Int64)
-        .map_err(RunError::arrow(Phase::Plan))?;
-    let v = arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(&v);
-    Ok(arrow::array::Array::is_valid(v, 0).then(|| v.value(0)))
+    let value = |i: usize| -> Result<Option<i64>, RunError> {
+        let v = arrow::compute::cast(b.column(i), &arrow::datatypes::DataType::Int64)
+            .map_err(RunError::arrow(Phase::Plan))?;
+        let v = arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(&v);
+        Ok(arrow::array::Array::is_valid(v, 0).then(|| v.value(0)))
+    };
+    let any = value(1)?;
+    Ok((value(0)?, future || any.is_some_and(|a| a > limit)))
 }
 
 /// The pipeline as the data's clock makes it for this run (the logical date's lookback

@@ -20,10 +20,8 @@ use crate::run::{Phase, RunError};
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct WindowStatus {
     pub event_date: NaiveDate,
-    #[serde(serialize_with = "ser_micros")]
-    pub window_start: i64,
-    #[serde(serialize_with = "ser_micros")]
-    pub window_end: i64,
+    pub window_start: At,
+    pub window_end: At,
     pub is_final: bool,
     /// Rows of gold (groups) in the window.
     pub groups: i64,
@@ -37,8 +35,18 @@ fn text(v: i64) -> String {
         .unwrap_or_default()
 }
 
-fn ser_micros<S: serde::Serializer>(v: &i64, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(&text(*v))
+/// A window bound: an instant (µs, UTC), or a wall-clock time when the event column has no
+/// zone; written as RFC 3339 (`Z`), or as the wall clock reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct At {
+    pub micros: i64,
+    pub wall_clock: bool,
+}
+
+impl serde::Serialize for At {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&super::watermark::text(self.micros, !self.wall_clock).unwrap_or_default())
+    }
 }
 
 fn ser_opt_micros<S: serde::Serializer>(v: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
@@ -93,6 +101,13 @@ fn rows(b: &RecordBatch, out: &mut Vec<WindowStatus>) -> Result<(), arrow::error
         let c = arrow::compute::cast(c, &DataType::Timestamp(TimeUnit::Microsecond, None))?;
         arrow::compute::cast(&c, &DataType::Int64)
     };
+    let wall_clock = matches!(
+        b.schema()
+            .field_with_name(WINDOW_START)
+            .map(|f| f.data_type().clone()),
+        Ok(DataType::Timestamp(_, None))
+    );
+    let at = |micros| At { micros, wall_clock };
     let (start, end, arrival) = (
         micros(WINDOW_START)?,
         micros(WINDOW_END)?,
@@ -115,8 +130,8 @@ fn rows(b: &RecordBatch, out: &mut Vec<WindowStatus>) -> Result<(), arrow::error
         };
         out.push(WindowStatus {
             event_date,
-            window_start: start.value(i),
-            window_end: end.value(i),
+            window_start: at(start.value(i)),
+            window_end: at(end.value(i)),
             is_final: fin.as_ref().is_some_and(|f| f.is_valid(i) && f.value(i)),
             groups: groups
                 .as_ref()

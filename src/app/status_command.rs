@@ -5,6 +5,9 @@ use crate::cli::StatusArgs;
 use crate::config::pipeline::Aggregate;
 use crate::config::Pipeline;
 
+/// Windows `tidemark status` lists without `--windows`.
+const DEFAULT_WINDOWS: usize = 24;
+
 /// `tidemark status`.
 pub async fn status(args: StatusArgs) -> Result<String, AppError> {
     let p = load_pipeline(&args.pipeline, &args.from)?;
@@ -17,6 +20,12 @@ pub async fn status(args: StatusArgs) -> Result<String, AppError> {
             ))
             .into());
     };
+    if let (Some(_), None) = (args.windows, spec.window) {
+        return Err(AppError::Usage(format!(
+            "--windows lists the windows of an aggregate with `window:`; `{}` has rows per day (leave --windows out)",
+            p.name
+        )));
+    }
     let days = crate::aggregate::day_status(spec).await?;
     let clock = clock(spec, &p.app_id()).await;
     // (with `window:`: the windows of the open days, and of the newest one)
@@ -35,7 +44,11 @@ pub async fn status(args: StatusArgs) -> Result<String, AppError> {
             if let Some(c) = &clock {
                 out.push_str(&super::fit::wrap(&c.line));
             }
-            out.push_str(&render_windows(spec, &windows, args.windows));
+            out.push_str(&render_windows(
+                spec,
+                &windows,
+                args.windows.unwrap_or(DEFAULT_WINDOWS),
+            ));
             out
         }
         OutputFormat::Json => {
@@ -73,12 +86,12 @@ pub async fn windows_story(p: &Pipeline, spec: &Aggregate) -> Result<String, App
     }
     out.push_str(&render_windows(spec, &windows, 6));
     out.push_str(&super::fit::wrap(&format!(
-        "an hour is final once the watermark is {} past its end; a payment landing for a final hour is booked in {} (`tidemark status {}` shows every window)\n",
+        "an hour is final once the watermark is {} past its end; a payment landing for a final hour is booked in {} (`tidemark status {}` with the lake's --var shows every window)\n",
         humantime::format_duration(std::time::Duration::from_micros(
             spec.watermark.map_or(0, |w| w.allowed_lateness).max(0) as u64
         )),
         spec.adjustments_uri,
-        p.path.display()
+        p.name
     )));
     Ok(out)
 }
@@ -92,11 +105,10 @@ struct ClockView {
 async fn clock(spec: &Aggregate, app: &str) -> Option<ClockView> {
     let w = spec.watermark?;
     let seen = crate::aggregate::window_status::event_time_seen(spec, app).await;
+    let instants = crate::aggregate::watermark::event_instants(spec).await;
     let at = |v: Option<i64>| {
-        v.and_then(chrono::DateTime::from_timestamp_micros)
-            .map_or("-".to_string(), |t| {
-                t.to_rfc3339_opts(SecondsFormat::AutoSi, true)
-            })
+        v.and_then(|v| crate::aggregate::watermark::text(v, instants))
+            .unwrap_or_else(|| "-".to_string())
     };
     let watermark = seen.map(|s| s - w.delay);
     let final_before = watermark.map(|m| m - w.allowed_lateness);
@@ -133,11 +145,16 @@ fn render_windows(
     if windows.is_empty() {
         return String::new();
     }
-    let local = |v: i64| {
-        chrono::DateTime::from_timestamp_micros(v).map_or("-".to_string(), |t| {
-            t.with_timezone(&spec.time_zone)
-                .format("%Y-%m-%d %H:%M %:z")
-                .to_string()
+    // (an instant in the pipeline's zone, with its offset; a wall-clock time as it reads)
+    let local = |v: crate::aggregate::window_status::At| {
+        chrono::DateTime::from_timestamp_micros(v.micros).map_or("-".to_string(), |t| {
+            match v.wall_clock {
+                true => t.naive_utc().format("%Y-%m-%d %H:%M").to_string(),
+                false => t
+                    .with_timezone(&spec.time_zone)
+                    .format("%Y-%m-%d %H:%M %:z")
+                    .to_string(),
+            }
         })
     };
     let mut t = super::fit::table(false);

@@ -4,7 +4,9 @@
 //! source version gold's last run read, so rows that landed since are not "missing") and
 //! compared, measure by measure, with what is published: for an **open** day, gold's row; for a
 //! **final** day, gold's row plus the adjustments booked for it (`after_close: adjust`; none with
-//! `restate`) — *published closed day + its adjustments == a fresh recompute of that day*.
+//! `restate`) — *published closed day + its adjustments == a fresh recompute of that day*. With
+//! `window:` and `watermark:`, a window can be final (and adjusted) while its day is open: gold
+//! plus the adjustments is compared on every day.
 //! Counts, integer and decimal sums compare exactly; float sums within a relative 1e-9 (the
 //! same rows summed in another order), NaN equal to NaN; min and max exactly.
 
@@ -214,7 +216,10 @@ impl Published<'_> {
             .filter(|d| d.is_final())
             .map(|d| d.event_date)
             .collect();
-        let (compared, differing, rows) = compare(all, &keys, &sides, &finals).await?;
+        // (windows final by the watermark get adjustments while their day is still open)
+        let all_adjusted = spec.window.is_some() && spec.watermark.is_some();
+        let (compared, differing, rows) =
+            compare(all, &keys, &sides, &finals, all_adjusted).await?;
         let differences = diffs(&rows, spec, &sides, self.days, limit)?;
         Ok(Found {
             compared,
@@ -387,6 +392,7 @@ async fn compare(
     keys: &[String],
     sides: &[Sides],
     finals: &[NaiveDate],
+    all_adjusted: bool,
 ) -> Result<(u64, u64, Vec<RecordBatch>), RunError> {
     let mut aggs: Vec<Expr> = Vec::new();
     for s in sides {
@@ -401,6 +407,7 @@ async fn compare(
         .await
         .map_err(q)?;
     let is_final = match finals.is_empty() {
+        _ if all_adjusted => lit(true),
         true => lit(false),
         false => ident(EVENT_DATE).in_list(
             finals
@@ -518,6 +525,7 @@ fn diffs(
                 continue;
             };
             let is_final = days.get(&d).is_some_and(|s| s.is_final());
+            let adjusted = is_final || (spec.window.is_some() && spec.watermark.is_some());
             let group = render_key(b, &spec.group_keys(), i);
             for s in sides {
                 let value = |c: &str| {
@@ -528,7 +536,7 @@ fn diffs(
                 if !differs_here(
                     s.measure.agg.additive(),
                     &s.data_type,
-                    is_final,
+                    adjusted,
                     [&r, &p, &a],
                 ) {
                     continue;
@@ -539,7 +547,7 @@ fn diffs(
                     group: group.clone(),
                     measure: s.measure.name.clone(),
                     published: p,
-                    adjustments: a.filter(|_| is_final),
+                    adjustments: a.filter(|_| adjusted),
                     recompute: r,
                 });
             }

@@ -131,6 +131,17 @@ async fn windows_close_as_the_watermark_passes_them_and_it_never_moves_back() {
     replace_source(d, &pays).await;
     let v = json(&run(&p, &[]));
     assert_eq!(v["watermark"], "2024-10-28T09:46:00Z", "{v}");
+    // a payment dated tomorrow (a producer's clock ahead) does not move the data's clock
+    pays.push(pay("ahead", nine + 24 * 60 * MINUTE, "m1", 1));
+    replace_source(d, &pays).await;
+    let v = json(&run(&p, &[]));
+    assert_eq!(v["event_time_seen"], "2024-10-28T09:56:00Z", "{v}");
+    assert!(
+        v["warnings"].to_string().contains("after this run's clock"),
+        "{v}"
+    );
+    pays.pop();
+    replace_source(d, &pays).await;
     // a late payment for the 09:00 window (final): restated (after_close: restate)
     pays.push(pay("late", nine + 2 * MINUTE, "m1", 5));
     replace_source(d, &pays).await;
@@ -175,9 +186,37 @@ async fn with_adjust_a_late_row_for_a_final_window_is_booked_not_rewritten() {
         .as_primitive::<TimestampMicrosecondType>()
         .value(0);
     assert_eq!(start, nine);
-    // the rerun books nothing again
+    let arrived = |b: &arrow::array::RecordBatch, i: usize| {
+        b.column_by_name("arrived_at")
+            .expect("arrived_at")
+            .as_primitive::<TimestampMicrosecondType>()
+            .value(i)
+    };
+    // (it arrived 10 minutes after it was made: the latest arrival the window had not seen)
+    assert_eq!(arrived(b, 0), nine + 12 * MINUTE);
+    // the rerun books nothing again, and reconcile finds gold + adjustments right while the
+    // day is still open
     let v = json(&run(&p, &[]));
     assert_eq!(v["num_adjustment_rows"], 0, "{v}");
+    let out = exec(tidemark_at(NOON).arg("reconcile").arg(&p));
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    // a payment of a final window removed: booked as a negative, arrived_at the run's time
+    pays.retain(|p| p.id != "p1");
+    replace_source(d, &pays).await;
+    let v = json(&run(&p, &[]));
+    assert_eq!(v["num_adjustment_rows"], 1, "{v}");
+    let booked = read_all(&d.join("gold_adjustments")).await;
+    let removal = booked
+        .iter()
+        .flat_map(|b| (0..b.num_rows()).map(move |i| (b, i)))
+        .find(|(b, i)| {
+            let n =
+                arrow::compute::cast(b.column_by_name("payments").expect("n"), &DataType::Int64)
+                    .expect("int");
+            n.as_primitive::<Int64Type>().value(*i) == -1
+        })
+        .expect("the removal's booking");
+    assert_eq!(arrived(removal.0, removal.1), NOON);
 }
 
 #[test]

@@ -304,6 +304,9 @@ proptest! {
             let want = oracle(&pays, minutes);
             // (final windows are never rewritten with `adjust`: gold plus the adjustments)
             prop_assert_eq!(with_adjustments(d).await, want.clone());
+            // ... and reconcile agrees, open days included
+            let r = exec(tidemark_at(NOW).arg("reconcile").arg(&p));
+            prop_assert_eq!(r.code, 0, "{}\n{}", r.stdout, r.stderr);
             if by_watermark {
                 // final: the window ends at or before the newest event − delay − lateness
                 let newest = pays.iter().map(|p| p.created).max().expect("a payment");
@@ -395,10 +398,30 @@ async fn an_hour_window_day_has_25_hours_when_the_clocks_go_back() {
     assert_eq!(last.1 - last.0, 3 * 60 * MINUTE);
     assert_eq!(g.values().map(|v| v.1).sum::<i64>(), 25);
 
+    // --windows on an aggregate without `window:` is refused, not ignored
+    let daily = d.join("daily.yml");
+    std::fs::write(
+        &daily,
+        format!(
+            "name: daily\nkind: aggregate\nsource: {{ uri: \"{d}/silver\" }}\ntarget: {{ uri: \"{d}/gold_daily\" }}\nevent_date: {{ column: created_at }}\nquarantine: {{ max_rows: 5 }}\nmeasures:\n  - {{ name: payments, agg: count }}\n",
+            d = d.display()
+        ),
+    )
+    .expect("daily");
+    assert_eq!(run(&daily, "2024-10-28").code, 0);
+    let out = exec(
+        tidemark_at(NOW)
+            .arg("status")
+            .arg(&daily)
+            .args(["--windows", "3"]),
+    );
+    assert_eq!(out.code, 64, "{}", out.stderr);
+    assert!(out.stderr.contains("has rows per day"), "{}", out.stderr);
     for (w, needle) in [
         ("7m", "does not divide a day"),
         ("90s", "whole number of minutes"),
         ("soon", "not a length of time"),
+        ("5M", "longer than a day (`M` is months"),
     ] {
         let p = pipeline(d, w);
         let out = run(&p, "2024-10-28");

@@ -211,7 +211,19 @@ pub(super) struct RawAggregate {
     #[serde(default)]
     watermark: Option<RawWatermark>,
     #[serde(default)]
-    quarantine: Option<super::common::RawQuarantine>,
+    quarantine: Option<RawAggregateQuarantine>,
+}
+
+/// `quarantine:` of an aggregate: its location is optional (default `<target>_quarantine`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawAggregateQuarantine {
+    #[serde(default)]
+    uri: Option<String>,
+    #[serde(default)]
+    max_rows: Option<u64>,
+    #[serde(default)]
+    max_fraction: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -308,7 +320,17 @@ impl Ctx<'_> {
             }
         }
         let recompute = raw.recompute.unwrap_or_default();
-        let (lookback_days, max_lookback_days) = self.windows(&recompute)?;
+        let (lookback_days, max_lookback_days) = match raw.watermark {
+            // (with a watermark the lookback follows the data's clock, run by run)
+            Some(_) => (
+                DEFAULT_LOOKBACK_DAYS,
+                match &recompute.max_lookback {
+                    Some(v) => self.days("max_lookback", v)?,
+                    None => DEFAULT_MAX_LOOKBACK_DAYS,
+                },
+            ),
+            None => self.windows(&recompute)?,
+        };
         let source_uri = self.substitute("source.uri", &raw.source.uri, vars)?;
         let target_uri = self.substitute("target.uri", &raw.target.uri, vars)?;
         let beside = |suffix: &str| format!("{}_{suffix}", target_uri.trim_end_matches('/'));
@@ -321,7 +343,14 @@ impl Ctx<'_> {
             None => beside("adjustments"),
         };
         let quarantine = match raw.quarantine {
-            Some(q) => self.quarantine(q, vars)?,
+            Some(q) => self.quarantine(
+                super::common::RawQuarantine {
+                    uri: q.uri.unwrap_or_else(|| beside("quarantine")),
+                    max_rows: q.max_rows,
+                    max_fraction: q.max_fraction,
+                },
+                vars,
+            )?,
             None => super::Quarantine {
                 uri: beside("quarantine"),
                 max_rows: None,
@@ -415,7 +444,14 @@ impl Ctx<'_> {
             return Err(bad("is not a whole number of minutes"));
         }
         let minutes = secs / 60;
-        if minutes > 1440 || 1440 % minutes != 0 {
+        if minutes > 1440 {
+            return Err(bad(if value.contains('M') {
+                "is longer than a day (`M` is months: minutes are `m`)"
+            } else {
+                "is longer than a day"
+            }));
+        }
+        if 1440 % minutes != 0 {
             return Err(bad("does not divide a day into equal windows"));
         }
         Ok(Window {
