@@ -79,6 +79,17 @@ pub enum AppError {
     },
 }
 
+impl From<crate::pipeline::maintain::Error> for AppError {
+    fn from(e: crate::pipeline::maintain::Error) -> Self {
+        use crate::pipeline::maintain::Error;
+        match e {
+            Error::Lake(e) => AppError::Lake(e),
+            Error::Run(e) => AppError::Run(e),
+            Error::Maintain(e) => AppError::Maintain(e),
+        }
+    }
+}
+
 impl From<ReconcileError> for AppError {
     fn from(e: ReconcileError) -> Self {
         AppError::Reconcile(Box::new(e))

@@ -237,7 +237,7 @@ async fn heartbeat(
     lost: watch::Sender<Option<String>>,
 ) {
     loop {
-        tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+        tokio::time::sleep(clock.wall(HEARTBEAT_INTERVAL)).await;
         let mut guard = lease.lock().await;
         let Some(l) = guard.as_mut() else { return };
         match l.heartbeat(clock.now()).await {
