@@ -18,7 +18,7 @@ use crate::config::schedule::local_label;
 use crate::config::{BundleError, ConfigError, Diagnostic, Vars};
 use crate::error::ErrorClass;
 use crate::jobs::continuous::ContinuousJob;
-use crate::jobs::{BundleExecutor, JobRequest, JobRunner, ScheduledJob, Scheduler, Trigger};
+use crate::jobs::{BundleExecutor, JobReport, JobRequest, JobRunner, ScheduledJob, Scheduler, Trigger};
 
 fn cli_vars(select: &BundleSelect) -> Result<Vars, AppError> {
     Ok(Vars::from_args(&select.vars).map_err(ConfigError::BadVarArg)?)
@@ -404,9 +404,15 @@ pub async fn run_job(
         }
         (Err(e), None) => return Err(e.into()),
     };
-    // Each warning once: in the text report, or on stderr beside the JSON.
     let mut report = report;
     report.warnings.splice(0..0, bundle_warnings);
+    Ok(job_output(report, output, signal))
+}
+
+/// A job run's report as `--output` asks, with the class and message of its failure (as the
+/// signal that stopped it says, if one did).
+pub(super) fn job_output(report: JobReport, output: OutputFormat, signal: Option<ErrorClass>) -> Output {
+    // Each warning once: in the text report, or on stderr beside the JSON.
     let stdout = match output {
         OutputFormat::Json => {
             for w in report.all_warnings() {
@@ -424,11 +430,14 @@ pub async fn run_job(
             None => (class, message),
         }
     });
-    Ok(Output { stdout, failure })
+    Output { stdout, failure }
 }
 
 /// `tidemark job run`.
 pub async fn job_run(args: JobRunArgs, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
+    if let Some(every) = args.every.every {
+        return super::every::job_every(args, every, clock).await;
+    }
     let (bundle, warnings) = load_bundle_quietly(&args.select)?;
     run_job(
         &bundle,
