@@ -237,8 +237,15 @@ mod tests {
         let wall = std::time::Instant::now();
         clock.sleep_until(at("2027-01-01T00:00:20Z")).await;
         assert!(clock.now() >= at("2027-01-01T00:00:20Z"));
-        assert!(wall.elapsed() < Duration::from_secs(5), "{:?}", wall.elapsed());
-        assert_eq!(clock.wall(Duration::from_secs(30)), Duration::from_millis(30));
+        assert!(
+            wall.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            wall.elapsed()
+        );
+        assert_eq!(
+            clock.wall(Duration::from_secs(30)),
+            Duration::from_millis(30)
+        );
     }
 
     #[tokio::test]

@@ -33,9 +33,15 @@ pub(super) fn refuse_run_flags(args: &RunArgs) -> Result<(), AppError> {
     let once = if args.full_reload {
         Some(("--full-reload", "rebuilds the target once"))
     } else if args.dry_run {
-        Some(("--dry-run", "changes nothing, so repeating it shows nothing new"))
+        Some((
+            "--dry-run",
+            "changes nothing, so repeating it shows nothing new",
+        ))
     } else if args.logical_date.is_some() {
-        Some(("--logical-date", "pins one day, which a loop would restate every tick"))
+        Some((
+            "--logical-date",
+            "pins one day, which a loop would restate every tick",
+        ))
     } else if args.restate_from.is_some() {
         Some(("--from/--to", "restate chosen days once"))
     } else {
@@ -108,8 +114,17 @@ async fn every(
         };
         runs += 1;
         if let Some(class) = aborted {
-            let message = format!("{} received twice: run {runs} was stopped ({}); rerunning is safe", name(class), out.failure.map(|f| f.1).unwrap_or_else(|| "it had finished".into()));
-            return Output { stdout: out.stdout, failure: Some((class, message)) };
+            let message = format!(
+                "{} received twice: run {runs} was stopped ({}); rerunning is safe",
+                name(class),
+                out.failure
+                    .map(|f| f.1)
+                    .unwrap_or_else(|| "it had finished".into())
+            );
+            return Output {
+                stdout: out.stdout,
+                failure: Some((class, message)),
+            };
         }
         match out.failure {
             None => emit(&out.stdout),
@@ -119,11 +134,17 @@ async fn every(
                     OutputFormat::Json => json_failure(&out.stdout, class, &message),
                     OutputFormat::Text => out.stdout,
                 });
-                warn!("run {runs} failed (exit {}), the next tick runs again: {message}", class.exit_code());
+                warn!(
+                    "run {runs} failed (exit {}), the next tick runs again: {message}",
+                    class.exit_code()
+                );
             }
             Some((class, message)) => {
                 let message = format!("run {runs} failed, so the loop stopped: {message}");
-                return Output { stdout: out.stdout, failure: Some((class, message)) };
+                return Output {
+                    stdout: out.stdout,
+                    failure: Some((class, message)),
+                };
             }
         }
         if let Some(signal) = stopping {
@@ -153,7 +174,12 @@ pub(super) struct PipelineLoop {
 
 impl PipelineLoop {
     /// Runs the pipeline on every tick until stopped.
-    pub async fn start(self, period: Duration, output: OutputFormat, clock: Arc<dyn Clock>) -> Output {
+    pub async fn start(
+        self,
+        period: Duration,
+        output: OutputFormat,
+        clock: Arc<dyn Clock>,
+    ) -> Output {
         let (abort_tx, abort_rx) = watch::channel(None::<ErrorClass>);
         let compactor = Arc::new(Compactor::new(self.compact_after));
         let this = Arc::new(self);
@@ -170,10 +196,23 @@ impl PipelineLoop {
                     }
                 };
                 let p = &this.pipeline;
-                let run = super::run_command::run_once(p, this.opts.clone(), &this.engine, clock.clone(), &this.from, stop).await;
+                let run = super::run_command::run_once(
+                    p,
+                    this.opts.clone(),
+                    &this.engine,
+                    clock.clone(),
+                    &this.from,
+                    stop,
+                )
+                .await;
                 let summary = match run {
                     Ok(s) => s,
-                    Err(e) => return Output { stdout: String::new(), failure: Some((e.class(), e.to_string())) },
+                    Err(e) => {
+                        return Output {
+                            stdout: String::new(),
+                            failure: Some((e.class(), e.to_string())),
+                        }
+                    }
                 };
                 let (done, warnings) = compactor.after_run(&[p.as_ref()], clock.now()).await;
                 for w in &warnings {
@@ -183,19 +222,35 @@ impl PipelineLoop {
                 with_compactions(text, &done, output).into()
             })
         };
-        every(period, clock, output, move |class| { let _ = abort_tx.send(Some(class)); }, once).await
+        every(
+            period,
+            clock,
+            output,
+            move |class| {
+                let _ = abort_tx.send(Some(class));
+            },
+            once,
+        )
+        .await
     }
 }
 
 /// A run's report with what compaction in step did: a line each, or a `compactions` field.
-fn with_compactions(text: String, done: &[crate::jobs::continuous::Compaction], output: OutputFormat) -> String {
+fn with_compactions(
+    text: String,
+    done: &[crate::jobs::continuous::Compaction],
+    output: OutputFormat,
+) -> String {
     if done.is_empty() {
         return text;
     }
     match output {
         OutputFormat::Json => match serde_json::from_str::<serde_json::Value>(text.trim()) {
             Ok(serde_json::Value::Object(mut obj)) => {
-                obj.insert("compactions".into(), serde_json::to_value(done).unwrap_or_default());
+                obj.insert(
+                    "compactions".into(),
+                    serde_json::to_value(done).unwrap_or_default(),
+                );
                 serde_json::Value::Object(obj).to_string() + "\n"
             }
             _ => text,
@@ -210,7 +265,11 @@ fn with_compactions(text: String, done: &[crate::jobs::continuous::Compaction], 
 /// `tidemark job run JOB --every`: each tick is one run of the job through its runner (its
 /// lease, its ledger rows with trigger `continuous`), so two loops of one job never overlap —
 /// the one that finds the lease held records its tick as skipped and tries the next.
-pub(super) async fn job_every(args: JobRunArgs, period: Duration, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
+pub(super) async fn job_every(
+    args: JobRunArgs,
+    period: Duration,
+    clock: Arc<dyn Clock>,
+) -> Result<Output, AppError> {
     if args.full_reload {
         return Err(AppError::Usage("--every runs the job incrementally on every tick; --full-reload rebuilds its targets once: run it once without --every, then start the loop".into()));
     }
@@ -236,12 +295,18 @@ pub(super) async fn job_every(args: JobRunArgs, period: Duration, clock: Arc<dyn
         Box::pin(async move {
             match runner.run(&req).await {
                 Ok(report) => super::jobs_commands::job_output(report, output, None),
-                Err(e) => Output { stdout: String::new(), failure: Some((e.class(), e.to_string())) },
+                Err(e) => Output {
+                    stdout: String::new(),
+                    failure: Some((e.class(), e.to_string())),
+                },
             }
         })
     };
     let abort = move |class| {
-        let _ = cancel.send(Some(format!("{} received twice: `job run --every` was stopped", name(class))));
+        let _ = cancel.send(Some(format!(
+            "{} received twice: `job run --every` was stopped",
+            name(class)
+        )));
     };
     Ok(every(period, clock, output, abort, once).await)
 }

@@ -18,7 +18,9 @@ use crate::config::schedule::local_label;
 use crate::config::{BundleError, ConfigError, Diagnostic, Vars};
 use crate::error::ErrorClass;
 use crate::jobs::continuous::ContinuousJob;
-use crate::jobs::{BundleExecutor, JobReport, JobRequest, JobRunner, ScheduledJob, Scheduler, Trigger};
+use crate::jobs::{
+    BundleExecutor, JobReport, JobRequest, JobRunner, ScheduledJob, Scheduler, Trigger,
+};
 
 fn cli_vars(select: &BundleSelect) -> Result<Vars, AppError> {
     Ok(Vars::from_args(&select.vars).map_err(ConfigError::BadVarArg)?)
@@ -411,7 +413,11 @@ pub async fn run_job(
 
 /// A job run's report as `--output` asks, with the class and message of its failure (as the
 /// signal that stopped it says, if one did).
-pub(super) fn job_output(report: JobReport, output: OutputFormat, signal: Option<ErrorClass>) -> Output {
+pub(super) fn job_output(
+    report: JobReport,
+    output: OutputFormat,
+    signal: Option<ErrorClass>,
+) -> Output {
     // Each warning once: in the text report, or on stderr beside the JSON.
     let stdout = match output {
         OutputFormat::Json => {

@@ -42,7 +42,8 @@ pub fn next_tick(
     if now <= due {
         return (due, 0);
     }
-    let periods = |d: chrono::TimeDelta| d.num_microseconds().unwrap_or(i64::MAX).max(0) / period_us;
+    let periods =
+        |d: chrono::TimeDelta| d.num_microseconds().unwrap_or(i64::MAX).max(0) / period_us;
     let since_start = periods(now - start);
     let latest = start + chrono::TimeDelta::microseconds(since_start.saturating_mul(period_us));
     let latest = latest.max(due);

@@ -126,8 +126,8 @@ pub async fn maintain(
     let tombstones = match &tables.merge {
         Some(m) => {
             let ctx = lake::session::context();
-            let expired = crate::merge::tombstones::expire(&ctx, table.clone(), m, now, opts.dry_run)
-                .await?;
+            let expired =
+                crate::merge::tombstones::expire(&ctx, table.clone(), m, now, opts.dry_run).await?;
             if expired.as_ref().is_some_and(|e| e.target_version.is_some()) {
                 table = lake::open_required(uri, role).await?;
             }

@@ -57,14 +57,21 @@ fn setup(d: &Path) -> PathBuf {
             "" => String::new(),
             d => format!("          depends_on: [{{ task_key: {d} }}]\n"),
         };
-        format!("        - task_key: {key}\n{dep}          pipeline_task: {{ pipeline: \"{}\" }}\n", p.join(file).display())
+        format!(
+            "        - task_key: {key}\n{dep}          pipeline_task: {{ pipeline: \"{}\" }}\n",
+            p.join(file).display()
+        )
     };
-    std::fs::write(bundle.join("resources/jobs.yml"), format!(
-        "resources:\n  jobs:\n    stream:\n      tasks:\n{}{}{}",
-        task("ingest", "", "events.yml"),
-        task("merge", "ingest", "payments.yml"),
-        task("gold", "merge", "windowed.yml"),
-    )).expect("write");
+    std::fs::write(
+        bundle.join("resources/jobs.yml"),
+        format!(
+            "resources:\n  jobs:\n    stream:\n      tasks:\n{}{}{}",
+            task("ingest", "", "events.yml"),
+            task("merge", "ingest", "payments.yml"),
+            task("gold", "merge", "windowed.yml"),
+        ),
+    )
+    .expect("write");
     bundle
 }
 
@@ -98,7 +105,10 @@ fn lines_of(child: &mut Child) -> Arc<Mutex<Vec<String>>> {
     let stdout = child.stdout.take().expect("stdout");
     let sink = lines.clone();
     std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
             sink.lock().expect("lines").push(line);
         }
     });
@@ -119,14 +129,21 @@ fn live_files(table: &Path) -> usize {
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "json"))
-        .filter(|p| p.file_stem().is_some_and(|s| s.to_string_lossy().chars().all(|c| c.is_ascii_digit())))
+        .filter(|p| {
+            p.file_stem()
+                .is_some_and(|s| s.to_string_lossy().chars().all(|c| c.is_ascii_digit()))
+        })
         .collect();
     commits.sort();
     let mut live = std::collections::BTreeSet::new();
     for c in commits {
-        let Ok(text) = std::fs::read_to_string(&c) else { continue };
+        let Ok(text) = std::fs::read_to_string(&c) else {
+            continue;
+        };
         for line in text.lines() {
-            let Ok(action) = serde_json::from_str::<Value>(line) else { continue };
+            let Ok(action) = serde_json::from_str::<Value>(line) else {
+                continue;
+            };
             if let Some(p) = action["add"]["path"].as_str() {
                 live.insert(p.to_string());
             }
@@ -141,7 +158,12 @@ fn live_files(table: &Path) -> usize {
 /// A first plain run of the ingest, then an hour more of landing files: the loop's first run
 /// is an incremental one (where the tests hold it).
 fn first_run(d: &Path) {
-    let out = exec(tidemark_at(0).env("TIDEMARK_FAKE_NOW", ORIGIN).arg("run").arg(d.join("pipelines/events.yml")));
+    let out = exec(
+        tidemark_at(0)
+            .env("TIDEMARK_FAKE_NOW", ORIGIN)
+            .arg("run")
+            .arg(d.join("pipelines/events.yml")),
+    );
     assert_eq!(out.code, 0, "{}", out.stderr);
     generate(d, true);
 }
@@ -180,7 +202,10 @@ async fn gold_rows(d: &Path) -> Vec<String> {
         let fmt = arrow::util::display::FormatOptions::default();
         let formatters: Vec<_> = cols
             .iter()
-            .map(|i| arrow::util::display::ArrayFormatter::try_new(b.column(*i).as_ref(), &fmt).expect("fmt"))
+            .map(|i| {
+                arrow::util::display::ArrayFormatter::try_new(b.column(*i).as_ref(), &fmt)
+                    .expect("fmt")
+            })
             .collect();
         for r in 0..b.num_rows() {
             let cells: Vec<String> = cols
@@ -221,9 +246,10 @@ async fn job_every_runs_ten_minutes_with_bounded_files_and_stops_on_sigint() {
             *m = (*m).max(n);
         }
     };
-    // New landing files while the loop runs: an hour of arrivals every 2 s of wall time.
-    for _ in 0..4 {
-        std::thread::sleep(Duration::from_secs(2));
+    // New landing files while the loop runs: an hour of arrivals every second of wall time
+    // (40 s of the clock).
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_secs(1));
         generate(d, true);
         sample(&mut most);
     }
@@ -243,7 +269,10 @@ async fn job_every_runs_ten_minutes_with_bounded_files_and_stops_on_sigint() {
     assert_eq!(last["stopped"]["signal"], "SIGINT", "{last}");
     let runs = last["stopped"]["runs"].as_u64().expect("runs");
     assert_eq!(runs as usize, reports.len(), "one JSON line per run");
-    assert!(runs >= 5, "ten clock-minutes of 30 s ticks ran {runs} times: {stderr}");
+    assert!(
+        runs >= 5,
+        "ten clock-minutes of 30 s ticks ran {runs} times: {stderr}"
+    );
     let reports: Vec<Value> = reports
         .iter()
         .map(|l| serde_json::from_str(l).expect("a JSON report per line"))
@@ -256,7 +285,7 @@ async fn job_every_runs_ten_minutes_with_bounded_files_and_stops_on_sigint() {
         .iter()
         .filter(|r| r.get("compactions").is_some())
         .count();
-    assert!(compactions >= 1, "compaction kept in step: {reports:?}");
+    assert!(compactions >= 2, "compaction kept in step: {reports:?}");
 
     // Every attempt is in the ledger, as a continuous run.
     let rows = crate::common::held::bundle_ledger(tidemark(), &bundle);
@@ -269,12 +298,13 @@ async fn job_every_runs_ten_minutes_with_bounded_files_and_stops_on_sigint() {
         assert_eq!(r["status"], "succeeded", "{r}");
     }
 
-    // The live file count of every table stayed bounded: what compaction leaves, plus
-    // compact_after, plus what one run adds.
+    // The live file count of every table stayed bounded — what compaction leaves (1), plus
+    // compact_after — although bronze got a file from each of 11 landings.
     sample(&mut most);
+    assert!(most.len() >= 5, "{most:?}");
     for (table, n) in &most {
         assert!(
-            *n <= COMPACT_AFTER + 6,
+            *n <= COMPACT_AFTER + 1,
             "{} reached {n} live files (compact_after {COMPACT_AFTER}): {most:?}",
             table.display()
         );
@@ -392,13 +422,32 @@ fn every_refuses_one_off_flags() {
         &["--logical-date", "2024-01-01"],
         &["--from", "2024-01-01", "--to", "2024-01-02"],
     ] {
-        let out = exec(tidemark().arg("run").arg(&gold).args(["--every", "30s"]).args(flags));
+        let out = exec(
+            tidemark()
+                .arg("run")
+                .arg(&gold)
+                .args(["--every", "30s"])
+                .args(flags),
+        );
         assert_eq!(out.code, 64, "{flags:?}: {}", out.stderr);
-        assert!(out.stderr.contains("--every runs the pipeline incrementally"), "{}", out.stderr);
+        assert!(
+            out.stderr
+                .contains("--every runs the pipeline incrementally"),
+            "{}",
+            out.stderr
+        );
     }
     let out = exec(
         tidemark()
-            .args(["job", "run", "stream", "--every", "30s", "--full-reload", "--bundle"])
+            .args([
+                "job",
+                "run",
+                "stream",
+                "--every",
+                "30s",
+                "--full-reload",
+                "--bundle",
+            ])
             .arg(&bundle),
     );
     assert_eq!(out.code, 64, "{}", out.stderr);
@@ -407,7 +456,13 @@ fn every_refuses_one_off_flags() {
         let out = exec(tidemark().arg("run").arg(&gold).args(["--every", bad]));
         assert_eq!(out.code, 64, "{bad}: {}", out.stderr);
     }
-    let out = exec(tidemark().arg("run").arg(&gold).args(["--compact-after", "0", "--every", "1m"]));
+    let out =
+        exec(
+            tidemark()
+                .arg("run")
+                .arg(&gold)
+                .args(["--compact-after", "0", "--every", "1m"]),
+        );
     assert_eq!(out.code, 64, "{}", out.stderr);
 }
 
@@ -423,25 +478,49 @@ fn a_continuous_job_is_validated_and_summarised() {
         "    stream:\n      continuous: { every: 30s, compact_after: 16 }\n",
     );
     std::fs::write(&jobs, &continuous).expect("write");
-    let out = exec(tidemark().args(["bundle", "summary", "--bundle"]).arg(&bundle));
+    let out = exec(
+        tidemark()
+            .args(["bundle", "summary", "--bundle"])
+            .arg(&bundle),
+    );
     assert_eq!(out.code, 0, "{}", out.stderr);
-    assert!(out.stdout.contains("continuous: every 30s (UNPAUSED)"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("continuous: every 30s (UNPAUSED)"),
+        "{}",
+        out.stdout
+    );
     assert!(out.stdout.contains("after 16 new files"), "{}", out.stdout);
     let both = text.replace(
         "    stream:\n",
         "    stream:\n      schedule: { quartz_cron_expression: \"0 * * * * ?\", timezone_id: UTC }\n      continuous: { every: 30s }\n",
     );
     std::fs::write(&jobs, both).expect("write");
-    let out = exec(tidemark().args(["bundle", "validate", "--bundle"]).arg(&bundle));
+    let out = exec(
+        tidemark()
+            .args(["bundle", "validate", "--bundle"])
+            .arg(&bundle),
+    );
     assert_eq!(out.code, 78, "{}", out.stdout);
     assert!(out.stdout.contains("jobs.yml:5:"), "{}", out.stdout);
-    assert!(out.stdout.contains("both `schedule:` and `continuous:`"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("both `schedule:` and `continuous:`"),
+        "{}",
+        out.stdout
+    );
     let short = text.replace(
         "    stream:\n",
         "    stream:\n      continuous: { every: 10ms }\n",
     );
     std::fs::write(&jobs, short).expect("write");
-    let out = exec(tidemark().args(["bundle", "validate", "--bundle"]).arg(&bundle));
+    let out = exec(
+        tidemark()
+            .args(["bundle", "validate", "--bundle"])
+            .arg(&bundle),
+    );
     assert_eq!(out.code, 78, "{}", out.stdout);
-    assert!(out.stdout.contains("shorter than a second"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("shorter than a second"),
+        "{}",
+        out.stdout
+    );
 }

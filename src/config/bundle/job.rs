@@ -147,11 +147,17 @@ impl JobCtx<'_> {
         let every = match humantime::parse_duration(every_text.trim()) {
             Ok(d) if d >= Duration::from_secs(1) => Some(d),
             Ok(_) => {
-                self.error(every_line, format!("`every: {every_text}` is shorter than a second; use 1s or more"));
+                self.error(
+                    every_line,
+                    format!("`every: {every_text}` is shorter than a second; use 1s or more"),
+                );
                 None
             }
             Err(e) => {
-                self.error(every_line, format!("`every: {every_text}` is not a duration ({e}); e.g. 30s, 5m"));
+                self.error(
+                    every_line,
+                    format!("`every: {every_text}` is not a duration ({e}); e.g. 30s, 5m"),
+                );
                 None
             }
         };
