@@ -122,6 +122,11 @@ fn count(lines: &Arc<Mutex<Vec<String>>>) -> usize {
 /// A table's live files, from its JSON commits (all kept: a checkpoint never replaces them
 /// here).
 fn live_files(table: &Path) -> usize {
+    files(table).0
+}
+
+/// A table's live files, and every file its commits ever added.
+fn files(table: &Path) -> (usize, usize) {
     let log = table.join("_delta_log");
     let mut commits: Vec<PathBuf> = std::fs::read_dir(&log)
         .into_iter()
@@ -136,6 +141,7 @@ fn live_files(table: &Path) -> usize {
         .collect();
     commits.sort();
     let mut live = std::collections::BTreeSet::new();
+    let mut added = 0;
     for c in commits {
         let Ok(text) = std::fs::read_to_string(&c) else {
             continue;
@@ -145,6 +151,7 @@ fn live_files(table: &Path) -> usize {
                 continue;
             };
             if let Some(p) = action["add"]["path"].as_str() {
+                added += 1;
                 live.insert(p.to_string());
             }
             if let Some(p) = action["remove"]["path"].as_str() {
@@ -152,7 +159,7 @@ fn live_files(table: &Path) -> usize {
             }
         }
     }
-    live.len()
+    (live.len(), added)
 }
 
 /// A first plain run of the ingest, then an hour more of landing files: the loop's first run
@@ -246,18 +253,19 @@ async fn job_every_runs_ten_minutes_with_bounded_files_and_stops_on_sigint() {
             *m = (*m).max(n);
         }
     };
-    // New landing files while the loop runs: an hour of arrivals every second of wall time
-    // (40 s of the clock).
-    for _ in 0..10 {
-        std::thread::sleep(Duration::from_secs(1));
+    // New landing files while the loop runs, each ingested by a run of its own: after each
+    // landing, two more runs end (the first may have started before the files landed).
+    for _ in 0..8 {
         generate(d, true);
-        sample(&mut most);
+        let seen = count(&lines);
+        wait_for("two runs after a landing", || {
+            sample(&mut most);
+            count(&lines) >= seen + 2
+        });
     }
-    // Two runs after the last landing file: all data is in.
-    let seen = count(&lines);
-    wait_for("two runs after the last landing", || {
+    wait_for("ten minutes of the clock", || {
         sample(&mut most);
-        count(&lines) >= seen + 2 && started.elapsed() >= ten_minutes
+        started.elapsed() >= ten_minutes
     });
     send(&child, libc::SIGINT);
     let out = child.wait_with_output().expect("wait");
@@ -285,7 +293,7 @@ async fn job_every_runs_ten_minutes_with_bounded_files_and_stops_on_sigint() {
         .iter()
         .filter(|r| r.get("compactions").is_some())
         .count();
-    assert!(compactions >= 2, "compaction kept in step: {reports:?}");
+    assert!(compactions >= 1, "compaction kept in step: {reports:?}");
 
     // Every attempt is in the ledger, as a continuous run.
     let rows = crate::common::held::bundle_ledger(tidemark(), &bundle);
@@ -299,9 +307,11 @@ async fn job_every_runs_ten_minutes_with_bounded_files_and_stops_on_sigint() {
     }
 
     // The live file count of every table stayed bounded — what compaction leaves (1), plus
-    // compact_after — although bronze got a file from each of 11 landings.
+    // compact_after — although bronze got a commit from each of 8 landings.
     sample(&mut most);
     assert!(most.len() >= 5, "{most:?}");
+    let (_, added) = files(&d.join("lake/bronze"));
+    assert!(added > COMPACT_AFTER + 1, "bronze got {added} files in all");
     for (table, n) in &most {
         assert!(
             *n <= COMPACT_AFTER + 1,
