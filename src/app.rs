@@ -151,7 +151,7 @@ impl From<String> for Output {
 pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
     use jobs_commands as j;
     Ok(match command {
-        Command::Run(args) => run_command(args, clock).await?.into(),
+        Command::Run(args) => run_command(args, clock).await?,
         Command::History(args) => stoppable("history", READ_ONLY, history(args)).await?.into(),
         Command::Restore(args) => stoppable("restore", RESTORE, restore(args)).await?.into(),
         Command::Generate(args) => stoppable("generate", GENERATE, generate_command(args))

@@ -566,6 +566,15 @@ fn parse_limit(text: &str) -> Result<usize, String> {
     }
 }
 
+/// `--every`: a humantime duration of at least a second.
+fn parse_every(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s.trim()).map_err(|e| format!("{e}; e.g. 30s, 5m, 1h"))?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err("the period must be at least 1s".into());
+    }
+    Ok(d)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -578,13 +587,4 @@ mod tests {
         assert!(super::parse_limit("0").is_err());
         assert!(super::parse_limit("-1").is_err());
     }
-}
-
-/// `--every`: a humantime duration of at least a second.
-fn parse_every(s: &str) -> Result<std::time::Duration, String> {
-    let d = humantime::parse_duration(s.trim()).map_err(|e| format!("{e}; e.g. 30s, 5m, 1h"))?;
-    if d < std::time::Duration::from_secs(1) {
-        return Err("the period must be at least 1s".into());
-    }
-    Ok(d)
 }

@@ -147,7 +147,7 @@ fn checked_columns(s: &Source<'_>) -> Result<(Expr, super::days::RawRange), RunE
     Ok((day, raw))
 }
 
-/// The rows of `df` that count (see [`counted_rows`]), for the rows no day can hold.
+/// The rows of `df` that count (see `counted_rows`), for the rows no day can hold.
 pub fn counted(p: &Pipeline, spec: &Aggregate, df: DataFrame) -> Result<DataFrame, RunError> {
     let s = Source {
         p,

@@ -57,7 +57,7 @@ fn run_options(args: &RunArgs, pipeline: &Pipeline) -> Result<RunOptions, AppErr
 ///
 /// SIGINT/SIGTERM stop the run (nothing is committed unless its commit had already landed,
 /// whole), remove its spill files and end it with exit 130/143. With `--every`, see
-/// [`super::every`].
+/// the `every` module.
 pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<super::Output, AppError> {
     if args.every.every.is_some() {
         super::every::refuse_run_flags(&args)?;

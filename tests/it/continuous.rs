@@ -534,3 +534,60 @@ fn a_continuous_job_is_validated_and_summarised() {
         out.stdout
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_scheduler_runs_a_continuous_job_back_to_back_and_stops_on_sigterm() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let d = dir.path();
+    let bundle = setup(d);
+    let jobs = bundle.join("resources/jobs.yml");
+    let text = std::fs::read_to_string(&jobs).expect("read");
+    std::fs::write(
+        &jobs,
+        text.replace(
+            "    stream:\n",
+            "    stream:\n      continuous: { every: 30s, compact_after: 4 }\n",
+        ),
+    )
+    .expect("write");
+    generate(d, false);
+    let mut child = sped_up()
+        .args(["scheduler", "--bundle"])
+        .arg(&bundle)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let lines = lines_of(&mut child);
+    let ledger = || {
+        let out = exec(
+            tidemark()
+                .args(["runs", "--limit", "100", "--output", "json", "--bundle"])
+                .arg(&bundle),
+        );
+        serde_json::from_str::<Value>(out.stdout.trim())
+            .ok()
+            .and_then(|v| v.as_array().cloned())
+            .unwrap_or_default()
+    };
+    for _ in 0..3 {
+        generate(d, true);
+        let before = ledger().len();
+        wait_for("two more runs", || ledger().len() >= before + 6);
+    }
+    send(&child, libc::SIGTERM);
+    let out = child.wait_with_output().expect("wait");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    let said = lines.lock().expect("lines").join("\n");
+    assert!(said.contains("continuous runs"), "{said}");
+    let rows = ledger();
+    assert!(rows.len() >= 18, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["trigger"], "continuous", "{r}");
+        assert!(
+            r["status"] == "succeeded" || r["status"] == "cancelled",
+            "no skip rows for ticks inside a run: {r}"
+        );
+    }
+}
