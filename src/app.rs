@@ -4,15 +4,18 @@
 mod changes_command;
 mod demo;
 mod demo_debezium;
+mod every;
 mod fit;
 mod jobs_commands;
 mod lateness_command;
 mod reconcile_command;
+mod run_command;
 mod runs_command;
 mod status_command;
 mod table_commands;
 mod upstream;
 
+pub use run_command::run_command;
 pub use table_commands::{history, maintain, restore};
 
 use std::sync::Arc;
@@ -22,7 +25,7 @@ use comfy_table::Table;
 
 use crate::cli::{
     BundleCommand, Command, EngineArgs, GenerateArgs, HistoryArgs, JobCommand, MaintainArgs,
-    OutputFormat, PipelineVars, ReconcileArgs, RestoreArgs, RunArgs,
+    OutputFormat, PipelineVars, ReconcileArgs, RestoreArgs,
 };
 use crate::clock::Clock;
 use crate::config::pipeline::resolve_pipeline_path;
@@ -33,7 +36,7 @@ use crate::generate::{self, GenerateError, GenerateMode, GenerateOptions, Genera
 use crate::lake::classify_delta;
 use crate::lake::{self, LakeError};
 use crate::reconcile::{self, ReconcileError, ReconcileOptions};
-use crate::run::{self, Engine, RunError, RunOptions};
+use crate::run::{self, Engine, RunError};
 
 /// Any failure of a command.
 #[derive(Debug, thiserror::Error)]
@@ -77,6 +80,17 @@ pub enum AppError {
         #[source]
         source: Box<deltalake::DeltaTableError>,
     },
+}
+
+impl From<crate::pipeline::maintain::Error> for AppError {
+    fn from(e: crate::pipeline::maintain::Error) -> Self {
+        use crate::pipeline::maintain::Error;
+        match e {
+            Error::Lake(e) => AppError::Lake(e),
+            Error::Run(e) => AppError::Run(e),
+            Error::Maintain(e) => AppError::Maintain(e),
+        }
+    }
 }
 
 impl From<ReconcileError> for AppError {
@@ -137,7 +151,7 @@ impl From<String> for Output {
 pub async fn dispatch(command: Command, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
     use jobs_commands as j;
     Ok(match command {
-        Command::Run(args) => run_command(args, clock).await?.into(),
+        Command::Run(args) => run_command(args, clock).await?,
         Command::History(args) => stoppable("history", READ_ONLY, history(args)).await?.into(),
         Command::Restore(args) => stoppable("restore", RESTORE, restore(args)).await?.into(),
         Command::Generate(args) => stoppable("generate", GENERATE, generate_command(args))
@@ -393,94 +407,6 @@ pub(crate) fn engine_of(args: &EngineArgs) -> Result<Engine, AppError> {
         spill_directory: args.spill_dir.clone(),
     };
     Engine::new(&compute).map_err(|e| AppError::Usage(e.to_string()))
-}
-
-/// `tidemark run`.
-///
-/// SIGINT/SIGTERM stop the run (nothing is committed unless its commit had already landed,
-/// whole), remove its spill files and end it with exit 130/143.
-/// The run's options from its arguments; the aggregate-only ones are refused for other kinds.
-fn run_options(args: &RunArgs, pipeline: &Pipeline) -> Result<RunOptions, AppError> {
-    let dated = args.logical_date.is_some() || args.restate_from.is_some();
-    if dated && pipeline.kind() != crate::config::pipeline::Kind::Aggregate {
-        return Err(AppError::Usage(format!(
-            "--logical-date, --from and --to apply to aggregate pipelines; `{}` is {}",
-            pipeline.name,
-            pipeline.kind()
-        )));
-    }
-    if let (Some(_), crate::config::pipeline::Spec::Aggregate(a)) =
-        (args.logical_date, &pipeline.spec)
-    {
-        if a.watermark.is_some() {
-            return Err(AppError::Usage(format!(
-                "`{}` closes windows by its watermark (the data's own clock, `watermark:`), so --logical-date does not apply: run it without one, or restate days on purpose with --from/--to",
-                pipeline.name
-            )));
-        }
-    }
-    if let (Some(from), Some(to)) = (args.restate_from, args.restate_to) {
-        if from > to {
-            return Err(AppError::Usage(format!(
-                "--from {from} is after --to {to}: give the first day, then the last"
-            )));
-        }
-        if args.full_reload {
-            return Err(AppError::Usage(
-                "--from/--to restate some days and --full-reload all of them: give one".into(),
-            ));
-        }
-    }
-    Ok(RunOptions {
-        full_reload: args.full_reload,
-        dry_run: args.dry_run,
-        logical_date: args.logical_date,
-        restate_from: args.restate_from,
-        restate_to: args.restate_to,
-        var_args: shell_var_args(&args.from.vars),
-    })
-}
-
-pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<String, AppError> {
-    let pipeline = Arc::new(load_pipeline(&args.pipeline, &args.from)?);
-    let engine = engine_of(&args.engine)?;
-    let opts = run_options(&args, &pipeline)?;
-    let on_engine = engine.clone();
-    let run = pipeline.clone();
-    let mut handle = engine
-        .spawn(async move { crate::pipeline::run(&run, &opts, clock.as_ref(), &on_engine).await });
-    let result = tokio::select! {
-        joined = &mut handle => joined,
-        signal = crate::signal::stop_signal() => {
-            handle.abort();
-            // Let the run unwind (its destructors drop its spill files) when it next yields.
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(2), &mut handle).await;
-            engine.remove_spill_dir();
-            return Err(AppError::Stopped { signal });
-        }
-    };
-    engine.remove_spill_dir();
-    let summary = match result {
-        Ok(outcome) => {
-            outcome.map_err(|e| upstream::explain_missing(e.into(), &pipeline, &args.from))?
-        }
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(e) => {
-            return Err(AppError::Usage(format!(
-                "the run was stopped before it finished: {e}"
-            )))
-        }
-    };
-    Ok(match args.output {
-        OutputFormat::Json => {
-            // the text summary lists its warnings; a JSON reader's person reads stderr
-            for w in &summary.warnings {
-                tracing::warn!("{w}");
-            }
-            summary.to_json() + "\n"
-        }
-        OutputFormat::Text => summary.to_text(),
-    })
 }
 
 /// `--var` arguments as they can be pasted into a shell: ` --var lake=/x` (values quoted when

@@ -225,6 +225,23 @@ pub struct JobRunArgs {
     pub full_reload: bool,
     #[arg(long, value_enum, default_value_t = OutputFormat::Text)]
     pub output: OutputFormat,
+    #[command(flatten)]
+    pub every: EveryArgs,
+}
+
+/// Continuous runs: the same run again on a period, until stopped.
+#[derive(Debug, Clone, Args)]
+pub struct EveryArgs {
+    /// Run again every DURATION (e.g. 30s, 5m; at least 1s) until SIGINT/SIGTERM, printing each
+    /// run's report as it ends: the first signal lets the current run finish, then exits 0; a
+    /// second one stops the run (exit 130/143).
+    #[arg(long, value_name = "DURATION", value_parser = parse_every)]
+    pub every: Option<std::time::Duration>,
+    /// With --every: maintain a pipeline's tables (compaction, checkpoint, vacuum within the
+    /// retention, as `tidemark maintain`) once they gained N live files, keeping small files
+    /// bounded.
+    #[arg(long, value_name = "N", default_value_t = crate::config::bundle::DEFAULT_COMPACT_AFTER, value_parser = clap::value_parser!(u64).range(1..))]
+    pub compact_after: u64,
 }
 
 #[derive(Debug, Args)]
@@ -280,6 +297,8 @@ pub struct RunArgs {
     /// `aggregate` pipelines: ... up to and including this date.
     #[arg(long = "to", value_name = "DATE", requires = "restate_from", value_parser = parse_date)]
     pub restate_to: Option<chrono::NaiveDate>,
+    #[command(flatten)]
+    pub every: EveryArgs,
 }
 
 /// The compute a command's queries run with: the settings a bundle's `job_clusters` declare,
@@ -545,6 +564,15 @@ fn parse_limit(text: &str) -> Result<usize, String> {
             "{text:?} is not a whole number; pass how many rows to show, at least 1"
         )),
     }
+}
+
+/// `--every`: a humantime duration of at least a second.
+fn parse_every(s: &str) -> Result<std::time::Duration, String> {
+    let d = humantime::parse_duration(s.trim()).map_err(|e| format!("{e}; e.g. 30s, 5m, 1h"))?;
+    if d < std::time::Duration::from_secs(1) {
+        return Err("the period must be at least 1s".into());
+    }
+    Ok(d)
 }
 
 #[cfg(test)]

@@ -14,6 +14,15 @@ use chrono::{DateTime, Utc};
 /// Meant for tests and for replaying a past hour; never set it in production.
 pub const FAKE_NOW_ENV: &str = "TIDEMARK_FAKE_NOW";
 
+/// Environment variable that makes the clock of the binary run this many times faster than the
+/// wall clock (a positive whole number): now = origin + elapsed × N, where the origin is
+/// [`FAKE_NOW_ENV`] when set, else the wall clock at start; waits are N times shorter. For tests
+/// only (ten minutes of a continuous job in ten seconds); never set it in production.
+pub const TIME_SCALE_ENV: &str = "TIDEMARK_TIME_SCALE";
+
+/// Largest [`TIME_SCALE_ENV`].
+const MAX_TIME_SCALE: u32 = 100_000;
+
 /// A future returned by [`Clock::sleep_until`].
 pub type Sleep<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
 
@@ -26,6 +35,13 @@ pub trait Clock: Send + Sync {
     /// scheduler waits for its next fire with this, so a test clock can make days pass in
     /// milliseconds.
     fn sleep_until(&self, deadline: DateTime<Utc>) -> Sleep<'_>;
+
+    /// How long `d` of this clock's time lasts on the wall clock: `d` itself, except for a
+    /// sped-up test clock ([`TIME_SCALE_ENV`]). Timers that keep state other processes judge by
+    /// this clock (a lease's heartbeat) wait this long.
+    fn wall(&self, d: Duration) -> Duration {
+        d
+    }
 }
 
 /// Longest single wait of the system clock: the wall clock is re-read at least this often, so
@@ -110,16 +126,80 @@ impl Clock for TokioClock {
     }
 }
 
-/// The clock the binary uses: the system clock unless [`FAKE_NOW_ENV`] is set.
-pub fn from_env() -> Result<std::sync::Arc<dyn Clock>, String> {
-    match std::env::var(FAKE_NOW_ENV) {
-        Ok(v) => DateTime::parse_from_rfc3339(v.trim())
-            .map(|t| std::sync::Arc::new(FixedClock(t.with_timezone(&Utc))) as std::sync::Arc<dyn Clock>)
-            .map_err(|e| {
-                format!("{FAKE_NOW_ENV}={v:?} is not an RFC 3339 time ({e}); unset it or use e.g. 2025-01-06T12:00:00Z")
-            }),
-        Err(_) => Ok(std::sync::Arc::new(SystemClock)),
+/// A clock that runs `scale` times faster than the wall clock from `origin` (tests only, see
+/// [`TIME_SCALE_ENV`]).
+#[derive(Debug, Clone, Copy)]
+pub struct ScaledClock {
+    origin: DateTime<Utc>,
+    started: std::time::Instant,
+    scale: u32,
+}
+
+impl ScaledClock {
+    /// A clock that reads `origin` now and then advances `scale` times faster than real time.
+    pub fn starting_at(origin: DateTime<Utc>, scale: u32) -> Self {
+        ScaledClock {
+            origin,
+            started: std::time::Instant::now(),
+            scale: scale.max(1),
+        }
     }
+}
+
+impl Clock for ScaledClock {
+    fn now(&self) -> DateTime<Utc> {
+        let elapsed = self.started.elapsed().saturating_mul(self.scale);
+        self.origin + chrono::TimeDelta::from_std(elapsed).unwrap_or(chrono::TimeDelta::MAX)
+    }
+
+    fn sleep_until(&self, deadline: DateTime<Utc>) -> Sleep<'_> {
+        Box::pin(async move {
+            loop {
+                let Ok(left) = (deadline - self.now()).to_std() else {
+                    return;
+                };
+                if left.is_zero() {
+                    return;
+                }
+                tokio::time::sleep(self.wall(left).max(Duration::from_millis(1))).await;
+            }
+        })
+    }
+
+    fn wall(&self, d: Duration) -> Duration {
+        d / self.scale
+    }
+}
+
+/// The clock the binary uses: the system clock, unless [`FAKE_NOW_ENV`] pins it or
+/// [`TIME_SCALE_ENV`] speeds it up (from the pinned instant when both are set).
+pub fn from_env() -> Result<std::sync::Arc<dyn Clock>, String> {
+    let fake_now = match std::env::var(FAKE_NOW_ENV) {
+        Ok(v) => Some(DateTime::parse_from_rfc3339(v.trim()).map(|t| t.with_timezone(&Utc)).map_err(|e| {
+            format!("{FAKE_NOW_ENV}={v:?} is not an RFC 3339 time ({e}); unset it or use e.g. 2025-01-06T12:00:00Z")
+        })?),
+        Err(_) => None,
+    };
+    let scale = match std::env::var(TIME_SCALE_ENV) {
+        Ok(v) => Some(
+            v.trim()
+                .parse::<u32>()
+                .ok()
+                .filter(|n| (1..=MAX_TIME_SCALE).contains(n))
+                .ok_or_else(|| {
+                    format!("{TIME_SCALE_ENV}={v:?} is not a whole number from 1 to {MAX_TIME_SCALE}; unset it (it is for tests only)")
+                })?,
+        ),
+        Err(_) => None,
+    };
+    Ok(match (fake_now, scale) {
+        (origin, Some(scale)) => std::sync::Arc::new(ScaledClock::starting_at(
+            origin.unwrap_or_else(Utc::now),
+            scale,
+        )),
+        (Some(t), None) => std::sync::Arc::new(FixedClock(t)),
+        (None, None) => std::sync::Arc::new(SystemClock),
+    })
 }
 
 /// The one timestamp format of every summary, report, ledger listing and history: RFC 3339 in
@@ -149,6 +229,23 @@ mod tests {
         // a deadline in the past completes at once
         clock.sleep_until(at("2027-01-01T00:00:00Z")).await;
         assert_eq!(clock.now(), at("2027-03-30T12:00:00Z"));
+    }
+
+    #[tokio::test]
+    async fn scaled_clock_runs_faster_and_sleeps_shorter() {
+        let clock = ScaledClock::starting_at(at("2027-01-01T00:00:00Z"), 1000);
+        let wall = std::time::Instant::now();
+        clock.sleep_until(at("2027-01-01T00:00:20Z")).await;
+        assert!(clock.now() >= at("2027-01-01T00:00:20Z"));
+        assert!(
+            wall.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            wall.elapsed()
+        );
+        assert_eq!(
+            clock.wall(Duration::from_secs(30)),
+            Duration::from_millis(30)
+        );
     }
 
     #[tokio::test]

@@ -7,6 +7,8 @@
 //! (`config/pipeline/kinds.rs`, with its settings' file beside it); `with_spec!` reaches every
 //! kind listed there.
 
+pub mod maintain;
+
 use futures::FutureExt;
 use tracing::{info_span, warn, Instrument};
 

@@ -39,6 +39,42 @@ pub async fn stop_signal() -> ErrorClass {
     }
 }
 
+/// Every SIGINT and SIGTERM from now on, in order, with the class each stands for: for a
+/// command that reacts to the first signal differently from the second (`--every`: the first
+/// finishes the current run, the second stops it). Once called, the signals no longer kill the
+/// process.
+pub fn stop_signals() -> tokio::sync::mpsc::UnboundedReceiver<ErrorClass> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            if let (Ok(mut term), Ok(mut int)) = (
+                signal(SignalKind::terminate()),
+                signal(SignalKind::interrupt()),
+            ) {
+                loop {
+                    let class = tokio::select! {
+                        _ = term.recv() => ErrorClass::Terminated,
+                        _ = int.recv() => ErrorClass::Interrupted,
+                    };
+                    info!("{} received", name(class));
+                    if tx.send(class).is_err() {
+                        return;
+                    }
+                }
+            }
+            warn!("cannot listen for SIGTERM; stopping on Ctrl-C only");
+        }
+        while tokio::signal::ctrl_c().await.is_ok() {
+            if tx.send(ErrorClass::Interrupted).is_err() {
+                return;
+            }
+        }
+    });
+    rx
+}
+
 /// The signal's name, for messages.
 pub fn name(class: ErrorClass) -> &'static str {
     match class {

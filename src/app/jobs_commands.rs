@@ -17,7 +17,10 @@ use crate::config::bundle::{Bundle, Job, Severity};
 use crate::config::schedule::local_label;
 use crate::config::{BundleError, ConfigError, Diagnostic, Vars};
 use crate::error::ErrorClass;
-use crate::jobs::{BundleExecutor, JobRequest, JobRunner, ScheduledJob, Scheduler, Trigger};
+use crate::jobs::continuous::ContinuousJob;
+use crate::jobs::{
+    BundleExecutor, JobReport, JobRequest, JobRunner, ScheduledJob, Scheduler, Trigger,
+};
 
 fn cli_vars(select: &BundleSelect) -> Result<Vars, AppError> {
     Ok(Vars::from_args(&select.vars).map_err(ConfigError::BadVarArg)?)
@@ -166,6 +169,7 @@ fn job_json(job: &Job, from: DateTime<Utc>, count: usize) -> serde_json::Value {
             "timezone_id": s.cron.timezone().name(),
             "pause_status": s.pause_status,
         })),
+        "continuous": job.continuous,
         "catch_up": job.catch_up,
         "max_concurrent_runs": job.max_concurrent_runs,
         "timeout_seconds": job.timeout.map(|t| t.as_secs()),
@@ -267,13 +271,27 @@ fn job_text(out: &mut String, job: &crate::config::bundle::Job, from: DateTime<U
                 job.max_concurrent_runs
             );
         }
-        None => {
-            let _ = writeln!(
-                out,
-                "  schedule: none (runs only with `tidemark job run {}`)",
-                job.name
-            );
-        }
+        None => match &job.continuous {
+            Some(c) => {
+                let _ = writeln!(
+                    out,
+                    "  continuous: every {} ({}), back to back under the job's lease; compaction in step after {} new files per table",
+                    humantime::format_duration(c.every),
+                    serde_json::to_value(c.pause_status)
+                        .ok()
+                        .and_then(|v| v.as_str().map(str::to_string))
+                        .unwrap_or_default(),
+                    c.compact_after
+                );
+            }
+            None => {
+                let _ = writeln!(
+                    out,
+                    "  schedule: none (runs only with `tidemark job run {}`)",
+                    job.name
+                );
+            }
+        },
     }
     if let Some(t) = job.timeout {
         let _ = writeln!(out, "  timeout: {} s", t.as_secs());
@@ -367,6 +385,7 @@ pub async fn run_job(
             trigger: Trigger::Manual,
             scheduled_at: None,
             full_reload,
+            compact: None,
         })
         .await;
     signals.abort();
@@ -387,9 +406,19 @@ pub async fn run_job(
         }
         (Err(e), None) => return Err(e.into()),
     };
-    // Each warning once: in the text report, or on stderr beside the JSON.
     let mut report = report;
     report.warnings.splice(0..0, bundle_warnings);
+    Ok(job_output(report, output, signal))
+}
+
+/// A job run's report as `--output` asks, with the class and message of its failure (as the
+/// signal that stopped it says, if one did).
+pub(super) fn job_output(
+    report: JobReport,
+    output: OutputFormat,
+    signal: Option<ErrorClass>,
+) -> Output {
+    // Each warning once: in the text report, or on stderr beside the JSON.
     let stdout = match output {
         OutputFormat::Json => {
             for w in report.all_warnings() {
@@ -407,11 +436,14 @@ pub async fn run_job(
             None => (class, message),
         }
     });
-    Ok(Output { stdout, failure })
+    Output { stdout, failure }
 }
 
 /// `tidemark job run`.
 pub async fn job_run(args: JobRunArgs, clock: Arc<dyn Clock>) -> Result<Output, AppError> {
+    if let Some(every) = args.every.every {
+        return super::every::job_every(args, every, clock).await;
+    }
     let (bundle, warnings) = load_bundle_quietly(&args.select)?;
     run_job(
         &bundle,
@@ -428,6 +460,7 @@ pub async fn job_run(args: JobRunArgs, clock: Arc<dyn Clock>) -> Result<Output, 
 pub async fn scheduler(args: SchedulerArgs, clock: Arc<dyn Clock>) -> Result<String, AppError> {
     let bundle = load_bundle(&args.select)?;
     let jobs = ScheduledJob::from_bundle(&bundle);
+    let continuous = ContinuousJob::from_bundle(&bundle);
     let executor = Arc::new(BundleExecutor::new(&bundle, clock.clone())?);
     let (stop, stop_rx) = watch::channel(false);
     let signals = tokio::spawn(async move {
@@ -438,18 +471,24 @@ pub async fn scheduler(args: SchedulerArgs, clock: Arc<dyn Clock>) -> Result<Str
         bundle = %bundle.name,
         target = %bundle.target,
         jobs = %jobs.iter().map(|j| j.name.as_str()).collect::<Vec<_>>().join(","),
+        continuous = %continuous.iter().map(|j| j.name.as_str()).collect::<Vec<_>>().join(","),
         "scheduler started"
     );
     let report = Scheduler::new(jobs, clock, executor, args.grace_period)
+        .with_continuous(continuous)
         .run(stop_rx)
         .await?;
     signals.abort();
     Ok(format!(
-        "scheduler stopped: {} fires, {} catch-up runs, {} skipped (still running), {} missed{}\n",
+        "scheduler stopped: {} fires, {} catch-up runs, {} skipped (still running), {} missed{}{}\n",
         report.fires,
         report.catch_ups,
         report.skipped,
         report.missed,
+        match report.continuous_runs {
+            0 => String::new(),
+            n => format!(", {n} continuous runs"),
+        },
         if report.cancelled_at_shutdown {
             "; running jobs were cancelled when the grace period ran out"
         } else {

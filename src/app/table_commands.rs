@@ -330,121 +330,34 @@ fn delta_error<'a>(
     }
 }
 
-/// What `maintain` acts on: a pipeline's target (a merge's with its file size, keys and
-/// tombstones) and its companion tables, or a table by URI.
-struct MaintainTarget {
-    uri: String,
-    merge: Option<crate::config::pipeline::CdcMerge>,
-    companions: Vec<(crate::run::Table, String)>,
-    file_size: Option<u64>,
-    cluster_keys: Option<Vec<String>>,
-    row_group_rows: usize,
-}
-
-fn maintain_target(args: &MaintainArgs) -> Result<MaintainTarget, AppError> {
-    let default_rows = crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS;
-    let mut t = MaintainTarget {
-        uri: args.table.clone(),
-        merge: None,
-        companions: Vec::new(),
-        file_size: None,
-        cluster_keys: None,
-        row_group_rows: default_rows,
-    };
+/// What `maintain` acts on: a pipeline's tables, or a table by URI.
+fn maintain_target(args: &MaintainArgs) -> Result<crate::pipeline::maintain::Tables, AppError> {
+    use crate::pipeline::maintain::Tables;
     if super::pipeline_or_table(&args.table, &args.from)?.is_none() {
-        return Ok(t);
+        return Ok(Tables::table(&args.table));
     }
-    let p = load_pipeline(&args.table, &args.from)?;
-    t.companions = crate::pipeline::companions(&p);
-    t.uri = p.target_uri().to_string();
-    if let Spec::CdcMerge(m) = p.spec {
-        t.file_size = Some(m.target_file_size);
-        t.cluster_keys = Some(m.keys.clone());
-        t.row_group_rows = m.target_row_group_rows;
-        t.merge = Some(m);
-    }
-    Ok(t)
+    Ok(Tables::of(&load_pipeline(&args.table, &args.from)?))
 }
 
 /// `tidemark maintain`.
 pub async fn maintain(args: MaintainArgs, clock: &dyn Clock) -> Result<String, AppError> {
-    let MaintainTarget {
-        uri,
-        merge,
-        companions,
-        file_size,
-        cluster_keys,
-        row_group_rows,
-    } = maintain_target(&args)?;
-    let role = if file_size.is_some() {
-        "target"
-    } else {
-        "table"
+    let tables = maintain_target(&args)?;
+    let options = crate::pipeline::maintain::Options {
+        compact: !args.no_compact,
+        retention: args.retention,
+        dry_run: args.dry_run,
     };
-    let mut table = lake::open_required(&uri, role).await?;
-    let version_before = table.version();
-    // Expired tombstones first (`deletes.retain`): the compaction then packs what they leave.
-    let tombstones = match &merge {
-        Some(m) => {
-            let ctx = lake::session::context();
-            let expired =
-                crate::merge::tombstones::expire(&ctx, table.clone(), m, clock.now(), args.dry_run)
-                    .await?;
-            if expired.as_ref().is_some_and(|e| e.target_version.is_some()) {
-                table = lake::open_required(&uri, role).await?;
-            }
-            expired.map(|e| (e, m.deletes.as_ref().and_then(|d| d.retain)))
-        }
-        None => None,
-    };
-    let mut report = lake::maintain(
-        table,
-        &lake::MaintainOptions {
-            compact: !args.no_compact,
-            target_file_size: file_size,
-            cluster_keys,
-            row_group_rows,
-            retention: args.retention,
-            dry_run: args.dry_run,
-        },
-    )
-    .await?;
-    // The tombstone removal is a commit of its own, before the compaction's: the versions say
-    // so (a dry run predicts it; the files it rewrites are not in the prediction).
-    report.version_before = version_before;
-    if tombstones
-        .as_ref()
-        .is_some_and(|(e, _)| args.dry_run && e.tombstones > 0)
-    {
-        report.version_after = report.version_after.map(|v| v + 1);
-        report.checkpoint_version = report.checkpoint_version.map(|v| v + 1);
-    }
-    // The pipeline's other tables (an ingest's record index, an aggregate's status and
-    // adjustments) get a file per run: compacted and checkpointed with the target.
-    let mut maintained = Vec::new();
-    for (role, uri) in &companions {
-        if let Some(t) = lake::open_if_exists(uri).await? {
-            let options = lake::MaintainOptions {
-                compact: !args.no_compact,
-                target_file_size: None,
-                cluster_keys: None,
-                row_group_rows: crate::config::pipeline::DEFAULT_ROW_GROUP_ROWS,
-                retention: args.retention,
-                dry_run: args.dry_run,
-            };
-            maintained.push((*role, uri.clone(), lake::maintain(t, &options).await?));
-        }
-    }
+    let m = crate::pipeline::maintain::maintain(&tables, options, clock.now()).await?;
     let spill_base = args
         .spill_dir
         .clone()
         .unwrap_or_else(run::default_spill_base);
     let spill_dirs = run::sweep_spill_dirs(&spill_base, args.dry_run);
     let done = Maintained {
-        uri,
-        report,
-        tombstones,
-        maintained,
+        uri: m.uri,
+        report: m.report,
+        tombstones: m.tombstones,
+        maintained: m.companions,
         spill_dirs,
         spill_base,
     };

@@ -7,7 +7,9 @@
 //! - [`runner`]: one run of a job — tasks in dependency order, retries, timeouts — each task
 //!   through [`crate::pipeline::run`], exactly what `tidemark run` calls.
 //! - [`scheduler`]: the long-running process that fires jobs on their schedules.
+//! - [`continuous`]: jobs and pipelines run back to back on a period, small files kept in step.
 
+pub mod continuous;
 mod error;
 pub mod lease;
 pub mod ledger;

@@ -92,6 +92,9 @@ pub struct JobReport {
     pub tasks: Vec<TaskReport>,
     /// Problems that did not stop the job (e.g. a ledger row that could not be written).
     pub warnings: Vec<String>,
+    /// Continuous runs: the pipelines whose tables were maintained after the tasks.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub compactions: Vec<super::continuous::Compaction>,
 }
 
 impl JobReport {
@@ -221,6 +224,9 @@ impl JobReport {
                     }
                 }
             }
+        }
+        for c in &self.compactions {
+            let _ = writeln!(out, "  {}", c.to_text());
         }
         for w in &self.warnings {
             let _ = writeln!(out, "  warning: {w}");

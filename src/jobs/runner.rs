@@ -17,6 +17,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
+use super::continuous::Compactor;
 use super::lease::{Lease, LeaseStore, HEARTBEAT_INTERVAL};
 use super::ledger::{Ledger, LedgerRow, TaskStatus, Trigger};
 use super::report::{AttemptReport, JobReport, JobStatus, TaskReport};
@@ -37,6 +38,9 @@ pub struct JobRequest {
     pub scheduled_at: Option<DateTime<Utc>>,
     /// Run every pipeline task as a full reload (`job run --full-reload`).
     pub full_reload: bool,
+    /// Continuous runs: after the tasks, while the lease is still held, the tables of the
+    /// pipelines that ran are maintained once they gained enough files.
+    pub compact: Option<Arc<Compactor>>,
 }
 
 /// Runs jobs against one lake: its ledger and its leases.
@@ -150,6 +154,7 @@ impl JobRunner {
             holder: None,
             tasks: Vec::new(),
             warnings: Vec::new(),
+            compactions: Vec::new(),
         };
         let lease = match self.leases.acquire(job, &run_id, started_at).await {
             Ok(lease) => lease,
@@ -197,9 +202,10 @@ impl JobRunner {
             lost: lost_rx,
         };
         let (tasks, warnings) = run.tasks().await;
-        heartbeat.abort();
         report.tasks = tasks;
         report.warnings.extend(warnings);
+        self.compact_in_step(req, &mut report).await;
+        heartbeat.abort();
         if let Some(lease) = lease.lock().await.take() {
             if let Err(e) = lease.release().await {
                 report.warnings.push(format!(
@@ -229,6 +235,33 @@ impl JobRunner {
     }
 }
 
+impl JobRunner {
+    /// Continuous runs: maintains the tables of the pipelines whose tasks succeeded, once they
+    /// gained enough files (under the lease, so no run of the job writes meanwhile). Not after a
+    /// cancelled run: the process is stopping.
+    async fn compact_in_step(&self, req: &JobRequest, report: &mut JobReport) {
+        let Some(compactor) = &req.compact else {
+            return;
+        };
+        if self.cancel.borrow().is_some() {
+            return;
+        }
+        let ran: Vec<&crate::config::Pipeline> = req
+            .job
+            .tasks
+            .iter()
+            .filter(|t| {
+                let done = |r: &&TaskReport| r.task == t.key && r.status == TaskStatus::Succeeded;
+                report.tasks.iter().any(|r| done(&r))
+            })
+            .map(|t| &t.pipeline)
+            .collect();
+        let (done, warnings) = compactor.after_run(&ran, self.clock.now()).await;
+        report.compactions = done;
+        report.warnings.extend(warnings);
+    }
+}
+
 /// Renews the lease until aborted; reports a lost lease (taken over after this process stalled
 /// past its expiry) through `lost`, which stops the running attempts.
 async fn heartbeat(
@@ -237,7 +270,7 @@ async fn heartbeat(
     lost: watch::Sender<Option<String>>,
 ) {
     loop {
-        tokio::time::sleep(HEARTBEAT_INTERVAL).await;
+        tokio::time::sleep(clock.wall(HEARTBEAT_INTERVAL)).await;
         let mut guard = lease.lock().await;
         let Some(l) = guard.as_mut() else { return };
         match l.heartbeat(clock.now()).await {

@@ -25,6 +25,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{error, info, warn};
 
+use super::continuous::{run_continuous, Compactor, ContinuousJob};
 use super::ledger::Trigger;
 use super::report::JobStatus;
 use super::runner::{JobRequest, JobRunner};
@@ -58,6 +59,23 @@ pub trait Executor: Send + Sync {
     fn skip(&self, fire: Fire, reason: String) -> BoxFuture<'static, ()>;
     /// Asks every running job to stop now (the shutdown grace period ran out).
     fn cancel_all(&self, reason: &str);
+}
+
+impl ContinuousJob {
+    /// The bundle's jobs with an UNPAUSED `continuous:` block.
+    pub fn from_bundle(bundle: &Bundle) -> Vec<ContinuousJob> {
+        bundle
+            .jobs
+            .values()
+            .filter_map(|j| {
+                let c = j.continuous.as_ref()?;
+                (c.pause_status == PauseStatus::Unpaused).then(|| ContinuousJob {
+                    name: j.name.clone(),
+                    every: c.every,
+                })
+            })
+            .collect()
+    }
 }
 
 /// A job the scheduler fires.
@@ -99,6 +117,8 @@ pub struct SchedulerReport {
     pub missed: u64,
     /// Whether running jobs had to be cancelled at shutdown.
     pub cancelled_at_shutdown: bool,
+    /// Runs of continuous jobs.
+    pub continuous_runs: u64,
 }
 
 struct JobState {
@@ -110,6 +130,7 @@ struct JobState {
 /// The long-running scheduler.
 pub struct Scheduler {
     jobs: Vec<ScheduledJob>,
+    continuous: Vec<ContinuousJob>,
     clock: Arc<dyn Clock>,
     executor: Arc<dyn Executor>,
     grace: Duration,
@@ -120,7 +141,7 @@ fn utc(t: DateTime<Utc>) -> String {
 }
 
 /// Completes when `rx` turns true (never when its sender is gone).
-async fn stop_requested(mut rx: watch::Receiver<bool>) {
+pub(super) async fn stop_requested(mut rx: watch::Receiver<bool>) {
     loop {
         if *rx.borrow_and_update() {
             return;
@@ -141,23 +162,40 @@ impl Scheduler {
     ) -> Self {
         Scheduler {
             jobs,
+            continuous: Vec::new(),
             clock,
             executor,
             grace,
         }
     }
 
+    /// Also runs `jobs` back to back, each on its period, until shutdown.
+    pub fn with_continuous(mut self, jobs: Vec<ContinuousJob>) -> Self {
+        self.continuous = jobs;
+        self
+    }
+
     /// Fires jobs until `shutdown` turns true, then drains and returns what it did.
     pub async fn run(self, shutdown: watch::Receiver<bool>) -> Result<SchedulerReport, JobsError> {
         let mut report = SchedulerReport::default();
         let mut side_tasks: Vec<JoinHandle<()>> = Vec::new();
+        let continuous_runs = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        for job in &self.continuous {
+            side_tasks.push(tokio::spawn(run_continuous(
+                job.clone(),
+                self.clock.clone(),
+                self.executor.clone(),
+                shutdown.clone(),
+                continuous_runs.clone(),
+            )));
+        }
         let last = self.executor.last_handled().await?;
         let now = self.clock.now();
         let mut states: Vec<JobState> = Vec::new();
         for job in &self.jobs {
             states.push(self.start(job, now, &last, &mut report));
         }
-        if states.is_empty() {
+        if states.is_empty() && self.continuous.is_empty() {
             info!("no job with an UNPAUSED schedule; waiting for a stop signal");
         }
         loop {
@@ -178,7 +216,9 @@ impl Scheduler {
                 self.fire_if_due(state, now, &mut report, &mut side_tasks);
             }
         }
-        self.drain(states, side_tasks, report).await
+        let mut report = self.drain(states, side_tasks, report).await?;
+        report.continuous_runs = continuous_runs.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(report)
     }
 
     /// A job's state at start: its next fire, and the latest fire missed while the scheduler
@@ -345,6 +385,8 @@ fn count_fires(schedule: &QuartzSchedule, after: DateTime<Utc>, until: DateTime<
 /// The executor the `scheduler` command uses: each fire is a job run of the bundle.
 pub struct BundleExecutor {
     jobs: BTreeMap<String, Arc<Job>>,
+    /// Per continuous job: its tables' compaction in step.
+    compactors: BTreeMap<String, Arc<Compactor>>,
     target: String,
     runner: JobRunner,
     cancel: watch::Sender<Option<String>>,
@@ -360,6 +402,14 @@ impl BundleExecutor {
                 .iter()
                 .map(|(k, j)| (k.clone(), Arc::new(j.clone())))
                 .collect(),
+            compactors: bundle
+                .jobs
+                .iter()
+                .filter_map(|(k, j)| {
+                    let c = j.continuous.as_ref()?;
+                    Some((k.clone(), Arc::new(Compactor::new(c.compact_after))))
+                })
+                .collect(),
             target: bundle.target.clone(),
             runner: JobRunner::new(&bundle.lake(), clock, cancel_rx)?,
             cancel,
@@ -373,6 +423,7 @@ impl BundleExecutor {
             trigger: fire.trigger,
             scheduled_at: Some(fire.scheduled_at),
             full_reload: false,
+            compact: self.compactors.get(&fire.job).cloned(),
         })
     }
 }

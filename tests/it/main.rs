@@ -12,6 +12,7 @@ mod bundle_vars;
 mod cdf;
 mod cli;
 mod commit_facts;
+mod continuous;
 mod contract;
 mod debezium;
 mod decimal;

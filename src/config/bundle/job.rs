@@ -5,9 +5,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-use super::raw::{RawJob, RawJobCluster, RawSchedule, RawTask};
+use super::raw::{RawContinuous, RawJob, RawJobCluster, RawSchedule, RawTask};
 use super::source::{normalize, Diags, Source};
-use super::{compute, Diagnostic, Job, Schedule, Task};
+use super::{compute, Continuous, Diagnostic, Job, Schedule, Task};
 use crate::config::location::{line_of_key_from, line_of_text_from, nearest};
 use crate::config::schedule::QuartzSchedule;
 use crate::config::{ConfigError, Pipeline, Vars};
@@ -66,6 +66,11 @@ impl JobCtx<'_> {
             }
         };
         let schedule = raw.schedule.as_ref().and_then(|s| self.schedule(s));
+        let continuous = raw.continuous.as_ref().and_then(|c| self.continuous(c));
+        if raw.schedule.is_some() && raw.continuous.is_some() {
+            let line = self.line("continuous");
+            self.error(line, format!("job `{name}` has both `schedule:` and `continuous:`; keep one: a schedule fires at its cron times, a continuous job runs back to back every period"));
+        }
         let clusters = self.clusters(&raw.job_clusters);
         let tasks = self.tasks(name, &raw.tasks, &clusters);
         self.unused_clusters(name, &raw.tasks, &clusters);
@@ -82,6 +87,7 @@ impl JobCtx<'_> {
             file: self.src.path.clone(),
             line: self.job_line,
             schedule,
+            continuous,
             max_concurrent_runs,
             timeout: raw
                 .timeout_seconds
@@ -130,6 +136,50 @@ impl JobCtx<'_> {
                 None
             }
         }
+    }
+
+    /// The job's `continuous:` block, checked (a period of at least a second, `compact_after`
+    /// at least 1).
+    fn continuous(&mut self, c: &RawContinuous) -> Option<Continuous> {
+        let line = self.line("continuous");
+        let every_text = self.sub("every", &c.every.to_string(), line)?;
+        let every_line = line_of_key_from(&self.src.text, "every", line);
+        let every = match humantime::parse_duration(every_text.trim()) {
+            Ok(d) if d >= Duration::from_secs(1) => Some(d),
+            Ok(_) => {
+                self.error(
+                    every_line,
+                    format!("`every: {every_text}` is shorter than a second; use 1s or more"),
+                );
+                None
+            }
+            Err(e) => {
+                self.error(
+                    every_line,
+                    format!("`every: {every_text}` is not a duration ({e}); e.g. 30s, 5m"),
+                );
+                None
+            }
+        };
+        let compact_after = match &c.compact_after {
+            None => Some(super::DEFAULT_COMPACT_AFTER),
+            Some(v) => {
+                let text = self.sub("compact_after", &v.to_string(), line)?;
+                match text.trim().parse::<u64>() {
+                    Ok(n) if n >= 1 => Some(n),
+                    _ => {
+                        let l = line_of_key_from(&self.src.text, "compact_after", line);
+                        self.error(l, format!("`compact_after: {text}` must be a whole number of files, 1 or more (default {})", super::DEFAULT_COMPACT_AFTER));
+                        None
+                    }
+                }
+            }
+        };
+        Some(Continuous {
+            every: every?,
+            compact_after: compact_after?,
+            pause_status: c.pause_status,
+        })
     }
 
     /// The job's clusters, each checked once (a duplicate key is an error).

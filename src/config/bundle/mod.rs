@@ -101,8 +101,10 @@ pub struct Job {
     /// The resource file that defines it, and the line of its name.
     pub file: PathBuf,
     pub line: usize,
-    /// None: the job only runs when asked (`tidemark job run`).
+    /// None: the job only runs when asked (`tidemark job run`), or is continuous.
     pub schedule: Option<Schedule>,
+    /// Instead of a schedule: the scheduler runs the job back to back on a period.
+    pub continuous: Option<Continuous>,
     /// Always 1: a job's pipelines are the single writer of their targets.
     pub max_concurrent_runs: u32,
     /// The whole job's time budget; None means none.
@@ -119,6 +121,23 @@ pub struct Job {
 pub struct Schedule {
     pub cron: QuartzSchedule,
     pub pause_status: PauseStatus,
+}
+
+/// Default `continuous.compact_after` (and `--compact-after`): live files a pipeline's table may
+/// gain in continuous runs before it is maintained.
+pub const DEFAULT_COMPACT_AFTER: u64 = 64;
+
+/// A continuous job's period and compaction in step (`continuous:`).
+#[derive(Debug, Clone, Serialize)]
+pub struct Continuous {
+    #[serde(serialize_with = "secs")]
+    pub every: Duration,
+    pub compact_after: u64,
+    pub pause_status: PauseStatus,
+}
+
+fn secs<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(&humantime::format_duration(*d).to_string())
 }
 
 /// One task of a job: a pipeline run with its retry and timeout policy.

@@ -61,6 +61,9 @@ pub struct RawResources {
 pub struct RawJob {
     pub description: Option<String>,
     pub schedule: Option<RawSchedule>,
+    /// Instead of `schedule`: run back to back on a period (Databricks' `continuous`, with
+    /// tidemark's `every` and `compact_after`).
+    pub continuous: Option<RawContinuous>,
     pub max_concurrent_runs: Option<i64>,
     pub timeout_seconds: Option<u64>,
     /// tidemark's own key (Databricks has none): what to do with fires missed while the
@@ -81,6 +84,17 @@ pub struct RawSchedule {
     /// The schedule's behaviour in the DST hours is known and wanted: no warning.
     #[serde(default)]
     pub dst_acknowledged: bool,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawContinuous {
+    /// The period (humantime: `30s`, `5m`).
+    pub every: Scalar,
+    /// Live files a pipeline's table may gain before it is maintained.
+    pub compact_after: Option<Scalar>,
+    #[serde(default)]
+    pub pause_status: super::PauseStatus,
 }
 
 #[derive(Debug, Deserialize)]

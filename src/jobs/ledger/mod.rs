@@ -37,6 +37,8 @@ pub enum Trigger {
     Retry,
     /// The scheduler, for the latest fire it missed while it was down.
     CatchUp,
+    /// A tick of a continuous job (`continuous:` in the bundle, or `job run --every`).
+    Continuous,
 }
 
 impl Trigger {
@@ -47,6 +49,7 @@ impl Trigger {
             Trigger::Manual => "manual",
             Trigger::Retry => "retry",
             Trigger::CatchUp => "catch_up",
+            Trigger::Continuous => "continuous",
         }
     }
 }
