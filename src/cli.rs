@@ -240,8 +240,8 @@ pub struct EveryArgs {
     /// With --every: maintain a pipeline's tables (compaction, checkpoint, vacuum within the
     /// retention, as `tidemark maintain`) once they gained N live files, keeping small files
     /// bounded.
-    #[arg(long, value_name = "N", default_value_t = crate::config::bundle::DEFAULT_COMPACT_AFTER, value_parser = clap::value_parser!(u64).range(1..))]
-    pub compact_after: u64,
+    #[arg(long, value_name = "N", requires = "every", value_parser = clap::value_parser!(u64).range(1..))]
+    pub compact_after: Option<u64>,
 }
 
 #[derive(Debug, Args)]

@@ -280,7 +280,11 @@ pub(super) async fn job_every(
     let job = Arc::new(bundle.job(&args.job).map_err(AppError::Usage)?.clone());
     let (cancel, cancel_rx) = watch::channel(None);
     let runner = JobRunner::new(&bundle.lake(), clock.clone(), cancel_rx)?;
-    let compactor = Arc::new(Compactor::new(args.every.compact_after));
+    let compactor = Arc::new(Compactor::new(
+        args.every
+            .compact_after
+            .unwrap_or(crate::config::bundle::DEFAULT_COMPACT_AFTER),
+    ));
     let (target, output) = (bundle.target.clone(), args.output);
     let once = move |tick| -> BoxFuture<'static, Output> {
         let runner = runner.clone();

@@ -71,7 +71,10 @@ pub async fn run_command(args: RunArgs, clock: Arc<dyn Clock>) -> Result<super::
             engine,
             opts,
             from: args.from.clone(),
-            compact_after: args.every.compact_after,
+            compact_after: args
+                .every
+                .compact_after
+                .unwrap_or(crate::config::bundle::DEFAULT_COMPACT_AFTER),
         };
         return Ok(run.start(every, args.output, clock).await);
     }
