@@ -50,7 +50,7 @@ def main() -> None:
         run = None
         if when is not None:
             for r in ingests:
-                if ts(r["started_at"]) <= when.replace(tzinfo=ts(r["started_at"]).tzinfo) <= ts(r["ended_at"]) + timedelta(seconds=1):
+                if ts(r["started_at"]) - timedelta(seconds=1) <= when <= ts(r["ended_at"]) + timedelta(seconds=1):
                     run = r["run_id"]
                     break
         if run is None or run not in golds:
