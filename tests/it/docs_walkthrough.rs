@@ -139,3 +139,18 @@ fn the_debezium_walkthrough_runs_as_written() {
         "the walkthrough builds gold"
     );
 }
+
+#[test]
+fn the_windows_walkthrough_runs_as_written() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let page = std::fs::read_to_string(root().join("docs/windows.md")).expect("windows.md");
+    let steps = walk(dir.path(), &page);
+    assert!(steps >= 8, "only {steps} steps in the windows walkthrough");
+    for gold in ["lake/gold/minutes", "lake/gold/hourly"] {
+        assert!(
+            dir.path().join(gold).join("_delta_log").is_dir(),
+            "the walkthrough builds {gold}"
+        );
+    }
+}
+
