@@ -153,4 +153,3 @@ fn the_windows_walkthrough_runs_as_written() {
         );
     }
 }
-
