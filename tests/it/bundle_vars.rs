@@ -112,9 +112,9 @@ fn relative_locations_resolve_against_the_bundle_root() {
         tidemark_from(&elsewhere),
         ["--bundle", "../checkout/bundle"],
     );
-    // Two runs (the demo's and the job's) of six tasks: ingest_events, ingest_partner, merge,
-    // daily_payments, merchants, daily_segments.
-    assert_eq!(rows.len(), 12, "{rows:?}");
+    // Two runs (the demo's and the job's) of seven tasks: ingest_events, ingest_partner, merge,
+    // daily_payments, hourly_payments, merchants, daily_segments.
+    assert_eq!(rows.len(), 14, "{rows:?}");
     // A single-pipeline command takes the same lake from the bundle.
     let run = exec(tidemark_from(&elsewhere).args([
         "run",
