@@ -4,7 +4,7 @@
 
 use arrow::array::{Array, AsArray, RecordBatch};
 use arrow::datatypes::{DataType, Int64Type, TimeUnit};
-use chrono::{DateTime, NaiveDate, Utc};
+use chrono::NaiveDate;
 use datafusion::functions_aggregate::expr_fn::{bool_and, count, max};
 use datafusion::logical_expr::{lit, SortExpr};
 use datafusion::prelude::ident;
@@ -29,12 +29,6 @@ pub struct WindowStatus {
     pub data_as_of: Option<i64>,
 }
 
-fn text(v: i64) -> String {
-    DateTime::<Utc>::from_timestamp_micros(v)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true))
-        .unwrap_or_default()
-}
-
 /// A window bound: an instant (µs, UTC), or a wall-clock time when the event column has no
 /// zone; written as RFC 3339 (`Z`), or as the wall clock reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,7 +45,7 @@ impl serde::Serialize for At {
 
 fn ser_opt_micros<S: serde::Serializer>(v: &Option<i64>, s: S) -> Result<S::Ok, S::Error> {
     match v {
-        Some(v) => s.serialize_str(&text(*v)),
+        Some(v) => s.serialize_str(&super::watermark::text(*v, true).unwrap_or_default()),
         None => s.serialize_none(),
     }
 }
