@@ -156,7 +156,7 @@ impl Run<'_, '_> {
             return Ok(());
         };
         let (cols, parsed) = self.read_planned(&plan).await?;
-        if parsed.is_empty() && !plan.whole {
+        if parsed.is_empty() && !plan.whole && plan.target.is_some() {
             // Every file planned is still being written (left for a later run): no commit.
             if !self.opts.dry_run {
                 plan.book.append(&self.a.ctx, None).await?;
@@ -290,7 +290,9 @@ impl Run<'_, '_> {
                 ));
             }
         }
-        if plan.files.is_empty() && !whole {
+        // (a first run with nothing landed yet still creates bronze, empty: the pipelines reading
+        // it — a continuous job's merge on its first tick — find a table, not an error)
+        if plan.files.is_empty() && !whole && target.is_some() {
             if !self.opts.dry_run {
                 // Runs a crash kept out of the index: complete it (bronze already holds them).
                 book.append(&self.a.ctx, None).await?;

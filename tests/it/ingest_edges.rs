@@ -84,12 +84,14 @@ async fn a_csv_file_cut_mid_line_waits_for_its_line_end() {
     let s = json(&out);
     assert_eq!(s["num_files_ingested"], 0, "{s}");
     assert!(s["warnings"].to_string().contains("a.csv"), "{s}");
-    // ... and commits nothing, run after run, while the file stays cut
+    // ... (the first run creates bronze empty) and commits nothing, run after run, while the
+    // file stays cut
     let again = json(&run(d, now + 1, &["--output", "json"]));
     assert!(
-        s["target_version"].is_null() && again["target_version"].is_null(),
+        s["target_version"] == 0 && again["target_version"].is_null(),
         "{s}\n{again}"
     );
+    assert!(amounts().await.is_empty());
     std::fs::write(&file, "id,amount\np1,10\np2,12345\n").expect("complete");
     let out = run(d, now + MIN, &["--output", "json"]);
     assert_eq!(out.code, 0, "{}", out.stderr);
@@ -355,4 +357,36 @@ mod redelivery_oracle {
             })?;
         }
     }
+}
+
+/// The first run with nothing landed yet creates bronze, empty, with the declared columns (a
+/// continuous job's merge on its first tick finds a table, not an error); the next empty run
+/// commits nothing; the first file is ingested as usual.
+#[tokio::test]
+async fn a_first_run_with_nothing_landed_creates_an_empty_bronze() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    landing(d);
+    pipeline(d, "");
+    let out = run(d, T0 + HOUR, &["--output", "json"]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert_eq!(v["target_version"], 0, "{v}");
+    assert!(
+        version(&d.join("lake/bronze")).await.is_some(),
+        "bronze exists"
+    );
+    assert!(bronze(d).await.is_empty());
+    let again = run(d, T0 + 2 * HOUR, &["--output", "json"]);
+    assert_eq!(again.code, 0, "{}", again.stderr);
+    let v: serde_json::Value = serde_json::from_str(again.stdout.trim()).expect("json");
+    assert!(v["target_version"].is_null(), "{v}");
+    std::fs::write(
+        landing(d).join("a.jsonl"),
+        "{\"id\":\"a1\",\"amount\":1,\"updated_at\":\"2025-01-06T10:00:00Z\"}\n",
+    )
+    .expect("write");
+    let out = run(d, T0 + 3 * HOUR, &[]);
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    assert_eq!(bronze(d).await.len(), 1);
 }
