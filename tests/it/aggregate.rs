@@ -766,7 +766,8 @@ mod invariant {
     use proptest::prelude::*;
 
     proptest! {
-        #![proptest_config(ProptestConfig { cases: 6, failure_persistence: None, ..ProptestConfig::default() })]
+        // (AGG_CASES=200 searches further, locally)
+        #![proptest_config(ProptestConfig { cases: std::env::var("AGG_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(6), failure_persistence: None, ..ProptestConfig::default() })]
 
         /// Random late arrivals (new payments, corrections, deletes, NaN and -0.0 fees) over runs
         /// on successive logical dates, some of them preceded by a backfill of an older logical
@@ -787,83 +788,128 @@ mod invariant {
             touched in any::<bool>(),
         ) {
             let rt = tokio::runtime::Runtime::new().expect("rt");
-            rt.block_on(async {
-                let dir = tempfile::tempdir().expect("tmp");
-                let d = dir.path();
-                let mut pays = six_days();
-                write_source(d, &pays).await;
-                let recompute = if touched { "{ lookback: 1d, touched: true }" } else { "{ lookback: 1d }" };
-                let p = pipeline(
-                    d,
-                    &format!("  - {{ name: fee, agg: sum, column: fee }}\nrecompute: {recompute}\nafter_close: adjust\n"),
-                );
-                for (n, (step, backfill)) in steps.iter().enumerate() {
-                    for (k, (dd, which, amount, kind)) in step.iter().enumerate() {
-                        let m = ["m1", "m2", "m3"][*which];
-                        match kind {
-                            // a correction or a delete of an existing payment
-                            0..=2 if !pays.is_empty() => {
-                                let i = (*amount as usize) % pays.len();
-                                let mut c = pays[i].clone();
-                                if *kind == 0 { c.deleted = true } else { c.amount = *amount }
-                                pays.push(c);
-                            }
-                            _ => {
-                                let mut p = pay(&format!("n{n}_{k}"), at(2024, 4, *dd, 12, 0), m, *amount);
-                                p.fee = match kind { 10 => f64::NAN, 11 => -0.0, _ => p.fee };
-                                pays.push(p);
-                            }
-                        }
-                    }
-                    replace_source(d, &pays).await;
-                    let logical = format!("2024-04-{:02}", 6 + n);
-                    if let Some(back) = backfill {
-                        let older = day(&logical) - chrono::Duration::days(*back);
-                        run(&p, &older.to_string(), &[]);
-                    }
-                    run(&p, &logical, &[]);
-                    // reconcile agrees: published + adjustments == a recompute, open days too
-                    // (but for a NaN fee published or booked on a day that closed, then
-                    // corrected: no adjustment can bring a NaN total back, and reconcile says so)
-                    let r = exec(
-                        tidemark_at(at(2024, 4, 10, 12, 0))
-                            .arg("reconcile")
-                            .arg(&p)
-                            .args(["--output", "json", "--limit", "1000"]),
-                    );
-                    let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap_or_default();
-                    let stuck_nan = |d: &serde_json::Value| d["measure"] == "fee" && (d["published"] == "NaN" || d["adjustments"] == "NaN") && d["status"] == "final";
-                    let all_stuck = v["differences"].as_array().is_some_and(|l| !l.is_empty() && l.iter().all(stuck_nan));
-                    prop_assert!(r.code == 0 || (r.code == 65 && all_stuck), "reconcile after {}: {}\n{}", logical, r.stdout, r.stderr);
-                    // (days after the logical date are not published yet)
-                    let mut truth = oracle(&pays);
-                    truth.retain(|k, _| k.0 <= day(&logical));
-                    let mut published = with_adjustments(d).await;
-                    published.retain(|k, _| k.0 <= day(&logical));
-                    prop_assert_eq!(published, truth.clone(), "after the run of {}", logical);
-                    let open_from = day(&logical) - chrono::Duration::days(1);
-                    let g = without_final(&gold(d).await);
-                    for (k, v) in &truth {
-                        if k.0 >= open_from {
-                            prop_assert_eq!(g.get(k), Some(v), "open day {:?}", k);
-                        }
-                    }
-                    let mut idle: BTreeMap<(NaiveDate, String), u32> = BTreeMap::new();
-                    let booked = if version(&d.join("gold_adjustments")).await.is_some() {
-                        measure_rows(&d.join("gold_adjustments")).await
-                    } else {
-                        Vec::new()
-                    };
-                    for (k, v, _, _) in booked {
-                        if v == (0, 0, 0) {
-                            *idle.entry(k).or_default() += 1;
-                        }
-                    }
-                    prop_assert!(idle.values().all(|n| *n <= 1), "booked twice: {:?}", idle);
-                }
-                Ok(())
-            })?;
+            rt.block_on(check(&steps, touched))?;
         }
+    }
+
+    /// One step: the payments a step lands (day, merchant, amount, kind), and a backfill.
+    type Step = (Vec<(u32, usize, i64, u8)>, Option<i64>);
+
+    /// The smallest case a search found (two runs of corrections and deletes on closed days,
+    /// then a backfill three days back): a group was booked an adjustment of nothing twice.
+    #[test]
+    fn a_backfill_after_deletes_books_no_empty_adjustment_twice() {
+        let steps: Vec<Step> = vec![
+            (
+                vec![(4, 0, 2, 1), (1, 0, 3, 0), (3, 1, 1, 4), (1, 0, 1, 0)],
+                None,
+            ),
+            (vec![(1, 0, 1, 0), (3, 0, 39, 0), (1, 0, 2, 0)], None),
+            (vec![], Some(3)),
+        ];
+        let rt = tokio::runtime::Runtime::new().expect("rt");
+        rt.block_on(check(&steps, false)).expect("holds");
+    }
+
+    async fn check(steps: &[Step], touched: bool) -> Result<(), TestCaseError> {
+        let dir = tempfile::tempdir().expect("tmp");
+        let d = dir.path();
+        let mut pays = six_days();
+        write_source(d, &pays).await;
+        let recompute = if touched {
+            "{ lookback: 1d, touched: true }"
+        } else {
+            "{ lookback: 1d }"
+        };
+        let p = pipeline(
+            d,
+            &format!("  - {{ name: fee, agg: sum, column: fee }}\nrecompute: {recompute}\nafter_close: adjust\n"),
+        );
+        for (n, (step, backfill)) in steps.iter().enumerate() {
+            for (k, (dd, which, amount, kind)) in step.iter().enumerate() {
+                let m = ["m1", "m2", "m3"][*which];
+                match kind {
+                    // a correction or a delete of an existing payment
+                    0..=2 if !pays.is_empty() => {
+                        let i = (*amount as usize) % pays.len();
+                        let mut c = pays[i].clone();
+                        if *kind == 0 {
+                            c.deleted = true
+                        } else {
+                            c.amount = *amount
+                        }
+                        pays.push(c);
+                    }
+                    _ => {
+                        let mut p = pay(&format!("n{n}_{k}"), at(2024, 4, *dd, 12, 0), m, *amount);
+                        p.fee = match kind {
+                            10 => f64::NAN,
+                            11 => -0.0,
+                            _ => p.fee,
+                        };
+                        pays.push(p);
+                    }
+                }
+            }
+            replace_source(d, &pays).await;
+            let logical = format!("2024-04-{:02}", 6 + n);
+            if let Some(back) = backfill {
+                let older = day(&logical) - chrono::Duration::days(*back);
+                run(&p, &older.to_string(), &[]);
+            }
+            run(&p, &logical, &[]);
+            // reconcile agrees: published + adjustments == a recompute, open days too
+            // (but for a NaN fee published or booked on a day that closed, then
+            // corrected: no adjustment can bring a NaN total back, and reconcile says so)
+            let r = exec(
+                tidemark_at(at(2024, 4, 10, 12, 0))
+                    .arg("reconcile")
+                    .arg(&p)
+                    .args(["--output", "json", "--limit", "1000"]),
+            );
+            let v: serde_json::Value = serde_json::from_str(r.stdout.trim()).unwrap_or_default();
+            let stuck_nan = |d: &serde_json::Value| {
+                d["measure"] == "fee"
+                    && (d["published"] == "NaN" || d["adjustments"] == "NaN")
+                    && d["status"] == "final"
+            };
+            let all_stuck = v["differences"]
+                .as_array()
+                .is_some_and(|l| !l.is_empty() && l.iter().all(stuck_nan));
+            prop_assert!(
+                r.code == 0 || (r.code == 65 && all_stuck),
+                "reconcile after {}: {}\n{}",
+                logical,
+                r.stdout,
+                r.stderr
+            );
+            // (days after the logical date are not published yet)
+            let mut truth = oracle(&pays);
+            truth.retain(|k, _| k.0 <= day(&logical));
+            let mut published = with_adjustments(d).await;
+            published.retain(|k, _| k.0 <= day(&logical));
+            prop_assert_eq!(published, truth.clone(), "after the run of {}", logical);
+            let open_from = day(&logical) - chrono::Duration::days(1);
+            let g = without_final(&gold(d).await);
+            for (k, v) in &truth {
+                if k.0 >= open_from {
+                    prop_assert_eq!(g.get(k), Some(v), "open day {:?}", k);
+                }
+            }
+            let mut idle: BTreeMap<(NaiveDate, String), u32> = BTreeMap::new();
+            let booked = if version(&d.join("gold_adjustments")).await.is_some() {
+                measure_rows(&d.join("gold_adjustments")).await
+            } else {
+                Vec::new()
+            };
+            for (k, v, _, _) in booked {
+                if v == (0, 0, 0) {
+                    *idle.entry(k).or_default() += 1;
+                }
+            }
+            prop_assert!(idle.values().all(|n| *n <= 1), "booked twice: {:?}", idle);
+        }
+        Ok(())
     }
 }
 
