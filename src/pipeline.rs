@@ -68,10 +68,11 @@ pub fn tables(pipeline: &Pipeline) -> Vec<(Table, String)> {
 }
 
 /// The tables that go back with the target in a restore: every table the pipeline writes but
-/// the target and the quarantine (which keeps what was rejected, whatever the target's version).
+/// the target, the quarantine (which keeps what was rejected, whatever the target's version)
+/// and an aggregate's late rows (which keep what arrived late, whatever gold's version).
 pub fn companions(pipeline: &Pipeline) -> Vec<(Table, String)> {
     tables(pipeline)
         .into_iter()
-        .filter(|(t, _)| !matches!(t, Table::Target | Table::Quarantine))
+        .filter(|(t, _)| !matches!(t, Table::Target | Table::Quarantine | Table::LateRows))
         .collect()
 }

@@ -36,6 +36,12 @@ pub struct AggregateCounters {
     pub num_adjustment_rows: u64,
     /// The adjustments table's version this run committed.
     pub adjustments_version: Option<u64>,
+    /// With `late_rows:`: the source rows of final days and windows gold had not counted, and
+    /// of those, the rows not stored by an earlier run.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_late_rows: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub num_late_rows_new: Option<u64>,
     /// With `watermark:`: the newest event time seen (RFC 3339), the watermark (that minus
     /// `delay`), and the end at or before which windows are final (minus `allowed_lateness`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -98,6 +104,12 @@ impl CounterText for AggregateCounters {
                 c.status_version.map_or("-".into(), |v| v.to_string()),
             ),
         ];
+        if let (Some(n), Some(new)) = (c.num_late_rows, c.num_late_rows_new) {
+            lines.push((
+                "late rows",
+                format!("{n} not counted by gold's final rows ({new} stored now)"),
+            ));
+        }
         if let Some(w) = &c.watermark {
             lines.insert(
                 2,

@@ -227,7 +227,7 @@ fn micros(b: &RecordBatch) -> Result<Vec<Option<i64>>, RunError> {
 }
 
 /// Each row's key columns rendered as one text.
-fn row_keys(b: &RecordBatch, keys: &[String]) -> Result<Vec<String>, RunError> {
+pub(super) fn row_keys(b: &RecordBatch, keys: &[String]) -> Result<Vec<String>, RunError> {
     let a = |e| RunError::arrow(Phase::Compare)(e);
     let options = arrow::util::display::FormatOptions::default().with_null("\u{0}");
     let columns = keys

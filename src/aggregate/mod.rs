@@ -18,6 +18,7 @@ pub mod compute;
 mod counters;
 pub mod days;
 mod freeze;
+mod late_rows;
 mod local_date;
 mod lookup;
 mod plan;
@@ -59,12 +60,14 @@ impl RunKind for Aggregate {
     }
 
     fn tables(&self) -> Vec<(Table, &str)> {
-        vec![
-            (Table::Target, &self.target_uri),
+        let mut tables = vec![
+            (Table::Target, self.target_uri.as_str()),
             (Table::Status, &self.status_uri),
             (Table::Adjustments, &self.adjustments_uri),
             (Table::Quarantine, &self.quarantine.uri),
-        ]
+        ];
+        tables.extend(self.late_rows.as_deref().map(|u| (Table::LateRows, u)));
+        tables
     }
 
     fn definition(&self) -> Definition {
@@ -165,6 +168,8 @@ struct ReadDays {
 /// What the compare decided.
 struct Compared {
     changed: BTreeSet<NaiveDate>,
+    /// The source rows of final days and windows gold has not counted (`late_rows:`).
+    late: Vec<arrow::array::RecordBatch>,
     booked: Vec<arrow::array::RecordBatch>,
     new_status: BTreeMap<NaiveDate, status::DayStatus>,
 }
@@ -209,7 +214,7 @@ impl Run<'_, '_> {
         self.quarantine_unplaced(&o.df, false).await?;
         let compared = self.compare_days(&o, &read).await?;
         if self.opts.dry_run {
-            return Ok(());
+            return self.store_late_rows(compared.late).await;
         }
         self.write_days(o, read, compared).await
     }
@@ -376,18 +381,24 @@ impl Run<'_, '_> {
         let runs = repair::runs_by_day(&o.missed, status::days_of(&booked), run_id);
         status::adjusted(&mut new_status, &runs, &r.facts, o.logical, self.now);
         self.count_status(&o.old_status, &new_status);
+        let late = self.late_rows(o).await?;
         self.end_phase(Phase::Compare)?;
         Ok(Compared {
             changed,
+            late,
             booked,
             new_status,
         })
     }
 
-    /// Adjustments, then gold's changed days in one commit, then the status table (in that
-    /// order, a crash anywhere converges on the rerun: each compares first).
+    /// The late rows, adjustments, then gold's changed days in one commit, then the status
+    /// table (in that order, a crash anywhere converges on the rerun: each compares first).
     async fn write_days(&mut self, o: Opened, r: ReadDays, c: Compared) -> Result<(), RunError> {
         let spec = self.spec;
+        if spec.late_rows.is_some() {
+            self.store_late_rows(c.late).await?;
+            self.a.failpoint(Point::Committed(Table::LateRows))?;
+        }
         if !c.booked.is_empty() {
             self.c.adjustments_version = adjust::book(
                 o.adjustments,

@@ -55,6 +55,9 @@ pub enum Table {
     Record,
     /// Rows validation rejected.
     Quarantine,
+    /// An aggregate's late rows: source rows that reached a final day or window after gold
+    /// published it (`late_rows:`).
+    LateRows,
 }
 
 impl Table {
@@ -65,6 +68,7 @@ impl Table {
             Table::Adjustments => "adjustments",
             Table::Record => "record",
             Table::Quarantine => "quarantine",
+            Table::LateRows => "late_rows",
         }
     }
 }

@@ -112,19 +112,48 @@ pub async fn store(
     now: DateTime<Utc>,
     dry_run: bool,
 ) -> Result<Outcome, RunError> {
+    let stamp = Stamp {
+        run_id,
+        now,
+        column: "_quarantined_at",
+        phase: Phase::Quarantine,
+    };
+    store_once(ctx, uri, rejected, stamp, dry_run).await
+}
+
+/// How a table of rows stored once marks them: the run, its time (in `column`), and the phase
+/// its errors belong to.
+pub struct Stamp<'a> {
+    pub run_id: &'a str,
+    pub now: DateTime<Utc>,
+    pub column: &'static str,
+    pub phase: Phase,
+}
+
+/// Appends to the table at `uri` the rows of `rows` it does not hold yet (by a fingerprint of
+/// their contents, [`ROW_HASH_COLUMN`]), each with the run's id and time (unless `dry_run`): a
+/// rerun that finds the same rows adds none.
+pub async fn store_once(
+    ctx: &SessionContext,
+    uri: &str,
+    rejected: Vec<RecordBatch>,
+    stamp: Stamp<'_>,
+    dry_run: bool,
+) -> Result<Outcome, RunError> {
+    let phase = stamp.phase;
     let total: usize = rejected.iter().map(RecordBatch::num_rows).sum();
     if total == 0 {
         return Ok(Outcome::default());
     }
     let existing = lake::open_if_exists(uri).await?;
     let known = match &existing {
-        Some(t) => known_hashes(ctx, t).await?,
+        Some(t) => known_hashes(ctx, t, phase).await?,
         None => HashSet::new(),
     };
     let mut fresh = Vec::new();
     let mut seen_now = HashSet::new();
     for batch in &rejected {
-        let hashes = row_hashes(batch)?;
+        let hashes = row_hashes(batch, phase)?;
         let keep: Vec<u32> = hashes
             .iter()
             .enumerate()
@@ -135,10 +164,10 @@ pub async fn store(
             continue;
         }
         let idx = arrow::array::UInt32Array::from(keep.clone());
-        let rows = arrow::compute::take_record_batch(batch, &idx)
-            .map_err(RunError::arrow(Phase::Quarantine))?;
+        let rows =
+            arrow::compute::take_record_batch(batch, &idx).map_err(RunError::arrow(phase))?;
         let kept_hashes: Vec<&str> = keep.iter().map(|i| hashes[*i as usize].as_str()).collect();
-        fresh.push(with_bookkeeping(&rows, &kept_hashes, run_id, now)?);
+        fresh.push(with_bookkeeping(&rows, &kept_hashes, &stamp)?);
     }
     let new: u64 = fresh.iter().map(|b| b.num_rows() as u64).sum();
     if !dry_run && new > 0 {
@@ -148,7 +177,7 @@ pub async fn store(
             .with_save_mode(SaveMode::Append)
             .with_schema_mode(SchemaMode::Merge)
             .await
-            .map_err(RunError::write(Phase::Quarantine, uri))?;
+            .map_err(RunError::write(phase, uri))?;
     }
     Ok(Outcome {
         rejected: total as u64,
@@ -159,14 +188,12 @@ pub async fn store(
 async fn known_hashes(
     ctx: &SessionContext,
     table: &deltalake::DeltaTable,
+    phase: Phase,
 ) -> Result<HashSet<String>, RunError> {
-    let q = RunError::query(Phase::Quarantine);
+    let q = RunError::query(phase);
     table
         .update_datafusion_session(&ctx.state())
-        .map_err(RunError::delta(
-            Phase::Quarantine,
-            table.table_url().as_ref(),
-        ))?;
+        .map_err(RunError::delta(phase, table.table_url().as_ref()))?;
     let provider = table.table_provider().await.map_err(q)?;
     if provider.schema().field_with_name(ROW_HASH_COLUMN).is_err() {
         return Ok(HashSet::new());
@@ -174,14 +201,14 @@ async fn known_hashes(
     let batches = ctx
         .read_table(provider)
         .and_then(|df| df.select(vec![ident(ROW_HASH_COLUMN)]))
-        .map_err(RunError::query(Phase::Quarantine))?
+        .map_err(RunError::query(phase))?
         .collect()
         .await
-        .map_err(RunError::query(Phase::Quarantine))?;
+        .map_err(RunError::query(phase))?;
     let mut out = HashSet::new();
     for b in batches {
-        let col = arrow::compute::cast(b.column(0), &DataType::Utf8)
-            .map_err(RunError::arrow(Phase::Quarantine))?;
+        let col =
+            arrow::compute::cast(b.column(0), &DataType::Utf8).map_err(RunError::arrow(phase))?;
         if let Some(s) = arrow::array::AsArray::as_string_opt::<i32>(col.as_ref()) {
             out.extend(s.iter().flatten().map(str::to_string));
         }
@@ -191,7 +218,7 @@ async fn known_hashes(
 
 /// A stable fingerprint per row: FNV-1a over the rendered values of every source column.
 /// Rendering (not Arrow's internal row format) keeps it stable across library versions.
-fn row_hashes(batch: &RecordBatch) -> Result<Vec<String>, RunError> {
+fn row_hashes(batch: &RecordBatch, phase: Phase) -> Result<Vec<String>, RunError> {
     let opts = FormatOptions::default().with_null("\u{0}null");
     let formatters = batch
         .columns()
@@ -200,7 +227,7 @@ fn row_hashes(batch: &RecordBatch) -> Result<Vec<String>, RunError> {
         .filter(|(_, f)| f.name() != REASON_COLUMN)
         .map(|(c, _)| ArrayFormatter::try_new(c.as_ref(), &opts))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(RunError::arrow(Phase::Quarantine))?;
+        .map_err(RunError::arrow(phase))?;
     Ok((0..batch.num_rows())
         .map(|i| {
             let mut h: u64 = 0xcbf2_9ce4_8422_2325;
@@ -218,10 +245,9 @@ fn row_hashes(batch: &RecordBatch) -> Result<Vec<String>, RunError> {
 fn with_bookkeeping(
     rows: &RecordBatch,
     hashes: &[&str],
-    run_id: &str,
-    now: DateTime<Utc>,
+    stamp: &Stamp<'_>,
 ) -> Result<RecordBatch, RunError> {
-    let rows = storage_batch(rows).map_err(RunError::arrow(Phase::Quarantine))?;
+    let rows = storage_batch(rows).map_err(RunError::arrow(stamp.phase))?;
     let n = rows.num_rows();
     let mut fields: Vec<Field> = rows
         .schema()
@@ -231,17 +257,17 @@ fn with_bookkeeping(
         .collect();
     let mut columns: Vec<ArrayRef> = rows.columns().to_vec();
     fields.push(Field::new("_run_id", DataType::Utf8, false));
-    columns.push(Arc::new(StringArray::from(vec![run_id; n])));
+    columns.push(Arc::new(StringArray::from(vec![stamp.run_id; n])));
     fields.push(Field::new(
-        "_quarantined_at",
+        stamp.column,
         DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into())),
         false,
     ));
     columns.push(Arc::new(
-        TimestampMicrosecondArray::from(vec![now.timestamp_micros(); n]).with_timezone("UTC"),
+        TimestampMicrosecondArray::from(vec![stamp.now.timestamp_micros(); n]).with_timezone("UTC"),
     ));
     fields.push(Field::new(ROW_HASH_COLUMN, DataType::Utf8, false));
     columns.push(Arc::new(StringArray::from(hashes.to_vec())));
     RecordBatch::try_new(Arc::new(Schema::new(fields)), columns)
-        .map_err(RunError::arrow(Phase::Quarantine))
+        .map_err(RunError::arrow(stamp.phase))
 }

@@ -823,7 +823,7 @@ mod invariant {
         };
         let p = pipeline(
             d,
-            &format!("  - {{ name: fee, agg: sum, column: fee }}\nrecompute: {recompute}\nafter_close: adjust\n"),
+            &format!("  - {{ name: fee, agg: sum, column: fee }}\nrecompute: {recompute}\nafter_close: adjust\nlate_rows: {{}}\n"),
         );
         for (n, (step, backfill)) in steps.iter().enumerate() {
             for (k, (dd, which, amount, kind)) in step.iter().enumerate() {
@@ -908,6 +908,38 @@ mod invariant {
                 }
             }
             prop_assert!(idle.values().all(|n| *n <= 1), "booked twice: {:?}", idle);
+            // every late row is stored once, for a day some run had closed
+            let stored = d.join("gold_late_rows");
+            if stored.exists() {
+                let rows = read_all(&stored).await;
+                let mut hashes = std::collections::HashSet::new();
+                for b in &rows {
+                    let h = arrow::compute::cast(
+                        b.column_by_name("_row_hash").expect("hash"),
+                        &DataType::Utf8,
+                    )
+                    .expect("text");
+                    let days = arrow::compute::cast(
+                        b.column_by_name("_event_date").expect("day"),
+                        &DataType::Date32,
+                    )
+                    .expect("date");
+                    let days = days.as_primitive::<arrow::datatypes::Date32Type>();
+                    for i in 0..b.num_rows() {
+                        prop_assert!(
+                            hashes.insert(h.as_string::<i32>().value(i).to_string()),
+                            "a late row stored twice"
+                        );
+                        let day = days.value_as_date(i).expect("day");
+                        prop_assert!(
+                            day < open_from,
+                            "a late row for {} after the run of {}",
+                            day,
+                            logical
+                        );
+                    }
+                }
+            }
         }
         Ok(())
     }

@@ -30,6 +30,7 @@ mod kafka_gold;
 mod kind_faults;
 mod kind_foreign;
 mod lake_features;
+mod late_rows;
 mod lateness;
 mod merge_edges;
 mod oracle;

@@ -114,6 +114,9 @@ pub struct Aggregate {
     /// The source's rows no day or window can count (no event time), with the reason (default
     /// `<target>_quarantine`).
     pub quarantine: super::Quarantine,
+    /// With `late_rows:`, where each run stores the source rows that reached a final day or
+    /// window after gold published it (default `<target>_late_rows`).
+    pub late_rows: Option<String>,
 }
 
 impl Aggregate {
@@ -180,6 +183,16 @@ pub(super) struct RawAggregate {
     watermark: Option<RawWatermark>,
     #[serde(default)]
     quarantine: Option<RawAggregateQuarantine>,
+    #[serde(default)]
+    late_rows: Option<RawLateRows>,
+}
+
+/// `late_rows:` of an aggregate: its location is optional (default `<target>_late_rows`).
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLateRows {
+    #[serde(default)]
+    uri: Option<String>,
 }
 
 /// `quarantine:` of an aggregate: its location is optional (default `<target>_quarantine`).
@@ -317,13 +330,22 @@ impl Ctx<'_> {
                 max_fraction: None,
             },
         };
-        self.separate(&[
-            ("source.uri", &source_uri),
-            ("target.uri", &target_uri),
-            ("status.uri", &status_uri),
-            ("adjustments.uri", &adjustments_uri),
-            ("quarantine.uri", &quarantine.uri),
-        ])?;
+        let late_rows = match raw.late_rows {
+            Some(RawLateRows { uri: Some(uri) }) => {
+                Some(self.substitute("late_rows.uri", &uri, vars)?)
+            }
+            Some(RawLateRows { uri: None }) => Some(beside("late_rows")),
+            None => None,
+        };
+        let mut locations = vec![
+            ("source.uri", source_uri.as_str()),
+            ("target.uri", target_uri.as_str()),
+            ("status.uri", status_uri.as_str()),
+            ("adjustments.uri", adjustments_uri.as_str()),
+            ("quarantine.uri", quarantine.uri.as_str()),
+        ];
+        locations.extend(late_rows.as_deref().map(|u| ("late_rows.uri", u)));
+        self.separate(&locations)?;
         let lookups = self.lookups(raw.lookups, vars)?;
         let window = raw.window.as_deref().map(|w| self.window(w)).transpose()?;
         let watermark = raw
@@ -352,6 +374,7 @@ impl Ctx<'_> {
             window,
             watermark,
             quarantine,
+            late_rows,
         })
     }
 
