@@ -338,7 +338,7 @@ pub struct Written {
 }
 
 /// The columns tidemark adds to a file ingest's rows.
-fn file_columns() -> [(&'static str, DataType); 2] {
+pub(super) fn file_columns() -> [(&'static str, DataType); 2] {
     [
         (INGESTED_AT, arrow_type(ColumnType::Timestamp)),
         (SOURCE_FILE, DataType::Utf8),
@@ -403,7 +403,7 @@ pub(super) fn conform(
 }
 
 /// One file's rows in the output schema, with its `_ingested_at` and `_source_file`.
-fn file_batch(
+pub(super) fn file_batch(
     schema: &Arc<Schema>,
     rows: &RecordBatch,
     ingested_us: i64,

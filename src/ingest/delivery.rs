@@ -62,12 +62,16 @@ impl Run<'_, '_> {
     /// A file byte-identical to one ingested before (or earlier in this run) under another
     /// name — a producer's at-least-once retry — is recorded but delivers no rows: its rows
     /// would be new versions of nothing (new `_ingested_at`, new `_source_file`).
-    pub(super) async fn drop_redelivered(
+    ///
+    /// `earlier`: the contents delivered by earlier waves of this run (by file), extended with
+    /// this wave's. Returns the copies: (file, the file whose bytes it repeats).
+    pub(super) async fn redelivered(
         &mut self,
         book: &record::Record,
         record: &HashMap<String, Recorded>,
         parsed: &mut [(LandingFile, Parsed)],
-    ) -> Result<(), RunError> {
+        earlier: &mut HashMap<i64, String>,
+    ) -> Result<Vec<(String, String)>, RunError> {
         // Of the recorded files with one content, the first to arrive delivered its rows (a
         // later one is a copy recorded without rows).
         let mut first: HashMap<i64, (i64, &String)> = Default::default();
@@ -83,6 +87,9 @@ impl Run<'_, '_> {
             .into_iter()
             .map(|(c, (_, rel))| (c, rel.clone()))
             .collect();
+        for (c, rel) in earlier.iter() {
+            seen.entry(*c).or_insert_with(|| rel.clone());
+        }
         let contents: Vec<i64> = parsed.iter().filter_map(|(f, _)| f.content).collect();
         for (c, rel) in book.by_content(&self.a.ctx, &contents).await? {
             seen.entry(c).or_insert(rel);
@@ -101,9 +108,15 @@ impl Run<'_, '_> {
                 Some(_) => {}
                 None => {
                     seen.insert(c, f.rel.clone());
+                    earlier.insert(c, f.rel.clone());
                 }
             }
         }
+        Ok(copies)
+    }
+
+    /// Counts the re-delivered copies and says so.
+    pub(super) fn warn_copies(&mut self, copies: &[(String, String)]) {
         self.c.num_files_duplicate = copies.len() as u64;
         if let Some((first, original)) = copies.first() {
             self.warn(format!(
@@ -111,6 +124,5 @@ impl Run<'_, '_> {
                 copies.len()
             ));
         }
-        Ok(())
     }
 }

@@ -29,6 +29,7 @@ pub mod record;
 mod rows;
 pub mod schema;
 mod schema_of;
+mod stream;
 #[cfg(test)]
 mod test_support;
 #[cfg(test)]
@@ -150,10 +151,22 @@ impl Run<'_, '_> {
         self.a.warn(message);
     }
 
-    /// plan → read → validate → commit.
+    /// plan → read → validate → commit: streamed wave by wave when the run appends (see
+    /// [`stream`]), else read whole first.
     async fn execute(&mut self) -> Result<(), RunError> {
         let Some(plan) = self.plan().await? else {
             return Ok(());
+        };
+        let plan = if !plan.whole && !self.opts.dry_run && plan.book.stale_after.is_none() {
+            match self.stream(plan).await? {
+                stream::Streamed::Done => return Ok(()),
+                stream::Streamed::Fallback(plan) => {
+                    self.reset_read_counts();
+                    *plan
+                }
+            }
+        } else {
+            plan
         };
         let (cols, parsed) = self.read_planned(&plan).await?;
         if parsed.is_empty() && !plan.whole && plan.target.is_some() {
@@ -331,14 +344,7 @@ impl Run<'_, '_> {
             .columns(bronze_schema.as_deref(), Some((landing, files)))
             .await?;
         let (mut parsed, deferred) = self.read(landing, files, &cols).await?;
-        if let Some(first) = deferred.first() {
-            self.c.num_files_pending += deferred.len() as u64;
-            self.warn(format!(
-                "{} landing file(s) end in a line without its line end (first: {}): a producer is still writing them, so they are left for a later run (after an hour unchanged they are read, and that last line is quarantined)",
-                deferred.len(),
-                first.uri
-            ));
-        }
+        self.warn_pending(&deferred);
         let unknown: BTreeMap<String, (ColumnType, String)> = parsed
             .iter()
             .flat_map(|(f, p)| {
@@ -389,8 +395,15 @@ impl Run<'_, '_> {
             // The first pass could not keep the new fields' values: parse again with them.
             parsed = self.read(landing, files, &cols).await?.0;
         }
-        self.drop_redelivered(&plan.book, &plan.record, &mut parsed)
+        let copies = self
+            .redelivered(
+                &plan.book,
+                &plan.record,
+                &mut parsed,
+                &mut Default::default(),
+            )
             .await?;
+        self.warn_copies(&copies);
         self.a.summary.num_source_rows_read = parsed.iter().map(|(_, p)| p.records).sum();
         self.c.num_bytes_read = parsed.iter().map(|(f, _)| f.size).sum();
         self.c.num_rescued = parsed.iter().map(|(_, p)| p.rescued).sum();
@@ -471,6 +484,25 @@ impl Run<'_, '_> {
         .await?;
         self.a.summary.target_version = Some(written.version);
         self.a.failpoint(Point::Committed(Table::Target))?;
+        let (files_added, files_removed) = (written.files_added, written.files_removed);
+        self.index(book, written).await;
+        if whole && files_removed > 0 {
+            self.warn(format!(
+                "bronze was rewritten ({} data file(s) replaced): a cdc_merge reading {} refuses its next incremental run (its source is no longer append-only); rebuild it with `--full-reload`",
+                files_removed, spec.target_uri
+            ));
+        }
+        self.a.summary.num_files_added = files_added;
+        self.a.summary.num_files_removed = files_removed;
+        self.end_phase(write_phase)?;
+        Ok(())
+    }
+
+    /// Records the committed files in the record's index (a failure only warns: bronze holds
+    /// the rows and the record of their files, and the next run completes the index from
+    /// bronze's commit).
+    async fn index(&mut self, book: record::Record, written: commit::Written) {
+        let version = written.version;
         if let Err(e) = book
             .append(
                 &self.a.ctx,
@@ -478,23 +510,34 @@ impl Run<'_, '_> {
             )
             .await
         {
-            // Bronze holds the rows and the record of their files; the next run completes the
-            // index from bronze's commit.
             self.warn(format!(
-                "bronze committed version {}, but its ingest record's index {} was not updated ({e}); the next run completes it from bronze's log",
-                written.version, spec.record_uri
+                "bronze committed version {version}, but its ingest record's index {} was not updated ({e}); the next run completes it from bronze's log",
+                self.spec.record_uri
             ));
         }
-        if whole && written.files_removed > 0 {
+    }
+
+    /// Says which files were left for a later run, their last line still being written.
+    fn warn_pending(&mut self, deferred: &[LandingFile]) {
+        if let Some(first) = deferred.first() {
+            self.c.num_files_pending += deferred.len() as u64;
             self.warn(format!(
-                "bronze was rewritten ({} data file(s) replaced): a cdc_merge reading {} refuses its next incremental run (its source is no longer append-only); rebuild it with `--full-reload`",
-                written.files_removed, spec.target_uri
+                "{} landing file(s) end in a line without its line end (first: {}): a producer is still writing them, so they are left for a later run (after an hour unchanged they are read, and that last line is quarantined)",
+                deferred.len(),
+                first.uri
             ));
         }
-        self.a.summary.num_files_added = written.files_added;
-        self.a.summary.num_files_removed = written.files_removed;
-        self.end_phase(write_phase)?;
-        Ok(())
+    }
+
+    /// Forgets what a streamed read counted before it handed the run to the whole read.
+    fn reset_read_counts(&mut self) {
+        self.a.summary.num_source_rows_read = 0;
+        self.c.num_bytes_read = 0;
+        self.c.num_rescued = 0;
+        self.c.num_files_ingested = 0;
+        self.c.num_rows_written = 0;
+        self.c.num_files_pending = 0;
+        self.c.num_files_duplicate = 0;
     }
 
     fn shape<'c>(&self, cols: &'c [Col]) -> Shape<'c> {

@@ -395,6 +395,11 @@ impl NewFile {
         Ok(())
     }
 
+    /// The bytes encoded so far (the row groups closed), for rolling to a new file.
+    pub fn encoded_bytes(&self) -> usize {
+        self.writer.inner().len()
+    }
+
     /// Writes the file under the table root and returns its `add` action (data change, with
     /// Delta statistics); `None` when it holds no rows.
     pub async fn put(mut self, fast: &FastPath) -> Result<Option<Add>, DeltaTableError> {

@@ -1,0 +1,402 @@
+//! Streaming ingest: an appending run (a first run, or an incremental one) reads its files in
+//! waves of about [`WAVE_BYTES`], and each wave's rows are encoded into Parquet data files
+//! under bronze's root as soon as they are parsed, then dropped. The run still commits once —
+//! every file's `add`, the run's `txn` and its record of files together — so the files written
+//! before a crash are never referenced (`tidemark maintain` vacuums them, as it does other
+//! kinds' leftovers). Peak memory is a wave (its bytes and their rows) plus one data file being
+//! encoded ([`FILE_BYTES`]), whatever the run's input.
+//!
+//! A run whose schema grows (fields bronze does not have), a full reload (which replaces rows)
+//! and a table with partitions or column mapping (which the direct writer does not handle) read
+//! everything first, as before ([`super::Run::read_planned`]).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use arrow::array::RecordBatch;
+use arrow::datatypes::Schema;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, Add};
+use deltalake::protocol::{DeltaOperation, SaveMode};
+use deltalake::DeltaTable;
+use object_store::ObjectStoreExt;
+
+use super::commit::{self, Written};
+use super::landing::LandingFile;
+use super::record::Entry;
+use super::rows::Parsed;
+use super::{Planned, Run};
+use crate::lake::datafile::{FastPath, NewFile};
+use crate::lake::{self, COMMIT_INFO_KEY};
+use crate::run::{Phase, Point, RunError, Table};
+
+/// About this many bytes of landing files are read and parsed at a time.
+pub const WAVE_BYTES: u64 = 64 << 20;
+/// A data file is closed and written once this many encoded bytes are in it.
+pub const FILE_BYTES: usize = 32 << 20;
+/// Rows per Parquet row group of a streamed file.
+const ROW_GROUP_ROWS: usize = 128 * 1024;
+
+/// How a streamed run ended.
+pub(super) enum Streamed {
+    /// Committed (or nothing to commit).
+    Done,
+    /// The files carry fields bronze lacks (or the table cannot be written directly): the run
+    /// reads everything first instead, with its plan back. Nothing was committed; the files
+    /// written are removed.
+    Fallback(Box<Planned>),
+}
+
+/// The data files a run writes as it reads.
+struct Sink {
+    fast: FastPath,
+    schema: Arc<Schema>,
+    file: Option<NewFile>,
+    adds: Vec<Add>,
+}
+
+impl Sink {
+    /// `None` when bronze cannot be written directly (partitions, column mapping) or its
+    /// columns are not `schema`'s.
+    fn open(
+        target: Option<&DeltaTable>,
+        uri: &str,
+        schema: &Arc<Schema>,
+    ) -> Result<Option<Sink>, RunError> {
+        let storage = Arc::new(lake::storage::storage_schema(schema));
+        let fast = match target {
+            Some(t) => match FastPath::check(t).map_err(RunError::delta(Phase::Read, uri))? {
+                Some(f) if f.schema.fields() == storage.fields() => f,
+                _ => return Ok(None),
+            },
+            None => {
+                let created = commit::created(uri, Phase::Read)?;
+                FastPath {
+                    store: created.log_store().object_store(None),
+                    schema: storage.clone(),
+                    stats: Default::default(),
+                    change_data_feed: false,
+                    deletion_vectors: Default::default(),
+                    dv_enabled: false,
+                }
+            }
+        };
+        Ok(Some(Sink {
+            fast,
+            schema: storage,
+            file: None,
+            adds: Vec::new(),
+        }))
+    }
+
+    /// Encodes `batch`; writes the data file out once it holds [`FILE_BYTES`].
+    async fn push(&mut self, batch: &RecordBatch, uri: &str) -> Result<(), RunError> {
+        if batch.num_rows() == 0 {
+            return Ok(());
+        }
+        let w = |e| RunError::write(Phase::Read, uri)(e);
+        let batch = lake::storage::storage_batch(batch).map_err(RunError::arrow(Phase::Read))?;
+        let batch = RecordBatch::try_new(self.schema.clone(), batch.columns().to_vec())
+            .map_err(RunError::arrow(Phase::Read))?;
+        let file = match &mut self.file {
+            Some(f) => f,
+            None => self
+                .file
+                .insert(NewFile::new(self.schema.clone(), ROW_GROUP_ROWS, 0).map_err(w)?),
+        };
+        file.write(&batch).map_err(w)?;
+        if file.encoded_bytes() >= FILE_BYTES {
+            self.close(uri).await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the data file being encoded.
+    async fn close(&mut self, uri: &str) -> Result<(), RunError> {
+        if let Some(f) = self.file.take() {
+            let add = f
+                .put(&self.fast)
+                .await
+                .map_err(RunError::write(Phase::Read, uri))?;
+            self.adds.extend(add);
+        }
+        Ok(())
+    }
+
+    /// Removes the data files written (best effort: a file left behind is unreferenced, and
+    /// `maintain` vacuums it).
+    async fn abandon(self) {
+        for a in &self.adds {
+            let path = object_store::path::Path::from(a.path.as_str());
+            let _ = self.fast.store.delete(&path).await;
+        }
+    }
+}
+
+impl Run<'_, '_> {
+    /// Reads, writes and commits the planned files wave by wave (see the module's notes).
+    pub(super) async fn stream(&mut self, plan: Planned) -> Result<Streamed, RunError> {
+        let spec = self.spec;
+        let bronze = match &plan.target {
+            Some(t) => Some(commit::table_schema(t, &spec.target_uri)?),
+            None => None,
+        };
+        let cols = self
+            .columns(bronze.as_deref(), Some((&plan.landing, &plan.files)))
+            .await?;
+        let schema = commit::output_schema(
+            bronze.as_deref(),
+            &cols,
+            spec.rescue,
+            &commit::file_columns(),
+        );
+        if bronze
+            .as_ref()
+            .is_some_and(|b| b.fields().len() != schema.fields().len())
+        {
+            return Ok(Streamed::Fallback(Box::new(plan)));
+        }
+        let Some(mut sink) = Sink::open(plan.target.as_ref(), &spec.target_uri, &schema)? else {
+            return Ok(Streamed::Fallback(Box::new(plan)));
+        };
+        let now_ms = self.now.timestamp_millis();
+        let mut entries: Vec<Entry> = Vec::new();
+        let mut rejects: Vec<RecordBatch> = Vec::new();
+        let mut earlier: HashMap<i64, String> = HashMap::new();
+        let (mut copies, mut deferred) = (Vec::new(), Vec::new());
+        for wave in waves(&plan.files) {
+            let (mut parsed, later) = self.read(&plan.landing, wave, &cols).await?;
+            deferred.extend(later);
+            if parsed.iter().any(|(_, p)| !p.unknown.is_empty()) {
+                sink.abandon().await;
+                return Ok(Streamed::Fallback(Box::new(plan)));
+            }
+            copies.extend(
+                self.redelivered(&plan.book, &plan.record, &mut parsed, &mut earlier)
+                    .await?,
+            );
+            self.count_wave(&parsed);
+            rejects
+                .extend(commit::rejects_batch(&parsed).map_err(RunError::arrow(Phase::Validate))?);
+            for (f, p) in parsed {
+                entries.push(entry(&f, now_ms));
+                let rows = commit::file_batch(&schema, &p.batch, now_ms * 1000, &f.uri)
+                    .map_err(RunError::arrow(Phase::Read))?;
+                sink.push(&rows, &spec.target_uri).await?;
+            }
+        }
+        self.warn_pending(&deferred);
+        self.warn_copies(&copies);
+        sink.close(&spec.target_uri).await?;
+        self.end_phase(Phase::Read)?;
+        if entries.is_empty() && plan.target.is_some() {
+            // Every file planned is still being written (left for a later run): no commit.
+            sink.abandon().await;
+            plan.book.append(&self.a.ctx, None).await?;
+            return Ok(Streamed::Done);
+        }
+        self.a.quarantine(&spec.quarantine, rejects).await?;
+        self.end_phase(Phase::Validate)?;
+        self.commit_streamed(plan, sink, entries, &schema).await?;
+        Ok(Streamed::Done)
+    }
+
+    /// The summary's counts of a wave's files.
+    fn count_wave(&mut self, parsed: &[(LandingFile, Parsed)]) {
+        self.a.summary.num_source_rows_read += parsed.iter().map(|(_, p)| p.records).sum::<u64>();
+        self.c.num_bytes_read += parsed.iter().map(|(f, _)| f.size).sum::<u64>();
+        self.c.num_rescued += parsed.iter().map(|(_, p)| p.rescued).sum::<u64>();
+        self.c.num_files_ingested += parsed.len() as u64;
+        self.c.num_rows_written += parsed
+            .iter()
+            .map(|(_, p)| p.batch.num_rows() as u64)
+            .sum::<u64>();
+    }
+
+    /// The one commit: the data files, the run's `txn` and its record of files (creating bronze
+    /// on a first run); then the record's index.
+    async fn commit_streamed(
+        &mut self,
+        plan: Planned,
+        sink: Sink,
+        entries: Vec<Entry>,
+        schema: &Arc<Schema>,
+    ) -> Result<(), RunError> {
+        let spec = self.spec;
+        let uri = &spec.target_uri;
+        self.a.failpoint(Point::Before(Phase::Commit))?;
+        self.c.ingested_at = Some(self.now);
+        let mut extra = serde_json::Map::new();
+        extra.insert(
+            lake::TXN_APPS.into(),
+            vec![super::record::run_app(&self.p.name)].into(),
+        );
+        let facts = self.a.facts(&self.c, extra);
+        let run = plan.book.next_run();
+        let (txn, files) = super::record::commit_parts(
+            &self.p.name,
+            run,
+            self.now.timestamp_millis(),
+            entries.clone(),
+        )?;
+        let props = CommitProperties::default()
+            .with_metadata([(COMMIT_INFO_KEY.to_string(), facts), files])
+            .with_application_transactions(vec![txn]);
+        let adds: Vec<Action> = sink.adds.iter().cloned().map(Action::Add).collect();
+        let committed = match &plan.target {
+            Some(t) => append(t, uri, props, adds).await,
+            None => create(uri, &self.p.name, schema, props, adds).await,
+        };
+        let table = match committed {
+            Ok(t) => t,
+            Err(e) => {
+                sink.abandon().await;
+                return Err(e);
+            }
+        };
+        let version = table.version().unwrap_or(0);
+        self.a.summary.target_version = Some(version);
+        self.a.summary.num_files_added = sink.adds.len() as u64;
+        self.a.failpoint(Point::Committed(Table::Target))?;
+        let written = Written {
+            table,
+            version,
+            run,
+            entries,
+            files_added: sink.adds.len() as u64,
+            files_removed: 0,
+        };
+        self.index(plan.book, written).await;
+        self.end_phase(Phase::Commit)
+    }
+}
+
+/// Tests only: the wave size instead of [`WAVE_BYTES`], so small files cross waves.
+const WAVE_BYTES_ENV: &str = "TIDEMARK_INGEST_WAVE_BYTES";
+
+/// The planned files in waves of about [`WAVE_BYTES`] (at least one file each).
+fn waves(files: &[LandingFile]) -> Vec<&[LandingFile]> {
+    let wave = std::env::var(WAVE_BYTES_ENV)
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(WAVE_BYTES);
+    let mut out = Vec::new();
+    let (mut start, mut bytes) = (0, 0u64);
+    for (i, f) in files.iter().enumerate() {
+        if i > start && bytes + f.size > wave {
+            out.push(&files[start..i]);
+            (start, bytes) = (i, 0);
+        }
+        bytes += f.size;
+    }
+    if start < files.len() {
+        out.push(&files[start..]);
+    }
+    out
+}
+
+/// A file's record entry: it arrives now.
+fn entry(f: &LandingFile, now_ms: i64) -> Entry {
+    Entry {
+        file: f.rel.clone(),
+        fingerprint: f.fingerprint,
+        ingested_ms: now_ms,
+        content: f.content,
+    }
+}
+
+/// Appends the data files to bronze with the run's `txn` (a lost race is retried by delta-rs,
+/// which refuses it when the winner wrote the same `txn` app: the run plans again).
+async fn append(
+    t: &DeltaTable,
+    uri: &str,
+    props: CommitProperties,
+    adds: Vec<Action>,
+) -> Result<DeltaTable, RunError> {
+    let d = |e| RunError::write(Phase::Commit, uri)(e);
+    let snapshot = t.snapshot().map_err(d)?;
+    let commit = CommitBuilder::from(props)
+        .with_actions(adds)
+        .build(
+            Some(snapshot),
+            t.log_store(),
+            DeltaOperation::Write {
+                mode: SaveMode::Append,
+                partition_by: None,
+                predicate: None,
+            },
+        )
+        .await
+        .map_err(d)?;
+    // (bronze as of this commit: the record's index reads its version)
+    let mut table = t.clone();
+    table.load_version(commit.version()).await.map_err(d)?;
+    Ok(table)
+}
+
+/// Creates bronze with the data files in its first commit. Another run that created it first
+/// is a lost race: the run plans again.
+async fn create(
+    uri: &str,
+    name: &str,
+    schema: &Arc<Schema>,
+    props: CommitProperties,
+    adds: Vec<Action>,
+) -> Result<DeltaTable, RunError> {
+    use deltalake::kernel::engine::arrow_conversion::TryIntoKernel;
+    let d = |e| RunError::write(Phase::Commit, uri)(e);
+    let new_dirs = lake::NewDirs::before_create(uri);
+    let table = commit::created(uri, Phase::Commit)?;
+    let normalized = deltalake::kernel::schema::cast::normalize_for_delta(&Arc::new(
+        lake::storage::storage_schema(schema),
+    ));
+    let columns: deltalake::kernel::StructType = normalized
+        .as_ref()
+        .try_into_kernel()
+        .map_err(|e| d(e.into()))?;
+    let created = deltalake::operations::create::CreateBuilder::new()
+        .with_log_store(table.log_store())
+        .with_columns(columns.fields().cloned())
+        .with_table_name(name)
+        .with_actions(adds)
+        .with_commit_properties(lake::no_blind_retry(props))
+        .await;
+    match created {
+        Ok(t) => Ok(t),
+        Err(e) => {
+            let raced = table
+                .log_store()
+                .is_delta_table_location()
+                .await
+                .unwrap_or(false);
+            if raced {
+                return Err(d(deltalake::DeltaTableError::VersionAlreadyExists(0)));
+            }
+            new_dirs.remove_empty();
+            Err(d(e))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waves_hold_about_the_budget_and_at_least_one_file_each() {
+        let f = |rel: &str, size: u64| super::super::landing::listed_for_test(rel, size, 0);
+        let files = vec![
+            f("a", WAVE_BYTES / 2),
+            f("b", WAVE_BYTES / 2),
+            f("c", 1),
+            f("d", 3 * WAVE_BYTES),
+            f("e", 1),
+        ];
+        let cut: Vec<Vec<&str>> = waves(&files)
+            .iter()
+            .map(|w| w.iter().map(|f| f.rel.as_str()).collect())
+            .collect();
+        assert_eq!(cut, vec![vec!["a", "b"], vec!["c"], vec!["d"], vec!["e"]]);
+        assert!(waves(&[]).is_empty());
+    }
+}
