@@ -125,4 +125,16 @@ impl Run<'_, '_> {
             ));
         }
     }
+
+    /// Says which files were left for a later run, their last line still being written.
+    pub(super) fn warn_pending(&mut self, deferred: &[LandingFile]) {
+        if let Some(first) = deferred.first() {
+            self.c.num_files_pending += deferred.len() as u64;
+            self.warn(format!(
+                "{} landing file(s) end in a line without its line end (first: {}): a producer is still writing them, so they are left for a later run (after an hour unchanged they are read, and that last line is quarantined)",
+                deferred.len(),
+                first.uri
+            ));
+        }
+    }
 }

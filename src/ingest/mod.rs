@@ -517,29 +517,6 @@ impl Run<'_, '_> {
         }
     }
 
-    /// Says which files were left for a later run, their last line still being written.
-    fn warn_pending(&mut self, deferred: &[LandingFile]) {
-        if let Some(first) = deferred.first() {
-            self.c.num_files_pending += deferred.len() as u64;
-            self.warn(format!(
-                "{} landing file(s) end in a line without its line end (first: {}): a producer is still writing them, so they are left for a later run (after an hour unchanged they are read, and that last line is quarantined)",
-                deferred.len(),
-                first.uri
-            ));
-        }
-    }
-
-    /// Forgets what a streamed read counted before it handed the run to the whole read.
-    fn reset_read_counts(&mut self) {
-        self.a.summary.num_source_rows_read = 0;
-        self.c.num_bytes_read = 0;
-        self.c.num_rescued = 0;
-        self.c.num_files_ingested = 0;
-        self.c.num_rows_written = 0;
-        self.c.num_files_pending = 0;
-        self.c.num_files_duplicate = 0;
-    }
-
     fn shape<'c>(&self, cols: &'c [Col]) -> Shape<'c> {
         Shape {
             cols,

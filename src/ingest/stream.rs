@@ -201,6 +201,17 @@ impl Run<'_, '_> {
         Ok(Streamed::Done)
     }
 
+    /// Forgets what a streamed read counted before it handed the run to the whole read.
+    pub(super) fn reset_read_counts(&mut self) {
+        self.a.summary.num_source_rows_read = 0;
+        self.c.num_bytes_read = 0;
+        self.c.num_rescued = 0;
+        self.c.num_files_ingested = 0;
+        self.c.num_rows_written = 0;
+        self.c.num_files_pending = 0;
+        self.c.num_files_duplicate = 0;
+    }
+
     /// The summary's counts of a wave's files.
     fn count_wave(&mut self, parsed: &[(LandingFile, Parsed)]) {
         self.a.summary.num_source_rows_read += parsed.iter().map(|(_, p)| p.records).sum::<u64>();
