@@ -37,6 +37,54 @@ pub(super) fn with_cut_tail(mut parsed: Parsed, tail: Option<(u64, bytes::Bytes)
     parsed
 }
 
+/// A landing file read for parsing: its body up to its last line end, and the unterminated
+/// last line with its number (quarantined: the file stayed cut past [`CUT_FILE_GRACE`]).
+pub(super) struct Loaded {
+    pub f: LandingFile,
+    pub body: bytes::Bytes,
+    pub tail: Option<(u64, bytes::Bytes)>,
+}
+
+/// Reads `f` (and its content hash); `Err(f)` when its last line is still being written.
+pub(super) async fn load(
+    landing: &Landing,
+    mut f: LandingFile,
+    format: Format,
+    now: chrono::DateTime<chrono::Utc>,
+) -> Result<Result<Loaded, LandingFile>, RunError> {
+    let body = landing.read(&f).await?;
+    f.content = Some(landing::content_hash(&body));
+    let (body, tail) = match cut_tail(&body, format) {
+        None => (body, None),
+        Some(_) if now - f.modified < CUT_FILE_GRACE => return Ok(Err(f)),
+        Some(at) => (body.slice(..at), Some(body.slice(at..))),
+    };
+    let tail_line = tail
+        .as_ref()
+        .map(|_| body.iter().filter(|b| **b == b'\n').count() as u64 + 1);
+    Ok(Ok(Loaded {
+        f,
+        body,
+        tail: tail_line.zip(tail),
+    }))
+}
+
+/// A file's parse, or the error that stops the run: a Debezium truncate event, or a
+/// `format: debezium` file of plain rows.
+pub(super) fn checked(parsed: Parsed, f: &LandingFile) -> Result<Parsed, RunError> {
+    if let Some(line) = parsed.truncate_at {
+        return Err(super::error::IngestError::Truncate {
+            uri: f.uri.clone(),
+            line,
+        }
+        .into());
+    }
+    if parsed.not_debezium {
+        return Err(super::error::IngestError::NotDebezium { uri: f.uri.clone() }.into());
+    }
+    Ok(parsed)
+}
+
 impl Run<'_, '_> {
     /// The changed files (another fingerprint than recorded) whose contents are the recorded
     /// ones: read and hashed.
@@ -72,28 +120,8 @@ impl Run<'_, '_> {
         parsed: &mut [(LandingFile, Parsed)],
         earlier: &mut HashMap<i64, String>,
     ) -> Result<Vec<(String, String)>, RunError> {
-        // Of the recorded files with one content, the first to arrive delivered its rows (a
-        // later one is a copy recorded without rows).
-        let mut first: HashMap<i64, (i64, &String)> = Default::default();
-        for (rel, r) in record {
-            if let Some(c) = r.content {
-                let e = first.entry(c).or_insert((r.ingested_ms, rel));
-                if (r.ingested_ms, rel) < (e.0, e.1) {
-                    *e = (r.ingested_ms, rel);
-                }
-            }
-        }
-        let mut seen: HashMap<i64, String> = first
-            .into_iter()
-            .map(|(c, (_, rel))| (c, rel.clone()))
-            .collect();
-        for (c, rel) in earlier.iter() {
-            seen.entry(*c).or_insert_with(|| rel.clone());
-        }
         let contents: Vec<i64> = parsed.iter().filter_map(|(f, _)| f.content).collect();
-        for (c, rel) in book.by_content(&self.a.ctx, &contents).await? {
-            seen.entry(c).or_insert(rel);
-        }
+        let mut seen = self.delivered(book, record, &contents, earlier).await?;
         let mut copies: Vec<(String, String)> = Vec::new();
         for (f, p) in parsed.iter_mut() {
             let Some(c) = f.content else { continue };
@@ -113,6 +141,38 @@ impl Run<'_, '_> {
             }
         }
         Ok(copies)
+    }
+
+    /// Which file first delivered each content: of the recorded files, the first to arrive
+    /// (a later one is a copy recorded without rows), then `earlier` (this run's), then the
+    /// record's index for `contents`.
+    pub(super) async fn delivered(
+        &self,
+        book: &record::Record,
+        record: &HashMap<String, Recorded>,
+        contents: &[i64],
+        earlier: &HashMap<i64, String>,
+    ) -> Result<HashMap<i64, String>, RunError> {
+        let mut first: HashMap<i64, (i64, &String)> = Default::default();
+        for (rel, r) in record {
+            if let Some(c) = r.content {
+                let e = first.entry(c).or_insert((r.ingested_ms, rel));
+                if (r.ingested_ms, rel) < (e.0, e.1) {
+                    *e = (r.ingested_ms, rel);
+                }
+            }
+        }
+        let mut seen: HashMap<i64, String> = first
+            .into_iter()
+            .map(|(c, (_, rel))| (c, rel.clone()))
+            .collect();
+        for (c, rel) in earlier.iter() {
+            seen.entry(*c).or_insert_with(|| rel.clone());
+        }
+        for (c, rel) in book.by_content(&self.a.ctx, contents).await? {
+            seen.entry(c).or_insert(rel);
+        }
+        Ok(seen)
     }
 
     /// Counts the re-delivered copies and says so.

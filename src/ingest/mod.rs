@@ -12,6 +12,7 @@
 //! appended after that commit (and completed from bronze's log by the next run after a crash). A full reload replaces the rows of this
 //! landing location in one commit, each file keeping the `_ingested_at` it was first given.
 
+mod chunked;
 mod commit;
 mod compare;
 mod counters;
@@ -24,6 +25,7 @@ mod json;
 mod kafka;
 pub mod landing;
 mod parquet;
+mod parse;
 mod plan;
 pub mod record;
 mod rows;
@@ -50,8 +52,9 @@ use crate::config::Pipeline;
 use crate::lake;
 use crate::report::RunMode;
 use crate::run::{Attempt, Phase, Point, RunError, RunKind, RunOptions, Table};
-use delivery::{cut_tail, with_cut_tail, CUT_FILE_GRACE};
+use delivery::with_cut_tail;
 use landing::{Landing, LandingFile};
+use parse::Parser;
 use rows::Parsed;
 use schema::Col;
 
@@ -517,6 +520,16 @@ impl Run<'_, '_> {
         }
     }
 
+    /// What parsing needs of the pipeline.
+    fn parser(&self) -> Parser {
+        Parser {
+            format: self.spec.format,
+            rescue: self.spec.rescue,
+            max_record_bytes: self.spec.max_record_bytes,
+            csv: self.spec.csv,
+        }
+    }
+
     fn shape<'c>(&self, cols: &'c [Col]) -> Shape<'c> {
         Shape {
             cols,
@@ -538,57 +551,19 @@ impl Run<'_, '_> {
     ) -> Result<(Vec<(LandingFile, Parsed)>, Vec<LandingFile>), RunError> {
         let workers = std::thread::available_parallelism().map_or(2, |n| n.get());
         let cols = std::sync::Arc::new(cols.to_vec());
-        let format = self.spec.format;
-        let (rescue, max_record_bytes, csv_opts) =
-            (self.spec.rescue, self.spec.max_record_bytes, self.spec.csv);
-        let now = self.now;
+        let (format, now, parser) = (self.spec.format, self.now, self.parser());
         let read: Vec<(LandingFile, Option<Parsed>)> = futures::stream::iter(files.iter().cloned())
             .map(|f| {
                 let cols = cols.clone();
                 async move {
-                    let mut f = f;
-                    let body = landing.read(&f).await?;
-                    f.content = Some(landing::content_hash(&body));
-                    let (body, tail) = match cut_tail(&body, format) {
-                        None => (body, None),
-                        Some(_) if now - f.modified < CUT_FILE_GRACE => return Ok((f, None)),
-                        Some(at) => (body.slice(..at), Some(body.slice(at..))),
+                    let loaded = match delivery::load(landing, f, format, now).await? {
+                        Ok(l) => l,
+                        Err(later) => return Ok((later, None)),
                     };
-                    let tail_line = tail
-                        .as_ref()
-                        .map(|_| body.iter().filter(|b| **b == b'\n').count() as u64 + 1);
-                    let parsed = tokio::task::spawn_blocking(move || {
-                        let shape = Shape {
-                            cols: &cols,
-                            rescue,
-                            max_record_bytes,
-                            csv: csv_opts,
-                        };
-                        match format {
-                            Format::Json => json::parse(&body, &shape),
-                            Format::Csv => csv::parse(&body, &shape),
-                            Format::Parquet => parquet::parse(body, &shape),
-                            Format::Debezium => debezium::parse(&body, &shape),
-                        }
-                    })
-                    .await
-                    .map_err(|e| RunError::Internal {
-                        phase: Phase::Read,
-                        message: format!("parsing a landing file stopped: {e}"),
-                    })?
-                    .map_err(RunError::arrow(Phase::Read))?;
-                    if let Some(line) = parsed.truncate_at {
-                        return Err(IngestError::Truncate {
-                            uri: f.uri.clone(),
-                            line,
-                        }
-                        .into());
-                    }
-                    if parsed.not_debezium {
-                        return Err(IngestError::NotDebezium { uri: f.uri.clone() }.into());
-                    }
-                    let parsed = with_cut_tail(parsed, tail_line.zip(tail));
-                    Ok::<_, RunError>((f, Some(parsed)))
+                    let delivery::Loaded { f, body, tail } = loaded;
+                    let parsed = parser.parse(body, cols).await?;
+                    let parsed = delivery::checked(parsed, &f)?;
+                    Ok::<_, RunError>((f, Some(with_cut_tail(parsed, tail))))
                 }
             })
             .buffered(workers)

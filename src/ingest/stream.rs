@@ -26,6 +26,7 @@ use super::landing::LandingFile;
 use super::record::Entry;
 use super::rows::Parsed;
 use super::{Planned, Run};
+use crate::config::pipeline::ingest::Format;
 use crate::lake::datafile::{FastPath, NewFile};
 use crate::lake::{self, COMMIT_INFO_KEY};
 use crate::run::{Phase, Point, RunError, Table};
@@ -47,8 +48,26 @@ pub(super) enum Streamed {
     Fallback(Box<Planned>),
 }
 
+/// What the waves gather for the commit.
+#[derive(Default)]
+pub(super) struct Acc {
+    pub(super) entries: Vec<Entry>,
+    pub(super) rejects: Vec<RecordBatch>,
+    /// The contents this run delivered, by file (a later copy delivers nothing).
+    pub(super) earlier: HashMap<i64, String>,
+    pub(super) copies: Vec<(String, String)>,
+    pub(super) deferred: Vec<LandingFile>,
+}
+
+/// Where the rows go: the data files, in bronze's columns.
+pub(super) struct Out<'s> {
+    sink: &'s mut Sink,
+    schema: &'s Arc<Schema>,
+    uri: &'s str,
+}
+
 /// The data files a run writes as it reads.
-struct Sink {
+pub(super) struct Sink {
     fast: FastPath,
     schema: Arc<Schema>,
     file: Option<NewFile>,
@@ -159,46 +178,100 @@ impl Run<'_, '_> {
         let Some(mut sink) = Sink::open(plan.target.as_ref(), &spec.target_uri, &schema)? else {
             return Ok(Streamed::Fallback(Box::new(plan)));
         };
-        let now_ms = self.now.timestamp_millis();
-        let mut entries: Vec<Entry> = Vec::new();
-        let mut rejects: Vec<RecordBatch> = Vec::new();
-        let mut earlier: HashMap<i64, String> = HashMap::new();
-        let (mut copies, mut deferred) = (Vec::new(), Vec::new());
+        let mut acc = Acc::default();
+        let mut out = Out {
+            sink: &mut sink,
+            schema: &schema,
+            uri: &spec.target_uri,
+        };
+        let chunked = matches!(spec.format, Format::Json | Format::Debezium);
         for wave in waves(&plan.files) {
-            let (mut parsed, later) = self.read(&plan.landing, wave, &cols).await?;
-            deferred.extend(later);
-            if parsed.iter().any(|(_, p)| !p.unknown.is_empty()) {
+            let grew = match chunked {
+                true => {
+                    self.chunked_wave(&plan, wave, &cols, &mut out, &mut acc)
+                        .await?
+                }
+                false => {
+                    self.whole_wave(&plan, wave, &cols, &mut out, &mut acc)
+                        .await?
+                }
+            };
+            if grew {
                 sink.abandon().await;
                 return Ok(Streamed::Fallback(Box::new(plan)));
             }
-            copies.extend(
-                self.redelivered(&plan.book, &plan.record, &mut parsed, &mut earlier)
-                    .await?,
-            );
-            self.count_wave(&parsed);
-            rejects
-                .extend(commit::rejects_batch(&parsed).map_err(RunError::arrow(Phase::Validate))?);
-            for (f, p) in parsed {
-                entries.push(entry(&f, now_ms));
-                let rows = commit::file_batch(&schema, &p.batch, now_ms * 1000, &f.uri)
-                    .map_err(RunError::arrow(Phase::Read))?;
-                sink.push(&rows, &spec.target_uri).await?;
-            }
         }
-        self.warn_pending(&deferred);
-        self.warn_copies(&copies);
+        self.warn_pending(&acc.deferred);
+        self.warn_copies(&acc.copies);
         sink.close(&spec.target_uri).await?;
         self.end_phase(Phase::Read)?;
-        if entries.is_empty() && plan.target.is_some() {
+        if acc.entries.is_empty() && plan.target.is_some() {
             // Every file planned is still being written (left for a later run): no commit.
             sink.abandon().await;
             plan.book.append(&self.a.ctx, None).await?;
             return Ok(Streamed::Done);
         }
-        self.a.quarantine(&spec.quarantine, rejects).await?;
+        self.a.quarantine(&spec.quarantine, acc.rejects).await?;
         self.end_phase(Phase::Validate)?;
-        self.commit_streamed(plan, sink, entries, &schema).await?;
+        self.commit_streamed(plan, sink, acc.entries, &schema)
+            .await?;
         Ok(Streamed::Done)
+    }
+
+    /// A wave of files parsed whole (CSV, Parquet), then written; `true` when they carry fields
+    /// bronze lacks (nothing of the wave written).
+    async fn whole_wave(
+        &mut self,
+        plan: &Planned,
+        wave: &[LandingFile],
+        cols: &[super::schema::Col],
+        out: &mut Out<'_>,
+        acc: &mut Acc,
+    ) -> Result<bool, RunError> {
+        let (mut parsed, later) = self.read(&plan.landing, wave, cols).await?;
+        acc.deferred.extend(later);
+        if parsed.iter().any(|(_, p)| !p.unknown.is_empty()) {
+            return Ok(true);
+        }
+        acc.copies.extend(
+            self.redelivered(&plan.book, &plan.record, &mut parsed, &mut acc.earlier)
+                .await?,
+        );
+        for (f, p) in parsed {
+            self.record_file(&f, acc);
+            self.take_rows(&f, p, out, acc).await?;
+        }
+        Ok(false)
+    }
+
+    /// Records a file read (it arrives now) and counts it; its rows are counted as they are
+    /// taken.
+    pub(super) fn record_file(&mut self, f: &LandingFile, acc: &mut Acc) {
+        self.c.num_bytes_read += f.size;
+        self.c.num_files_ingested += 1;
+        acc.entries.push(entry(f, self.now.timestamp_millis()));
+    }
+
+    /// Counts a parse's records, writes its rows and keeps its rejects.
+    pub(super) async fn take_rows(
+        &mut self,
+        f: &LandingFile,
+        p: Parsed,
+        out: &mut Out<'_>,
+        acc: &mut Acc,
+    ) -> Result<(), RunError> {
+        self.a.summary.num_source_rows_read += p.records;
+        self.c.num_rescued += p.rescued;
+        self.c.num_rows_written += p.batch.num_rows() as u64;
+        let now_us = self.now.timestamp_micros();
+        let rows = commit::file_batch(out.schema, &p.batch, now_us, &f.uri)
+            .map_err(RunError::arrow(Phase::Read))?;
+        out.sink.push(&rows, out.uri).await?;
+        drop(rows);
+        let pair = [(f.clone(), p)];
+        acc.rejects
+            .extend(commit::rejects_batch(&pair).map_err(RunError::arrow(Phase::Validate))?);
+        Ok(())
     }
 
     /// Forgets what a streamed read counted before it handed the run to the whole read.
@@ -210,18 +283,6 @@ impl Run<'_, '_> {
         self.c.num_rows_written = 0;
         self.c.num_files_pending = 0;
         self.c.num_files_duplicate = 0;
-    }
-
-    /// The summary's counts of a wave's files.
-    fn count_wave(&mut self, parsed: &[(LandingFile, Parsed)]) {
-        self.a.summary.num_source_rows_read += parsed.iter().map(|(_, p)| p.records).sum::<u64>();
-        self.c.num_bytes_read += parsed.iter().map(|(f, _)| f.size).sum::<u64>();
-        self.c.num_rescued += parsed.iter().map(|(_, p)| p.rescued).sum::<u64>();
-        self.c.num_files_ingested += parsed.len() as u64;
-        self.c.num_rows_written += parsed
-            .iter()
-            .map(|(_, p)| p.batch.num_rows() as u64)
-            .sum::<u64>();
     }
 
     /// The one commit: the data files, the run's `txn` and its record of files (creating bronze

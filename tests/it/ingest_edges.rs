@@ -451,3 +451,58 @@ async fn a_run_streamed_in_waves_ingests_each_file_once_through_a_kill() {
     let v: serde_json::Value = serde_json::from_str(again.stdout.trim()).expect("json");
     assert!(v["target_version"].is_null(), "{v}");
 }
+
+/// A JSON-lines file parsed in chunks (`TIDEMARK_INGEST_CHUNK_BYTES=1`: a line per chunk):
+/// every record once, a bad line quarantined with its line number in the file, and a last line
+/// cut for over an hour quarantined with its own.
+#[tokio::test]
+async fn a_file_parsed_in_chunks_keeps_its_line_numbers() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    pipeline(d, "");
+    let mut text = String::new();
+    for i in 1..=40 {
+        match i {
+            17 => text.push_str("{\"id\":\"bad\",\"amount\":\"x\"}\n"),
+            23 => text.push('\n'),
+            _ => text.push_str(&format!(
+                "{{\"id\":\"r{i}\",\"amount\":{i},\"updated_at\":\"2025-01-06T10:00:00Z\"}}\n"
+            )),
+        }
+    }
+    text.push_str("{\"id\":\"cut\",\"amo");
+    std::fs::write(landing(d).join("big.jsonl"), text).expect("land");
+    let later = chrono::Utc::now().timestamp_micros() + 2 * HOUR;
+    let out = exec(
+        tidemark_at(later)
+            .env("TIDEMARK_INGEST_CHUNK_BYTES", "1")
+            .arg("run")
+            .arg(d.join("ingest.yml"))
+            .args(["--output", "json"]),
+    );
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    let v: serde_json::Value = serde_json::from_str(out.stdout.trim()).expect("json");
+    assert_eq!(v["num_quarantined"], 2, "{v}");
+    assert_eq!(v["num_rows_written"], 38, "{v}");
+    assert_eq!(v["num_source_rows_read"], 40, "{v}");
+    let rows = bronze(d).await;
+    let mut sum = 0;
+    for r in &rows {
+        sum += r.1.unwrap_or(0);
+    }
+    assert_eq!(rows.len(), 38);
+    assert_eq!(sum, (1..=40).sum::<i64>() - 17 - 23);
+    let q = read_all(&d.join("lake/quarantine")).await;
+    let b = arrow::compute::concat_batches(&q[0].schema(), &q).expect("concat");
+    let lines = arrow::compute::cast(
+        b.column_by_name("_line").expect("line"),
+        &arrow::datatypes::DataType::Int64,
+    )
+    .expect("int");
+    let mut lines: Vec<i64> =
+        arrow::array::AsArray::as_primitive::<arrow::datatypes::Int64Type>(&lines)
+            .values()
+            .to_vec();
+    lines.sort();
+    assert_eq!(lines, vec![17, 41]);
+}
