@@ -105,9 +105,14 @@ impl CounterText for AggregateCounters {
             ),
         ];
         if let (Some(n), Some(new)) = (c.num_late_rows, c.num_late_rows_new) {
+            let stored = if s.dry_run {
+                "would be stored"
+            } else {
+                "stored now"
+            };
             lines.push((
                 "late rows",
-                format!("{n} not counted by gold's final rows ({new} stored now)"),
+                format!("{n} not counted by gold's final rows ({new} {stored})"),
             ));
         }
         if let Some(w) = &c.watermark {

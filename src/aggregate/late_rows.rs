@@ -42,9 +42,12 @@ impl Run<'_, '_> {
         };
         let mut read = o.plan.days.clone();
         read.set.extend(o.plan.adjust.iter().copied());
+        read.set.extend(o.plan.beyond.iter().copied());
         let closed: BTreeSet<NaiveDate> = read
             .each()
-            .filter(|d| o.closed.contains_key(d) || o.plan.adjust.contains(d))
+            .filter(|d| {
+                o.closed.contains_key(d) || o.plan.adjust.contains(d) || o.plan.beyond.contains(d)
+            })
             .collect();
         // (windows final as of the previous run, in open days too)
         let frozen_before = self
@@ -105,17 +108,46 @@ impl Run<'_, '_> {
         let Some(uri) = &self.spec.late_rows else {
             return Ok(());
         };
+        self.check_late_rows_table(uri).await?;
         let stamp = Stamp {
             run_id: &self.a.summary.run_id,
             now: self.now,
             column: "_recorded_at",
             phase: Phase::Write,
+            // (what gold had counted changes with a restatement, a reload or a restore: the
+            // row is the same late row)
+            unhashed: &[PUBLISHED_AS_OF],
         };
         let Outcome { rejected, new } =
             store_once(&self.a.ctx, uri, rows, stamp, self.opts.dry_run).await?;
         self.c.num_late_rows = Some(rejected);
         self.c.num_late_rows_new = Some(new);
         Ok(())
+    }
+}
+
+impl Run<'_, '_> {
+    /// Refuses a `late_rows` location holding a table that is not a late rows table (another
+    /// pipeline's, say): appending there would change that table.
+    async fn check_late_rows_table(&self, uri: &str) -> Result<(), RunError> {
+        let Some(t) = crate::lake::open_if_exists(uri).await? else {
+            return Ok(());
+        };
+        let holds = t
+            .snapshot()
+            .map(|s| {
+                s.schema()
+                    .field(crate::run::quarantine::ROW_HASH_COLUMN)
+                    .is_some()
+            })
+            .unwrap_or(false);
+        if holds {
+            return Ok(());
+        }
+        Err(RunError::Config(self.p.error_at(
+            "late_rows",
+            format!("`late_rows` is {uri}, a Delta table that is not a late rows table (it has no `{}` column): nothing was written. Point `late_rows.uri` at a location of its own, or leave it out for the default `<target>_late_rows`", crate::run::quarantine::ROW_HASH_COLUMN),
+        )))
     }
 }
 

@@ -6,6 +6,9 @@ use super::*;
 pub(super) struct Plan {
     pub(super) days: Days,
     pub(super) adjust: BTreeSet<NaiveDate>,
+    /// Closed days the source changed that are older than `max_lookback` (`after_close:
+    /// restate`): not restated, but their late rows are still kept (`late_rows:`).
+    pub(super) beyond: BTreeSet<NaiveDate>,
 }
 
 impl Run<'_, '_> {
@@ -83,7 +86,11 @@ impl Run<'_, '_> {
                 ));
             }
         }
-        Ok(Plan { days, adjust })
+        Ok(Plan {
+            days,
+            adjust,
+            beyond: beyond_cap.into_iter().collect(),
+        })
     }
 
     /// The event days the source changed since the version the last run recorded (and whether

@@ -117,6 +117,7 @@ pub async fn store(
         now,
         column: "_quarantined_at",
         phase: Phase::Quarantine,
+        unhashed: &[REASON_COLUMN],
     };
     store_once(ctx, uri, rejected, stamp, dry_run).await
 }
@@ -128,6 +129,8 @@ pub struct Stamp<'a> {
     pub now: DateTime<Utc>,
     pub column: &'static str,
     pub phase: Phase,
+    /// Columns the fingerprint leaves out (what may differ between two stores of one row).
+    pub unhashed: &'a [&'a str],
 }
 
 /// Appends to the table at `uri` the rows of `rows` it does not hold yet (by a fingerprint of
@@ -153,7 +156,7 @@ pub async fn store_once(
     let mut fresh = Vec::new();
     let mut seen_now = HashSet::new();
     for batch in &rejected {
-        let hashes = row_hashes(batch, phase)?;
+        let hashes = row_hashes(batch, phase, stamp.unhashed)?;
         let keep: Vec<u32> = hashes
             .iter()
             .enumerate()
@@ -218,13 +221,17 @@ async fn known_hashes(
 
 /// A stable fingerprint per row: FNV-1a over the rendered values of every source column.
 /// Rendering (not Arrow's internal row format) keeps it stable across library versions.
-fn row_hashes(batch: &RecordBatch, phase: Phase) -> Result<Vec<String>, RunError> {
+fn row_hashes(
+    batch: &RecordBatch,
+    phase: Phase,
+    unhashed: &[&str],
+) -> Result<Vec<String>, RunError> {
     let opts = FormatOptions::default().with_null("\u{0}null");
     let formatters = batch
         .columns()
         .iter()
         .zip(batch.schema().fields())
-        .filter(|(_, f)| f.name() != REASON_COLUMN)
+        .filter(|(_, f)| !unhashed.contains(&f.name().as_str()))
         .map(|(c, _)| ArrayFormatter::try_new(c.as_ref(), &opts))
         .collect::<Result<Vec<_>, _>>()
         .map_err(RunError::arrow(phase))?;

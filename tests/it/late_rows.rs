@@ -115,6 +115,15 @@ async fn late_rows_of_closed_days_are_stored_once_in_either_mode() {
             "{mode}: {again}"
         );
         assert_eq!(late(d, "gold_late_rows").await.len(), 3, "{mode}");
+        // a later change to the same closed day re-reads it: what was stored is not stored
+        // again (in restate mode the deleted payment's group is gone from gold by now)
+        let mut another = pay("late2b", at(2024, 4, 2, 16, 0), "m1", 5);
+        another.arrived = at(2024, 4, 10, 11, 30);
+        pays.push(another);
+        replace_source(d, &pays).await;
+        let more = run(&p, "2024-04-06", &[]);
+        assert_eq!(more["num_late_rows_new"], 1, "{mode}: {more}");
+        assert_eq!(late(d, "gold_late_rows").await.len(), 4, "{mode}");
         // the text summary says it
         let text = exec(
             tidemark_at(at(2024, 4, 10, 12, 0))
@@ -247,4 +256,74 @@ async fn a_row_for_a_window_final_by_the_watermark_is_late_one_for_an_open_windo
     );
     assert!(b.column_by_name("_window_end").is_some());
     assert_eq!(go()["num_late_rows_new"], 0);
+}
+
+/// With `after_close: restate`, a late row for a day older than `max_lookback` is not restated
+/// (the run warns) but is kept as a late row: never in neither place.
+#[tokio::test]
+async fn a_late_row_past_max_lookback_is_kept_though_not_restated() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let mut pays = six_days();
+    write_source(d, &pays).await;
+    let p = pipeline(
+        d,
+        "recompute: { lookback: 1d, max_lookback: 3d }\nlate_rows: {}\n",
+    );
+    run(&p, "2024-04-06", &[]);
+    let mut old = pay("old1", at(2024, 4, 1, 15, 0), "m1", 9);
+    old.arrived = at(2024, 4, 10, 11, 0);
+    pays.push(old);
+    replace_source(d, &pays).await;
+    let v = run(&p, "2024-04-06", &[]);
+    // (the source is rewritten whole: both days before the cap count as changed)
+    assert_eq!(v["num_days_beyond_max_lookback"], 2, "{v}");
+    assert_eq!(v["num_late_rows_new"], 1, "{v}");
+    let stored = late(d, "gold_late_rows").await;
+    assert_eq!(stored.len(), 1);
+    assert!(
+        stored.iter().any(|r| r.0 == "old1" && r.2 == "2024-04-01"),
+        "{stored:?}"
+    );
+}
+
+/// A `late_rows` location holding another table is refused (78, naming the key), and that
+/// table is left as it was.
+#[tokio::test]
+async fn a_late_rows_location_holding_another_table_is_refused() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let mut pays = six_days();
+    write_source(d, &pays).await;
+    let other = d.join("elsewhere");
+    write_source(&other, &pays).await;
+    let p = pipeline(
+        d,
+        &format!(
+            "recompute: {{ lookback: 2d }}\nafter_close: adjust\nlate_rows: {{ uri: \"{}/silver\" }}\n",
+            other.display()
+        ),
+    );
+    run(&p, "2024-04-06", &[]);
+    late_arrivals(&mut pays);
+    replace_source(d, &pays).await;
+    let before = read_all(&other.join("silver")).await;
+    let out = exec(
+        tidemark_at(at(2024, 4, 10, 12, 0))
+            .arg("run")
+            .arg(&p)
+            .args(["--logical-date", "2024-04-06"]),
+    );
+    assert_eq!(out.code, 78, "{}", out.stderr);
+    assert!(
+        out.stderr.contains("not a late rows table"),
+        "{}",
+        out.stderr
+    );
+    let after = read_all(&other.join("silver")).await;
+    assert_eq!(
+        before.iter().map(|b| b.num_rows()).sum::<usize>(),
+        after.iter().map(|b| b.num_rows()).sum::<usize>()
+    );
+    assert_eq!(before[0].schema(), after[0].schema());
 }
