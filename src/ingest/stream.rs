@@ -68,6 +68,8 @@ pub(super) struct Out<'s> {
 
 /// The data files a run writes as it reads.
 pub(super) struct Sink {
+    /// The folders a first run's files would leave behind (removed when it stops).
+    new_dirs: lake::NewDirs,
     fast: FastPath,
     schema: Arc<Schema>,
     file: Option<NewFile>,
@@ -83,6 +85,10 @@ impl Sink {
         schema: &Arc<Schema>,
     ) -> Result<Option<Sink>, RunError> {
         let storage = Arc::new(lake::storage::storage_schema(schema));
+        let new_dirs = match target {
+            Some(_) => lake::NewDirs::default(),
+            None => lake::NewDirs::before_create(uri),
+        };
         let fast = match target {
             Some(t) => match FastPath::check(t).map_err(RunError::delta(Phase::Read, uri))? {
                 Some(f) if f.schema.fields() == storage.fields() => f,
@@ -101,6 +107,7 @@ impl Sink {
             }
         };
         Ok(Some(Sink {
+            new_dirs,
             fast,
             schema: storage,
             file: None,
@@ -144,11 +151,15 @@ impl Sink {
 
     /// Removes the data files written (best effort: a file left behind is unreferenced, and
     /// `maintain` vacuums it).
-    async fn abandon(self) {
+    async fn abandon(mut self) {
+        if let Some(f) = self.file.take() {
+            drop(f);
+        }
         for a in &self.adds {
             let path = object_store::path::Path::from(a.path.as_str());
             let _ = self.fast.store.delete(&path).await;
         }
+        self.new_dirs.remove_empty();
     }
 }
 
@@ -178,44 +189,71 @@ impl Run<'_, '_> {
         let Some(mut sink) = Sink::open(plan.target.as_ref(), &spec.target_uri, &schema)? else {
             return Ok(Streamed::Fallback(Box::new(plan)));
         };
-        let mut acc = Acc::default();
-        let mut out = Out {
-            sink: &mut sink,
-            schema: &schema,
-            uri: &spec.target_uri,
-        };
-        let chunked = matches!(spec.format, Format::Json | Format::Debezium);
-        for wave in waves(&plan.files) {
-            let grew = match chunked {
-                true => {
-                    self.chunked_wave(&plan, wave, &cols, &mut out, &mut acc)
-                        .await?
-                }
-                false => {
-                    self.whole_wave(&plan, wave, &cols, &mut out, &mut acc)
-                        .await?
-                }
-            };
-            if grew {
+        // (a run that stops before its commit removes the data files it wrote; a killed one
+        // leaves them unreferenced, for `maintain`)
+        let acc = match self.gather(&plan, &cols, &schema, &mut sink).await {
+            Ok(Some(acc)) => acc,
+            Ok(None) => {
                 sink.abandon().await;
                 return Ok(Streamed::Fallback(Box::new(plan)));
             }
-        }
-        self.warn_pending(&acc.deferred);
-        self.warn_copies(&acc.copies);
-        sink.close(&spec.target_uri).await?;
-        self.end_phase(Phase::Read)?;
+            Err(e) => {
+                sink.abandon().await;
+                return Err(e);
+            }
+        };
         if acc.entries.is_empty() && plan.target.is_some() {
             // Every file planned is still being written (left for a later run): no commit.
             sink.abandon().await;
             plan.book.append(&self.a.ctx, None).await?;
             return Ok(Streamed::Done);
         }
-        self.a.quarantine(&spec.quarantine, acc.rejects).await?;
+        if let Err(e) = self.a.quarantine(&spec.quarantine, acc.rejects).await {
+            sink.abandon().await;
+            return Err(e);
+        }
         self.end_phase(Phase::Validate)?;
         self.commit_streamed(plan, sink, acc.entries, &schema)
             .await?;
         Ok(Streamed::Done)
+    }
+
+    /// Reads and writes the waves; `None` when a wave carries fields bronze lacks.
+    async fn gather(
+        &mut self,
+        plan: &Planned,
+        cols: &[super::schema::Col],
+        schema: &Arc<Schema>,
+        sink: &mut Sink,
+    ) -> Result<Option<Acc>, RunError> {
+        let spec = self.spec;
+        let mut acc = Acc::default();
+        let mut out = Out {
+            sink,
+            schema,
+            uri: &spec.target_uri,
+        };
+        let chunked = matches!(spec.format, Format::Json | Format::Debezium);
+        for wave in waves(&plan.files) {
+            let grew = match chunked {
+                true => {
+                    self.chunked_wave(plan, wave, cols, &mut out, &mut acc)
+                        .await?
+                }
+                false => {
+                    self.whole_wave(plan, wave, cols, &mut out, &mut acc)
+                        .await?
+                }
+            };
+            if grew {
+                return Ok(None);
+            }
+        }
+        self.warn_pending(&acc.deferred);
+        self.warn_copies(&acc.copies);
+        out.sink.close(&spec.target_uri).await?;
+        self.end_phase(Phase::Read)?;
+        Ok(Some(acc))
     }
 
     /// A wave of files parsed whole (CSV, Parquet), then written; `true` when they carry fields

@@ -506,3 +506,25 @@ async fn a_file_parsed_in_chunks_keeps_its_line_numbers() {
     lines.sort();
     assert_eq!(lines, vec![17, 41]);
 }
+
+/// A first run refused after it streamed its rows (over the quarantine's limit) leaves no
+/// bronze folder behind: the data files it wrote are removed with it.
+#[tokio::test]
+async fn a_refused_first_run_leaves_no_data_files() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let p = pipeline(d, "");
+    let text = std::fs::read_to_string(&p)
+        .expect("read")
+        .replace("/lake/quarantine\" }", "/lake/quarantine\", max_rows: 0 }");
+    std::fs::write(&p, text).expect("write");
+    land(d, "a.jsonl", &[("a1", 1), ("a2", 2)]);
+    std::fs::write(
+        landing(d).join("b.jsonl"),
+        "{\"id\":\"b1\",\"amount\":\"x\"}\n",
+    )
+    .expect("land");
+    let out = run(d, T0 + HOUR, &[]);
+    assert_eq!(out.code, 65, "{}", out.stderr);
+    assert!(!d.join("lake/bronze").exists(), "no bronze folder left");
+}
