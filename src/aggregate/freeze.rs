@@ -216,9 +216,17 @@ fn only_new_arrivals(
 
 /// Each row's `data_as_of` in µs.
 fn micros(b: &RecordBatch) -> Result<Vec<Option<i64>>, RunError> {
+    column_micros(b.column_by_name(DATA_AS_OF), b.num_rows())
+}
+
+/// A timestamp column's values in µs (all null without the column).
+pub(super) fn column_micros(
+    c: Option<&arrow::array::ArrayRef>,
+    rows: usize,
+) -> Result<Vec<Option<i64>>, RunError> {
     let a = |e| RunError::arrow(Phase::Compare)(e);
-    let Some(c) = b.column_by_name(DATA_AS_OF) else {
-        return Ok(vec![None; b.num_rows()]);
+    let Some(c) = c else {
+        return Ok(vec![None; rows]);
     };
     let c = arrow::compute::cast(c, &DataType::Timestamp(TimeUnit::Microsecond, None))
         .and_then(|c| arrow::compute::cast(&c, &DataType::Int64))

@@ -12,7 +12,7 @@
 use std::collections::{BTreeSet, HashMap};
 
 use arrow::array::{Array, ArrayRef, AsArray, BooleanArray, RecordBatch};
-use arrow::datatypes::{DataType, Date32Type, Int64Type, TimeUnit};
+use arrow::datatypes::{DataType, Date32Type, TimeUnit};
 use chrono::NaiveDate;
 use datafusion::logical_expr::{cast, lit};
 use datafusion::prelude::{ident, DataFrame};
@@ -89,7 +89,7 @@ impl Run<'_, '_> {
         keys.extend(spec.group_keys());
         let mut out = HashMap::new();
         for b in &batches {
-            let as_of = micros(b.column_by_name(DATA_AS_OF), b.num_rows())?;
+            let as_of = freeze::column_micros(b.column_by_name(DATA_AS_OF), b.num_rows())?;
             let is_final = b
                 .column_by_name(IS_FINAL)
                 .and_then(|c| c.as_boolean_opt().cloned());
@@ -222,8 +222,8 @@ fn not_counted(
     names.extend(spec.group_by.iter().cloned());
     keys.extend(spec.group_by.iter().cloned());
     let renamed = rename(b, &names, &keys)?;
-    let arrival = micros(b.column_by_name(&spec.data_as_of), b.num_rows())?;
-    let ends = micros(b.column_by_name(PLACED_END), b.num_rows())?;
+    let arrival = freeze::column_micros(b.column_by_name(&spec.data_as_of), b.num_rows())?;
+    let ends = freeze::column_micros(b.column_by_name(PLACED_END), b.num_rows())?;
     let day = b
         .column_by_name(PLACED_DATE)
         .map(|c| arrow::compute::cast(c, &DataType::Date32))
@@ -290,16 +290,4 @@ fn rename(b: &RecordBatch, from: &[String], to: &[String]) -> Result<RecordBatch
         columns,
     )
     .map_err(a)
-}
-
-/// A timestamp column's values in µs (all null without the column).
-fn micros(c: Option<&ArrayRef>, rows: usize) -> Result<Vec<Option<i64>>, RunError> {
-    let a = |e| RunError::arrow(Phase::Compare)(e);
-    let Some(c) = c else {
-        return Ok(vec![None; rows]);
-    };
-    let c = arrow::compute::cast(c, &DataType::Timestamp(TimeUnit::Microsecond, None))
-        .and_then(|c| arrow::compute::cast(&c, &DataType::Int64))
-        .map_err(a)?;
-    Ok(c.as_primitive::<Int64Type>().iter().collect())
 }
