@@ -483,15 +483,19 @@ fn a_continuous_job_is_validated_and_summarised() {
     let bundle = setup(d);
     let jobs = bundle.join("resources/jobs.yml");
     let text = std::fs::read_to_string(&jobs).expect("read");
-    let continuous = text.replace(
-        "    stream:\n",
-        "    stream:\n      continuous: { every: 30s, compact_after: 16 }\n",
-    );
-    std::fs::write(&jobs, &continuous).expect("write");
-    let out = exec(
-        tidemark()
-            .args(["bundle", "summary", "--bundle"])
-            .arg(&bundle),
+    // `tidemark bundle <command>` with the job `stream` given `settings` (its indented lines)
+    let with = |settings: &str, command: &str| {
+        let job = text.replace("    stream:\n", &format!("    stream:\n{settings}"));
+        std::fs::write(&jobs, job).expect("write");
+        exec(
+            tidemark()
+                .args(["bundle", command, "--bundle"])
+                .arg(&bundle),
+        )
+    };
+    let out = with(
+        "      continuous: { every: 30s, compact_after: 16 }\n",
+        "summary",
     );
     assert_eq!(out.code, 0, "{}", out.stderr);
     assert!(
@@ -500,15 +504,9 @@ fn a_continuous_job_is_validated_and_summarised() {
         out.stdout
     );
     assert!(out.stdout.contains("after 16 new files"), "{}", out.stdout);
-    let both = text.replace(
-        "    stream:\n",
-        "    stream:\n      schedule: { quartz_cron_expression: \"0 * * * * ?\", timezone_id: UTC }\n      continuous: { every: 30s }\n",
-    );
-    std::fs::write(&jobs, both).expect("write");
-    let out = exec(
-        tidemark()
-            .args(["bundle", "validate", "--bundle"])
-            .arg(&bundle),
+    let out = with(
+        "      schedule: { quartz_cron_expression: \"0 * * * * ?\", timezone_id: UTC }\n      continuous: { every: 30s }\n",
+        "validate",
     );
     assert_eq!(out.code, 78, "{}", out.stdout);
     assert!(out.stdout.contains("jobs.yml:5:"), "{}", out.stdout);
@@ -517,16 +515,7 @@ fn a_continuous_job_is_validated_and_summarised() {
         "{}",
         out.stdout
     );
-    let short = text.replace(
-        "    stream:\n",
-        "    stream:\n      continuous: { every: 10ms }\n",
-    );
-    std::fs::write(&jobs, short).expect("write");
-    let out = exec(
-        tidemark()
-            .args(["bundle", "validate", "--bundle"])
-            .arg(&bundle),
-    );
+    let out = with("      continuous: { every: 10ms }\n", "validate");
     assert_eq!(out.code, 78, "{}", out.stdout);
     assert!(
         out.stdout.contains("shorter than a second"),
