@@ -57,17 +57,11 @@ impl Run<'_, '_> {
         for l in ready {
             // (a file without records has nothing to deliver twice)
             if let (Some(c), true) = (l.f.content, has_records(&l)) {
-                match seen.get(&c) {
-                    Some(original) if *original != l.f.rel => {
-                        acc.copies.push((l.f.uri.clone(), original.clone()));
-                        self.record_file(&l.f, acc);
-                        continue;
-                    }
-                    Some(_) => {}
-                    None => {
-                        seen.insert(c, l.f.rel.clone());
-                        acc.earlier.insert(c, l.f.rel.clone());
-                    }
+                if let Some(original) = delivery::copy_of(&mut seen, &mut acc.earlier, c, &l.f.rel)
+                {
+                    acc.copies.push((l.f.uri.clone(), original));
+                    self.record_file(&l.f, acc);
+                    continue;
                 }
             }
             if self.chunked_file(l, &cols, out, acc).await? {

@@ -69,6 +69,25 @@ pub(super) async fn load(
     }))
 }
 
+/// The file whose bytes a file of `content` at `rel` repeats (it is a copy), or `None` — then it
+/// is the first to deliver them, noted in `seen` and in this run's `earlier`.
+pub(super) fn copy_of(
+    seen: &mut HashMap<i64, String>,
+    earlier: &mut HashMap<i64, String>,
+    content: i64,
+    rel: &str,
+) -> Option<String> {
+    match seen.get(&content) {
+        Some(original) if original != rel => Some(original.clone()),
+        Some(_) => None,
+        None => {
+            seen.insert(content, rel.to_string());
+            earlier.insert(content, rel.to_string());
+            None
+        }
+    }
+}
+
 /// A file's parse, or the error that stops the run: a Debezium truncate event, or a
 /// `format: debezium` file of plain rows.
 pub(super) fn checked(parsed: Parsed, f: &LandingFile) -> Result<Parsed, RunError> {
@@ -128,16 +147,9 @@ impl Run<'_, '_> {
             if p.records == 0 {
                 continue; // nothing to deliver twice
             }
-            match seen.get(&c) {
-                Some(original) if *original != f.rel => {
-                    copies.push((f.uri.clone(), original.clone()));
-                    p.empty();
-                }
-                Some(_) => {}
-                None => {
-                    seen.insert(c, f.rel.clone());
-                    earlier.insert(c, f.rel.clone());
-                }
+            if let Some(original) = copy_of(&mut seen, earlier, c, &f.rel) {
+                copies.push((f.uri.clone(), original));
+                p.empty();
             }
         }
         Ok(copies)

@@ -151,10 +151,7 @@ impl Sink {
 
     /// Removes the data files written (best effort: a file left behind is unreferenced, and
     /// `maintain` vacuums it).
-    async fn abandon(mut self) {
-        if let Some(f) = self.file.take() {
-            drop(f);
-        }
+    async fn abandon(self) {
         for a in &self.adds {
             let path = object_store::path::Path::from(a.path.as_str());
             let _ = self.fast.store.delete(&path).await;
